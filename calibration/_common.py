@@ -1,0 +1,248 @@
+"""Shared helpers for the calibration scripts (timing, machine facts, CSV output).
+
+Runs on a CUDA device (real measurements) or on the CPU (``--cpu``: plumbing
+check only, tiny sizes, host timers; numbers are meaningless).
+"""
+from __future__ import annotations
+
+import csv
+import datetime as _dt
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+import torch
+
+GB = 1e9  # decimal, as datasheets quote bandwidth
+HBM_PEAK_GBPS = 4800.0  # H200 SXM datasheet
+BF16_DENSE_PEAK_TFLOPS = 989.4  # H100/H200 SXM datasheet, dense
+
+
+def log(*a):
+    print(*a, flush=True)
+    sys.stdout.flush()
+
+
+# ----------------------------------------------------------------------------- timing
+
+class Timer:
+    """Per-operation device timing.
+
+    On CUDA: each repetition is bracketed by a pair of CUDA events. To keep host
+    launch latency out of the measured interval, every batch of repetitions is
+    preceded by ``torch.cuda._sleep`` so the GPU queue is backed up while the host
+    enqueues the batch; the events then measure back-to-back device execution of
+    the one kernel (plus the event record itself, well under 1 us).
+    On CPU: perf_counter around each call.
+    """
+
+    def __init__(self, cuda: bool, batch: int = 48, sleep_cycles: int = 3_000_000):
+        self.cuda = cuda
+        self.batch = batch
+        self.sleep_cycles = sleep_cycles
+
+    def sync(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def time(self, fn, reps: int, warmup: int = 3, backlog: bool = True):
+        """fn(i) is called once per repetition; returns list of microseconds."""
+        for w in range(warmup):
+            fn(w)
+        self.sync()
+        out = []
+        if not self.cuda:
+            for i in range(reps):
+                t0 = time.perf_counter()
+                fn(i)
+                out.append((time.perf_counter() - t0) * 1e6)
+            return out
+        i = 0
+        while i < reps:
+            n = min(self.batch, reps - i)
+            ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                  for _ in range(n)]
+            if backlog:
+                torch.cuda._sleep(self.sleep_cycles)
+            for j in range(n):
+                ev[j][0].record()
+                fn(warmup + i + j)
+                ev[j][1].record()
+            torch.cuda.synchronize()
+            out.extend(a.elapsed_time(b) * 1e3 for a, b in ev)
+            i += n
+        return out
+
+
+def pct(xs, q):
+    xs = sorted(xs)
+    if not xs:
+        return float("nan")
+    k = (len(xs) - 1) * q / 100.0
+    lo = int(k)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def summarize(us):
+    return {"median_us": statistics.median(us), "p10_us": pct(us, 10), "p90_us": pct(us, 90),
+            "n_reps": len(us)}
+
+
+def reps_for(est_us: float, budget_us: float = 150_000.0, lo: int = 20, hi: int = 200) -> int:
+    if est_us <= 0:
+        return hi
+    return int(max(lo, min(hi, budget_us / est_us)))
+
+
+# ----------------------------------------------------------------------------- output
+
+class CsvOut:
+    """Row-wise CSV writer that flushes after every row (partial results survive)."""
+
+    def __init__(self, path, fields):
+        self.path = path
+        self.fields = list(fields)
+        self.f = open(path, "w", newline="")
+        self.w = csv.DictWriter(self.f, fieldnames=self.fields, extrasaction="ignore")
+        self.w.writeheader()
+        self.f.flush()
+
+    def row(self, **kw):
+        r = {}
+        for k in self.fields:
+            v = kw.get(k, "")
+            if isinstance(v, float):
+                v = f"{v:.6g}"
+            r[k] = v
+        self.w.writerow(r)
+        self.f.flush()
+
+    def close(self):
+        self.f.close()
+
+
+# ----------------------------------------------------------------------------- machine facts
+
+def _run(cmd):
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+        return (p.stdout + p.stderr).strip()
+    except Exception as e:  # noqa: BLE001
+        return f"unavailable: {e!r}"
+
+
+SMI_FIELDS = ("name,driver_version,pstate,clocks.sm,clocks.mem,clocks.max.sm,clocks.max.mem,"
+              "power.draw,power.limit,temperature.gpu,memory.total,memory.used,"
+              "clocks_throttle_reasons.active,ecc.mode.current")
+
+
+def nvidia_smi_snapshot():
+    q = _run(["nvidia-smi", f"--query-gpu={SMI_FIELDS}", "--format=csv"])
+    if "unavailable" in q or "not a valid field" in q.lower() or "invalid" in q.lower():
+        q2 = _run(["nvidia-smi", "--query-gpu=name,driver_version,pstate,clocks.sm,clocks.mem,"
+                   "clocks.max.sm,clocks.max.mem,power.draw,temperature.gpu,memory.total",
+                   "--format=csv"])
+        q = q + "\n--fallback--\n" + q2
+    return {"time_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(), "query": q}
+
+
+def machine_facts(cuda: bool):
+    f = {
+        "date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(),
+        "hostname": platform.node(),
+        "kernel": platform.release(),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "torch_cuda": getattr(torch.version, "cuda", None),
+        "cpu_count": os.cpu_count(),
+    }
+    try:
+        import triton  # noqa: F401
+        f["triton"] = triton.__version__
+    except Exception as e:  # noqa: BLE001
+        f["triton"] = f"unavailable: {e!r}"
+    if cuda:
+        p = torch.cuda.get_device_properties(0)
+        f.update({
+            "gpu_name": p.name,
+            "sm_count": p.multi_processor_count,
+            "compute_capability": f"{p.major}.{p.minor}",
+            "total_memory_bytes": p.total_memory,
+            "l2_cache_bytes": getattr(p, "L2_cache_size", None),
+            "cudnn": torch.backends.cudnn.version(),
+            "nccl": ".".join(map(str, torch.cuda.nccl.version())) if hasattr(torch.cuda, "nccl") else None,
+            "device_count": torch.cuda.device_count(),
+        })
+        for attr in ("max_threads_per_multi_processor", "regs_per_multiprocessor",
+                     "shared_memory_per_multiprocessor", "clock_rate", "memory_clock_rate",
+                     "memory_bus_width"):
+            if hasattr(p, attr):
+                f[attr] = getattr(p, attr)
+        f["nvidia_smi_L"] = _run(["nvidia-smi", "-L"])
+        f["nvcc"] = (_run(["nvcc", "--version"]).splitlines() or [""])[-1]
+    return f
+
+
+class ClockSampler:
+    """Samples SM/memory clock and power through NVML in a thread (best effort)."""
+
+    def __init__(self, period_s=0.05):
+        self.period = period_s
+        self.samples = []
+        self._stop = threading.Event()
+        self._t = None
+        self.ok = False
+        try:
+            import pynvml
+            pynvml.nvmlInit()
+            self._nv = pynvml
+            self._h = pynvml.nvmlDeviceGetHandleByIndex(0)
+            self.ok = True
+        except Exception as e:  # noqa: BLE001
+            self.err = repr(e)
+
+    def _loop(self):
+        nv = self._nv
+        while not self._stop.is_set():
+            try:
+                sm = nv.nvmlDeviceGetClockInfo(self._h, nv.NVML_CLOCK_SM)
+                mem = nv.nvmlDeviceGetClockInfo(self._h, nv.NVML_CLOCK_MEM)
+                pw = nv.nvmlDeviceGetPowerUsage(self._h) / 1000.0
+                self.samples.append((time.time(), sm, mem, pw))
+            except Exception:  # noqa: BLE001
+                pass
+            time.sleep(self.period)
+
+    def start(self):
+        if self.ok:
+            self.samples = []
+            self._stop.clear()
+            self._t = threading.Thread(target=self._loop, daemon=True)
+            self._t.start()
+        return self
+
+    def stop(self):
+        if not self.ok or self._t is None:
+            return {"available": False, "error": getattr(self, "err", "")}
+        self._stop.set()
+        self._t.join()
+        s = self.samples
+        if not s:
+            return {"available": True, "n": 0}
+        sm = [x[1] for x in s]
+        mem = [x[2] for x in s]
+        pw = [x[3] for x in s]
+        return {"available": True, "n": len(s), "sm_mhz_min": min(sm), "sm_mhz_median": statistics.median(sm),
+                "sm_mhz_max": max(sm), "mem_mhz_median": statistics.median(mem),
+                "power_w_median": statistics.median(pw), "power_w_max": max(pw)}
+
+
+def write_json(path, obj):
+    with open(path, "w") as fh:
+        json.dump(obj, fh, indent=2, default=str)

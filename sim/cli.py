@@ -1,0 +1,56 @@
+"""The ``decodesim`` command line: subcommands that return exit codes.
+
+Each subcommand lives in its own module under ``sim.commands`` and exposes
+``register(subparsers)``; modules are discovered, so a new subcommand is a new file. Bad
+input (``ConfigError``) becomes one line on stderr and exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+
+from sim.errors import ConfigError, SimulationError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2, like every other bad input
+        sys.stderr.write(f"decodesim: {message}\n")
+        sys.exit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    import sim.commands as commands
+
+    parser = _Parser(prog="decodesim", description="LLM decode latency on accelerator memory hierarchies")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
+        module = importlib.import_module(f"sim.commands.{info.name}")
+        if hasattr(module, "register"):
+            module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
+    args = parser.parse_args(argv or ["run"])
+    if not getattr(args, "handler", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.handler(args) or 0)
+    except (ConfigError, SimulationError) as err:
+        sys.stderr.write(f"decodesim: {err}\n")
+        return 2
+    except KeyboardInterrupt:
+        sys.stderr.write("decodesim: interrupted\n")
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Subcommands of the ``decodesim`` CLI, one module each (discovered by sim.cli)."""

@@ -1,0 +1,108 @@
+"""Options shared by the subcommands that run the simulator (run, compare, solve, ...)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+
+from sim.run import RunSpec
+
+
+def add_run_options(p: argparse.ArgumentParser, *, formats: bool = True) -> None:
+    d = RunSpec()
+    p.add_argument("--hardware", default=d.hardware, help=f"profile name or YAML path (default {d.hardware})")
+    p.add_argument("--model", default=d.model, help=f"model name or YAML path (default {d.model})")
+    p.add_argument("--batch", type=int, default=d.batch, help="sequences per step (default 1)")
+    p.add_argument("--context", type=int, default=d.context, help="tokens in each cache at the first step (default 4096)")
+    p.add_argument("--trace", default=None, help="decode trace file to replay (JSONL, Parquet or CSV)")
+    if formats:
+        p.add_argument("--weights", default=d.weights, help="weight format (default bf16; see `decodesim formats`)")
+        p.add_argument("--kv", default=d.kv, help="KV-cache format (default fp16)")
+    p.add_argument("--steps", type=int, default=d.steps, help="decode steps to simulate (default 8)")
+    p.add_argument("--target-ms", type=float, default=d.target_ms, help="per-token latency target (default 10)")
+    p.add_argument("--engine", choices=["des", "analytic"], default=d.engine, help="discrete-event or closed form")
+    p.add_argument("--graph", action=argparse.BooleanOptionalAction, default=True,
+                   help="run the step as a captured graph (default) or launch kernels one by one")
+    p.add_argument("--tp", type=int, default=None, help="tensor-parallel chips (default: min(chips, 8))")
+    p.add_argument("--pp", type=int, default=None, help="pipeline stages (default: chips / tp)")
+    p.add_argument("--software", choices=["fused", "torch-eager"], default=d.software,
+                   help="kernel decomposition: a fused serving stack or plain PyTorch")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="DOTTED.PATH=VALUE",
+                   help="override any profile, model or run field, e.g. hardware.hbm.channel_bandwidth_GBps=30")
+
+
+SPEC_ARGS = ("hardware", "model", "batch", "context", "trace", "weights", "kv", "steps", "target_ms", "engine",
+             "graph", "tp", "pp", "software", "overrides")
+
+
+def spec_from_args(args, **changes) -> RunSpec:
+    from sim.config.loader import validate
+
+    data = {k: getattr(args, k) for k in SPEC_ARGS if hasattr(args, k)}
+    data.update(changes)
+    return validate(RunSpec, data, "command line")
+
+
+def write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
+    os.replace(tmp, path)
+
+
+def write_frame(frame, path: Path) -> None:
+    """Write a DataFrame as Parquet (``path``) and CSV beside it, each atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for target, writer in ((path.with_suffix(".parquet"), "parquet"), (path.with_suffix(".csv"), "csv")):
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{target.name}.")
+        os.close(fd)
+        if writer == "parquet":
+            frame.to_parquet(tmp, index=False)
+        else:
+            frame.to_csv(tmp, index=False)
+        os.replace(tmp, target)
+
+
+def to_json(obj) -> str:
+    return json.dumps(obj, indent=2, default=_plain, allow_nan=False) if _finite(obj) else json.dumps(
+        _nan_to_none(obj), indent=2, default=_plain)
+
+
+def _plain(value):
+    if hasattr(value, "item"):
+        return value.item()
+    if isinstance(value, Path):
+        return str(value)
+    return str(value)
+
+
+def _finite(obj) -> bool:
+    if isinstance(obj, float):
+        return math.isfinite(obj)
+    if isinstance(obj, dict):
+        return all(_finite(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return all(_finite(v) for v in obj)
+    return True
+
+
+def _nan_to_none(obj):
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _nan_to_none(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_nan_to_none(v) for v in obj]
+    return obj
+
+
+def fmt_bytes(n: float) -> str:
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n:.0f} B"

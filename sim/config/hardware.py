@@ -1,0 +1,301 @@
+"""Hardware profiles: one chip's memory hierarchy, compute, host and the links between chips.
+
+The memory hierarchy is an ordered list of typed levels, outermost first (``kind: hbm`` or
+``kind: sram``). The first level is the backing store that holds weights and KV cache: HBM
+on a GPU, on-chip SRAM on an SRAM-only chip such as a Groq LPU. Later levels are on-chip
+SRAM: per-tile scratchpads (``scope: tile``) and chip-wide SRAM or L2 (``scope: chip``).
+Every number is a sourced quantity (sim.config.quantity). Derived figures (peak bandwidth,
+peak FLOP/s) are properties, never YAML.
+
+Units are in the key names: GBps = 1e9 bytes/s, GB = 1e9 bytes, MB = 1e6 bytes, ns.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+from pydantic import Field, field_validator, model_validator
+
+from sim.config.quantity import Count, Frac, Num, Pos, Share, Strict, Table
+from sim.units import GB, MB
+
+
+class HBM(Strict):
+    """Off-chip DRAM stacks: stacks x channels (pseudo-channels) of ``channel_bandwidth_GBps``.
+
+    ``stream_efficiency`` is the fraction of pin bandwidth a long sequential read reaches;
+    ``gather_efficiency`` is the fraction, relative to that stream, reached by gathers of
+    contiguous pieces of the given size in bytes (row activations dominate small pieces).
+    ``refresh_overhead`` is the share of time the banks are refreshing.
+    """
+
+    kind: Literal["hbm"]
+    name: str
+    stacks: Count
+    channels_per_stack: Count
+    channel_bandwidth_GBps: Pos
+    capacity_GB: Pos
+    latency_ns: Num
+    stream_efficiency: Frac
+    gather_efficiency: Table
+    refresh_overhead: Share
+    interleave_bytes: Count
+
+    @property
+    def channels(self) -> int:
+        return self.stacks.value * self.channels_per_stack.value
+
+    @property
+    def peak_GBps(self) -> float:
+        return self.channels * self.channel_bandwidth_GBps.value
+
+    @property
+    def capacity_bytes(self) -> float:
+        return self.capacity_GB.value * GB
+
+    @property
+    def sustained_GBps(self) -> float:
+        """What a long stream reaches: pin peak x stream efficiency x (1 - refresh)."""
+        return self.peak_GBps * self.stream_efficiency.value * (1 - self.refresh_overhead.value)
+
+    def efficiency(self, granule_bytes: float | None) -> float:
+        """Fraction of pin peak an access of ``granule_bytes`` pieces reaches (None: stream)."""
+        stream = self.stream_efficiency.value * (1 - self.refresh_overhead.value)
+        if granule_bytes is None:
+            return stream
+        return stream * self.gather_efficiency.at(granule_bytes)
+
+
+class SRAM(Strict):
+    """On-chip SRAM. ``scope: tile`` is one scratchpad per compute tile (``count`` of them);
+    ``scope: chip`` is chip-wide SRAM or L2. Capacity and bandwidth are per instance.
+    ``resident_fraction`` is the share that software can keep data resident in across ops
+    (0 for a cache that cannot be pinned); ``stream_efficiency`` and ``gather_efficiency``
+    play the HBM roles when this level is the backing store."""
+
+    kind: Literal["sram"]
+    name: str
+    scope: Literal["tile", "chip"]
+    count: Count
+    capacity_MB: Pos
+    bandwidth_GBps: Pos
+    latency_ns: Num
+    resident_fraction: Num
+    stream_efficiency: Frac | None = None
+    gather_efficiency: Table | None = None
+
+    @field_validator("resident_fraction")
+    @classmethod
+    def _fraction(cls, q: Num) -> Num:
+        if q.value > 1:
+            raise ValueError("resident_fraction must be a fraction in [0, 1]")
+        return q
+
+    @property
+    def capacity_bytes(self) -> float:
+        return self.capacity_MB.value * MB * self.count.value
+
+    @property
+    def resident_bytes(self) -> float:
+        return self.capacity_bytes * self.resident_fraction.value
+
+    @property
+    def peak_GBps(self) -> float:
+        return self.bandwidth_GBps.value * self.count.value
+
+    @property
+    def sustained_GBps(self) -> float:
+        return self.peak_GBps * (self.stream_efficiency.value if self.stream_efficiency else 1.0)
+
+    def efficiency(self, granule_bytes: float | None) -> float:
+        stream = self.stream_efficiency.value if self.stream_efficiency else 1.0
+        if granule_bytes is None or self.gather_efficiency is None:
+            return stream
+        return stream * self.gather_efficiency.at(granule_bytes)
+
+
+Level = Annotated[Union[HBM, SRAM], Field(discriminator="kind")]
+
+
+class Compute(Strict):
+    """``tiles`` compute tiles (SMs, cores) at ``clock_GHz``. Matrix and vector peaks are
+    FLOPs (2 per multiply-add) per cycle per tile, by dtype. A matrix unit works on M
+    (rows, i.e. tokens) in multiples of ``matrix_tile_m``: a batch of 1 costs as much as
+    ``matrix_tile_m`` rows. ``tile_load_GBps`` caps what one tile can pull from memory
+    (outstanding requests / latency), so a kernel on few tiles cannot reach full HBM rate."""
+
+    tiles: Count
+    clock_GHz: Pos
+    matrix_flops_per_cycle: dict[str, Pos]
+    vector_flops_per_cycle: dict[str, Pos]
+    matrix_tile_m: Count
+    matrix_efficiency: Frac
+    vector_efficiency: Frac
+    tile_load_GBps: Pos
+
+    @field_validator("matrix_flops_per_cycle", "vector_flops_per_cycle")
+    @classmethod
+    def _dtypes(cls, table: dict) -> dict:
+        if not table:
+            raise ValueError("must list at least one dtype")
+        unknown = set(table) - DTYPES
+        if unknown:
+            raise ValueError(f"unknown dtype {sorted(unknown)[0]!r}; expected one of {sorted(DTYPES)}")
+        return table
+
+    def matrix_peak_TFLOPs(self, dtype: str) -> float:
+        return self.tiles.value * self.matrix_rate(dtype) * self.clock_GHz.value / 1e3
+
+    def matrix_rate(self, dtype: str) -> float:
+        """FLOPs per cycle per tile for ``dtype``; falls back to the widest listed type."""
+        table = self.matrix_flops_per_cycle
+        if dtype in table:
+            return table[dtype].value
+        for fallback in ("bf16", "fp16", "fp32"):
+            if fallback in table:
+                return table[fallback].value
+        return min(q.value for q in table.values())
+
+    def vector_rate(self, dtype: str = "fp32") -> float:
+        table = self.vector_flops_per_cycle
+        if dtype in table:
+            return table[dtype].value
+        return min(q.value for q in table.values())
+
+
+DTYPES = {"fp32", "tf32", "bf16", "fp16", "fp8", "int8", "int4", "fp4"}
+
+
+class NoC(Strict):
+    """On-chip network between SRAM levels and tiles and from tile to tile."""
+
+    bandwidth_GBps: Pos
+    latency_ns: Num
+
+
+class Host(Strict):
+    """The host CPU and its link. ``launch_overhead_ns`` is host time to issue one kernel
+    (the framework's dispatch included); ``kernel_gap_ns`` is the GPU-side gap between two
+    dependent kernels (also inside a captured graph); ``graph_launch_ns`` is the cost of
+    launching one captured graph; ``sync_round_trip_ns`` is a host wait for the device."""
+
+    launch_overhead_ns: Num
+    kernel_gap_ns: Num
+    graph_launch_ns: Num
+    sync_round_trip_ns: Num
+    pcie_bandwidth_GBps: Pos
+    pcie_latency_ns: Num
+
+
+class Links(Strict):
+    """Chip-to-chip links. ``bandwidth_GBps`` is per chip per direction; a collective step
+    costs ``latency_ns`` (wire and switch) plus ``per_message_overhead_ns`` (software,
+    synchronisation); ``topology`` picks the collective algorithm."""
+
+    topology: Literal["switch", "ring", "torus2d", "mesh"]
+    bandwidth_GBps: Pos
+    latency_ns: Num
+    per_message_overhead_ns: Num
+
+
+class System(Strict):
+    chips: Count
+    links: Links | None = None
+
+    @model_validator(mode="after")
+    def _links_when_many(self):
+        if self.chips.value > 1 and self.links is None:
+            raise ValueError("a system of more than one chip needs links")
+        return self
+
+
+class HardwareProfile(Strict):
+    name: str
+    description: str
+    memory: list[Level]
+    compute: Compute
+    noc: NoC
+    host: Host
+    system: System
+
+    @model_validator(mode="after")
+    def _hierarchy(self):
+        if not self.memory:
+            raise ValueError("memory must list at least the backing store")
+        names = [level.name for level in self.memory]
+        if len(set(names)) != len(names):
+            raise ValueError(f"memory level names must be unique, got {names}")
+        for level in self.memory[1:]:
+            if isinstance(level, HBM):
+                raise ValueError("HBM can only be the first (outermost) memory level")
+        store = self.memory[0]
+        if isinstance(store, SRAM) and store.stream_efficiency is None:
+            raise ValueError("an SRAM backing store needs stream_efficiency")
+        for level in self.memory:
+            if isinstance(level, SRAM) and level.scope == "tile" and level.count.value != self.compute.tiles.value:
+                raise ValueError(f"tile-scope SRAM {level.name!r} count must equal compute.tiles")
+        return self
+
+    @property
+    def store(self) -> HBM | SRAM:
+        """The backing store: where weights and the KV cache live."""
+        return self.memory[0]
+
+    def level(self, name: str) -> HBM | SRAM:
+        for level in self.memory:
+            if level.name == name:
+                return level
+        raise KeyError(name)
+
+    @property
+    def on_chip(self) -> list[SRAM]:
+        return [level for level in self.memory if isinstance(level, SRAM) and level is not self.store]
+
+    @property
+    def shared_sram(self) -> SRAM | None:
+        chips = [level for level in self.on_chip if level.scope == "chip"]
+        return chips[0] if chips else None
+
+    @property
+    def tile_sram(self) -> SRAM | None:
+        tiles = [level for level in self.on_chip if level.scope == "tile"]
+        return tiles[0] if tiles else None
+
+    @property
+    def chips(self) -> int:
+        return self.system.chips.value
+
+    def headline(self) -> dict:
+        store = self.store
+        return {
+            "name": self.name,
+            "chips": self.chips,
+            "store": f"{store.kind}",
+            "capacity_GB": store.capacity_bytes / GB,
+            "peak_GBps": store.peak_GBps,
+            "bf16_TFLOPs": self.compute.matrix_peak_TFLOPs("bf16"),
+            "on_chip_MB": sum(level.capacity_bytes for level in self.on_chip) / MB
+            + (store.capacity_bytes / MB if isinstance(store, SRAM) else 0),
+        }
+
+
+def sources(profile: HardwareProfile) -> list[tuple[str, object, str, bool]]:
+    """Every sourced number in a profile: (dotted path, value, source, estimate)."""
+    out: list[tuple[str, object, str, bool]] = []
+
+    def walk(node, path):
+        if isinstance(node, (Num, Count, Table)):
+            value = node.points if isinstance(node, Table) else node.value
+            out.append((path, value, node.source, node.estimate))
+        elif isinstance(node, Strict):
+            for key in type(node).model_fields:
+                walk(getattr(node, key), f"{path}.{key}" if path else key)
+        elif isinstance(node, dict):
+            for key, child in node.items():
+                walk(child, f"{path}.{key}")
+        elif isinstance(node, list):
+            for item in node:
+                walk(item, f"{path}.{getattr(item, 'name', '?')}")
+
+    walk(profile, "")
+    return out

@@ -1,0 +1,235 @@
+"""The one YAML reader, the one validator and the one override syntax.
+
+``load_yaml`` reads a file with ``yaml.safe_load`` only. ``validate`` builds a frozen
+pydantic model and turns any ``ValidationError`` into a ``ConfigError`` that names the file,
+the dotted key path and what was expected. ``apply_overrides`` implements the dotted-path
+syntax shared by ``--set`` and study sweeps:
+
+* ``hbm.channel_bandwidth_GBps=900``: set a value (for a sourced quantity, its ``value``;
+  the quantity's ``source`` becomes ``override``);
+* in studies, ``{scale: 2}`` multiplies the current value.
+
+Paths are checked against the schema, so a misspelt path is an error, not a new key.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import typing
+from pathlib import Path
+from typing import Any
+
+import pydantic
+import yaml
+
+from sim.errors import ConfigError
+
+
+def load_yaml(path: str | Path) -> dict:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(str(path), None, "file not found") from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as err:
+        raise ConfigError(str(path), None, f"cannot read file ({type(err).__name__})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "somewhere"
+        problem = getattr(err, "problem", None) or "invalid YAML"
+        raise ConfigError(str(path), None, f"YAML syntax error at {where}: {problem}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(str(path), None, "expected a mapping at the top level", type(data).__name__)
+    return data
+
+
+def dotted(loc: tuple) -> str:
+    return ".".join(str(part) for part in loc)
+
+
+def validate(model: type[pydantic.BaseModel], data: Any, file: str | Path | None, prefix: str = ""):
+    """Build ``model`` from ``data``; a ValidationError becomes one ConfigError."""
+    try:
+        return model.model_validate(data)
+    except pydantic.ValidationError as err:
+        raise _config_error(model, err, str(file) if file else None, prefix) from None
+
+
+def _config_error(model, err: pydantic.ValidationError, file, prefix) -> ConfigError:
+    first = err.errors(include_url=False)[0]
+    raw_loc = tuple(first["loc"])
+    loc = tuple(part for part in raw_loc if not _is_union_tag(part))
+    path = ".".join(p for p in (prefix, dotted(loc)) if p)
+    kind = first["type"]
+    if kind == "extra_forbidden":
+        allowed = _allowed_keys(model, raw_loc[:-1])
+        hint = f"; allowed keys: {', '.join(allowed)}" if allowed else ""
+        return ConfigError(file, path, f"unknown key{hint}")
+    if kind == "missing":
+        return ConfigError(file, path, "required key is missing")
+    message = first["msg"]
+    if message.startswith("Value error, "):
+        message = message[len("Value error, ") :]
+    got = first.get("input", ...)
+    if isinstance(got, (dict, list)) and kind not in ("dict_type", "list_type", "model_type"):
+        got = ...
+    return ConfigError(file, path, message[0].lower() + message[1:], got)
+
+
+def _is_union_tag(part) -> bool:
+    # pydantic adds the tag of a discriminated union or the name of a function validator
+    return isinstance(part, str) and (part.startswith("function-") or part in _UNION_TAGS)
+
+
+_UNION_TAGS = {"hbm", "sram"}
+
+
+def _field_model(annotation):
+    """The pydantic model (or the list of models) inside an annotation, if any."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _field_model(typing.get_args(annotation)[0])
+    if isinstance(annotation, type) and issubclass(annotation, pydantic.BaseModel):
+        return annotation
+    if origin in (list, tuple):
+        return _field_model(typing.get_args(annotation)[0])
+    if origin is dict:
+        return _field_model(typing.get_args(annotation)[1])
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        models = [m for m in (_field_model(a) for a in typing.get_args(annotation)) if m]
+        return models[0] if len(models) == 1 else (models or None)
+    return None
+
+
+def _allowed_keys(model, loc) -> list[str]:
+    current = model
+    for part in loc:
+        if isinstance(part, int) or current is None:
+            continue
+        if isinstance(current, list):
+            current = _union_member(current, part)
+            continue
+        field = current.model_fields.get(part)
+        current = _field_model(field.annotation) if field else None
+    if isinstance(current, type) and issubclass(current, pydantic.BaseModel):
+        return sorted(current.model_fields)
+    return []
+
+
+# ---------------------------------------------------------------- overrides
+
+
+def parse_assignment(text: str, where: str = "--set") -> tuple[str, Any]:
+    """``a.b.c=VALUE`` -> (path, value); the value is read as YAML (safe), so 900 is an int."""
+    if "=" not in text:
+        raise ConfigError(where, text, "expected DOTTED.PATH=VALUE")
+    path, raw = text.split("=", 1)
+    path = path.strip()
+    if not path:
+        raise ConfigError(where, text, "expected DOTTED.PATH=VALUE")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return path, value
+
+
+def apply_override(
+    data: dict, path: str, value: Any, model: type[pydantic.BaseModel], file: str, source: str = "override"
+) -> dict:
+    """Return a copy of raw ``data`` with ``path`` set to ``value`` (or scaled by it).
+
+    ``value`` may be ``{"scale": f}`` (multiply the current number) or ``{"add": x}``.
+    A path must exist in the schema; setting a sourced quantity sets its ``value`` and
+    records ``source``.
+    """
+    data = copy.deepcopy(data)
+    parts = path.split(".")
+    node: Any = data
+    schema: Any = model
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        key: Any = part
+        if isinstance(node, list):
+            key = _list_index(node, part, file, ".".join(parts[: i + 1]))
+        elif isinstance(node, dict):
+            if isinstance(schema, type) and issubclass(schema, pydantic.BaseModel):
+                if part not in schema.model_fields and part not in node:
+                    allowed = ", ".join(sorted(schema.model_fields))
+                    raise ConfigError(file, ".".join(parts[: i + 1]), f"no such key; allowed keys: {allowed}")
+        else:
+            raise ConfigError(file, ".".join(parts[:i]), "is a value, not a section; cannot descend into it")
+        child_schema = _child_schema(schema, part)
+        if isinstance(node, list) and isinstance(schema, list) and isinstance(node[key], dict):
+            child_schema = _union_member(schema, node[key].get("kind"))
+        if last:
+            node[key] = _new_value(node.get(key) if isinstance(node, dict) else node[key], value, source,
+                                   file, path)
+            return data
+        if isinstance(node, dict) and key not in node:
+            node[key] = {}
+        node = node[key]
+        schema = child_schema
+        if _is_quantity(node) and not last and parts[i + 1] not in ("value", "source", "estimate"):
+            raise ConfigError(file, ".".join(parts[: i + 2]), "no such key below a sourced quantity")
+    return data
+
+
+def _list_index(node: list, part: str, file: str, where: str) -> int:
+    if part.lstrip("-").isdigit():
+        index = int(part)
+        if -len(node) <= index < len(node):
+            return index % len(node)
+        raise ConfigError(file, where, f"index out of range (list has {len(node)} items)")
+    for index, item in enumerate(node):
+        if isinstance(item, dict) and item.get("name") == part:
+            return index
+    names = [item.get("name") for item in node if isinstance(item, dict) and "name" in item]
+    raise ConfigError(file, where, f"no list item named {part!r}; names: {', '.join(map(str, names))}")
+
+
+def _union_member(models: list, kind):
+    for candidate in models:
+        if candidate.__name__.lower() == str(kind).lower():
+            return candidate
+    return None
+
+
+def _child_schema(schema, part):
+    if isinstance(schema, list):
+        for candidate in schema:
+            if part in candidate.model_fields:
+                return _field_model(candidate.model_fields[part].annotation)
+        return None
+    if isinstance(schema, type) and issubclass(schema, pydantic.BaseModel):
+        field = schema.model_fields.get(part)
+        return _field_model(field.annotation) if field else None
+    return schema
+
+
+def _is_quantity(node) -> bool:
+    return isinstance(node, dict) and "value" in node and "source" in node
+
+
+def _new_value(current, value, source, file, path):
+    if isinstance(value, dict) and set(value) <= {"scale", "add"} and value:
+        base = current["value"] if _is_quantity(current) else current
+        if not isinstance(base, (int, float)) or isinstance(base, bool):
+            raise ConfigError(file, path, "a scale or add override needs a number to act on", base)
+        step = value.get("scale", 1)
+        if not isinstance(step, (int, float)) or isinstance(step, bool) or not math.isfinite(step):
+            raise ConfigError(file, path, "scale must be a number", step)
+        result = base * step + value.get("add", 0)
+        if isinstance(base, int) and float(result).is_integer():
+            result = int(result)
+        value = result
+    if _is_quantity(current) and not isinstance(value, dict):
+        updated = dict(current)
+        updated["value"] = value
+        updated["source"] = f"{source} (was {current['value']!r}: {current['source']})"
+        updated["estimate"] = current.get("estimate", False)
+        return updated
+    return value

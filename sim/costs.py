@@ -1,0 +1,157 @@
+"""Per-op costs on a hardware profile: the one place where an op meets the hardware numbers.
+
+Both the discrete-event engine and the analytic model read an ``OpCost``; the engine
+turns its flows into shared-bandwidth transfers, the analytic model adds them up in closed
+form. Conventions (all times in ns, rates in bytes/ns = GB/s):
+
+* A memory access of ``b`` bytes is a flow on the link of its level. It consumes
+  ``b / efficiency`` of the level's pin bandwidth (a gather of 32-byte pieces costs about
+  three times a stream) and is capped by the tiles it runs on (``tile_load_GBps`` each) and
+  by the channels its addresses cover (``interleave_bytes`` granules).
+* Compute occupies the op's share of the tiles: matrix FLOPs on the matrix unit with M
+  padded to ``matrix_tile_m``, or on the vector FMA lanes when that is faster (a GEMV at
+  batch 1); vector operations (element-wise, softmax, dequantization) on the vector units.
+  Dequantization therefore competes with the matrix work for the op's time.
+* ``fill`` is paid before the body (first-byte latency of the slowest source, or the
+  latency steps of a collective), ``drain`` after it (the last chunk's compute), and
+  ``gap`` (kernel boundaries) before everything.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from sim.config.hardware import HBM, HardwareProfile
+from sim.lowering.graph import Op
+
+COMPUTE = "compute"
+
+
+@dataclass(frozen=True, slots=True)
+class Flow:
+    link: str
+    bytes: int  # useful bytes moved
+    weight: float  # link capacity consumed per useful byte (1 / efficiency)
+    cap: float  # max rate in useful bytes/ns
+    category: str
+    write: bool
+
+
+@dataclass(frozen=True, slots=True)
+class OpCost:
+    flows: tuple[Flow, ...]
+    compute_ns: float  # with the op's tiles, uncontended
+    tiles_share: float  # fraction of the chip's tiles it uses
+    matrix_ns: float
+    vector_ns: float
+    dequant_ns: float
+    fill_ns: float
+    drain_ns: float
+    gap_ns: float
+
+    def body_ns(self, capacity: dict[str, float]) -> float:
+        """Uncontended body time: the slowest of the flows and the compute."""
+        per_link: dict[str, float] = {}
+        longest = self.compute_ns
+        for f in self.flows:
+            per_link[f.link] = per_link.get(f.link, 0.0) + f.bytes * f.weight / capacity[f.link]
+            longest = max(longest, f.bytes / f.cap)
+        return max([longest, *per_link.values()])
+
+
+class CostModel:
+    def __init__(self, hw: HardwareProfile):
+        self.hw = hw
+        c = hw.compute
+        self.tiles = c.tiles.value
+        self.clock = c.clock_GHz.value
+        self.tile_m = c.matrix_tile_m.value
+        self.matrix_eff = c.matrix_efficiency.value
+        self.vector_eff = c.vector_efficiency.value
+        self.tile_load = c.tile_load_GBps.value
+        self.vector_rate = c.vector_rate("fp32")
+        self.levels = {level.name: level for level in hw.memory}
+        tile_sram = hw.tile_sram
+        self.buffer_bytes = tile_sram.capacity_MB.value * 1e6 / 2 if tile_sram else 256e3
+        links = hw.system.links
+        self.capacity: dict[str, float] = {name: level.peak_GBps for name, level in self.levels.items()}
+        self.capacity[COMPUTE] = 1.0
+        self.capacity["noc"] = hw.noc.bandwidth_GBps.value
+        self.capacity["pcie"] = hw.host.pcie_bandwidth_GBps.value
+        self.capacity["link"] = links.bandwidth_GBps.value if links else 1.0
+        self.kernel_gap = hw.host.kernel_gap_ns.value
+
+    # -- compute ------------------------------------------------------------------------
+    def tiles_for(self, op: Op) -> int:
+        return max(1, min(self.tiles, op.parallelism))
+
+    def matrix_ns(self, op: Op, tiles: int) -> float:
+        if not op.matrix_flops:
+            return 0.0
+        m = max(1, op.matrix_m)
+        padded = op.matrix_flops * (math.ceil(m / self.tile_m) * self.tile_m) / m
+        tensor = padded / (tiles * self.hw.compute.matrix_rate(op.dtype) * self.clock * self.matrix_eff)
+        lanes = op.matrix_flops / (tiles * self.vector_rate * self.clock * self.vector_eff)
+        return min(tensor, lanes)
+
+    def vector_ns(self, ops: int, tiles: int) -> float:
+        return ops / (tiles * self.vector_rate * self.clock * self.vector_eff) if ops else 0.0
+
+    # -- flows --------------------------------------------------------------------------
+    def flow(self, op: Op, access, tiles: int) -> Flow:
+        level = self.levels.get(access.level)
+        if level is None:  # link, pcie, noc
+            return Flow(access.level, self._link_bytes(op, access), 1.0, math.inf, access.category, access.write)
+        eff = level.efficiency(access.granule)
+        cap = tiles * self.tile_load
+        if isinstance(level, HBM):
+            covered = min(level.channels, math.ceil(access.bytes / level.interleave_bytes.value))
+            cap = min(cap, covered * level.channel_bandwidth_GBps.value * eff)
+        return Flow(level.name, access.bytes, 1.0 / eff, cap, access.category, access.write)
+
+    def _link_bytes(self, op: Op, access) -> int:
+        if op.collective is None or access.level != "link":
+            return access.bytes
+        kind, size, n = op.collective
+        if kind == "allreduce":
+            return math.ceil(2 * (n - 1) * size / n)
+        if kind in ("allgather", "alltoall"):
+            return math.ceil((n - 1) * size / n) if kind == "alltoall" else (n - 1) * size
+        return size  # p2p
+
+    def collective_latency_ns(self, op: Op) -> float:
+        links = self.hw.system.links
+        kind, _size, n = op.collective
+        if links is None or n <= 1:
+            return 0.0
+        if links.topology == "mesh":
+            steps = 2 if kind == "allreduce" else 1
+        elif links.topology == "torus2d":
+            side = math.ceil(math.sqrt(n))
+            steps = (4 if kind == "allreduce" else 2) * (side - 1)
+        else:  # ring, or a switch running ring collectives
+            steps = 2 * (n - 1) if kind == "allreduce" else (n - 1)
+        if kind == "p2p":
+            steps = 1
+        return links.per_message_overhead_ns.value + steps * links.latency_ns.value
+
+    # -- the op ---------------------------------------------------------------------------
+    def cost(self, op: Op) -> OpCost:
+        tiles = self.tiles_for(op)
+        flows = tuple(self.flow(op, a, tiles) for a in op.accesses)
+        matrix = self.matrix_ns(op, tiles)
+        vector = self.vector_ns(op.vector_ops, tiles)
+        dequant = self.vector_ns(op.dequant_ops, tiles)
+        compute = math.ceil((matrix + vector) * self.clock - 1e-9) / self.clock if matrix + vector else 0.0
+        if op.collective is not None:
+            fill = self.collective_latency_ns(op)
+        else:
+            fill = max((self.levels[f.link].latency_ns.value for f in flows if f.link in self.levels and not f.write),
+                       default=0.0)
+        read_bytes = sum(f.bytes for f in flows if not f.write)
+        chunks = max(1, math.ceil(read_bytes / (tiles * self.buffer_bytes)))
+        drain = compute / chunks  # double buffering: only the last chunk's compute trails the loads
+        body_compute = compute - drain
+        return OpCost(flows, body_compute, tiles / self.tiles, matrix, vector, dequant, fill, drain,
+                      op.kernels * self.kernel_gap)

@@ -1,0 +1,36 @@
+"""Errors that reach the user.
+
+A ``ConfigError`` names the file, the key path inside it and what was expected. The CLI
+prints ``str(err)`` as one line on stderr and exits with status 2; nothing else in the
+package turns bad input into a traceback.
+"""
+
+from __future__ import annotations
+
+
+class ConfigError(Exception):
+    """Bad input: a missing file, bad YAML, an unknown or missing key, a wrong value."""
+
+    def __init__(self, file: str | None, key_path: str | None, expected: str, got: object = ...):
+        self.file = file or "<input>"
+        self.key_path = key_path or ""
+        self.expected = expected
+        self.got = got
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        where = f"{self.file}: {self.key_path}: " if self.key_path else f"{self.file}: "
+        text = where + self.expected
+        if self.got is not ...:
+            text += f", got {_short(self.got)}"
+        return " ".join(text.split())
+
+
+def _short(value: object, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class SimulationError(Exception):
+    """A configuration that is valid data but cannot be simulated (for example, a
+    placement that asks for more SRAM than the chip has). Reported like a ConfigError."""

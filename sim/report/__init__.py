@@ -1,0 +1,1 @@
+"""Reports: plots, Markdown, and Chrome/Perfetto traces built from result tables."""

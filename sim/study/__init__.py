@@ -1,0 +1,1 @@
+"""What-if studies: YAML base + overrides + sweeps -> many independent runs."""
