@@ -51,13 +51,15 @@ class OpCost:
     gap_ns: float
 
     def body_ns(self, capacity: dict[str, float]) -> float:
-        """Uncontended body time: the slowest of the flows and the compute."""
+        """Uncontended body time: the slowest of the flows and the compute. Flows of one op
+        on the same link with the same efficiency and cap move as one (as the engine does)."""
         per_link: dict[str, float] = {}
-        longest = self.compute_ns
+        per_cap: dict[tuple, float] = {}
         for f in self.flows:
             per_link[f.link] = per_link.get(f.link, 0.0) + f.bytes * f.weight / capacity[f.link]
-            longest = max(longest, f.bytes / f.cap)
-        return max([longest, *per_link.values()])
+            key = (f.link, f.weight, f.cap)
+            per_cap[key] = per_cap.get(key, 0.0) + f.bytes / f.cap
+        return max([self.compute_ns, *per_link.values(), *per_cap.values()])
 
 
 class CostModel:

@@ -21,7 +21,7 @@ _EPS = 1e-9
 
 
 class _Flow:
-    __slots__ = ("link", "remaining", "size", "weight", "cap", "rate", "group", "start", "meta")
+    __slots__ = ("link", "remaining", "size", "weight", "cap", "rate", "group", "start", "meta", "t_end")
 
     def __init__(self, link, size, weight, cap, group, start, meta):
         self.link = link
@@ -33,14 +33,16 @@ class _Flow:
         self.group = group
         self.start = start
         self.meta = meta
+        self.t_end = math.inf
 
 
 class _Group:
-    __slots__ = ("pending", "event")
+    __slots__ = ("pending", "event", "flows")
 
     def __init__(self, env, pending):
         self.pending = pending
         self.event = env.event()
+        self.flows: list[_Flow] = []
 
 
 class FlowNetwork:
@@ -49,6 +51,7 @@ class FlowNetwork:
         self.env = env
         self.capacity = capacity
         self.flows: dict[str, list[_Flow]] = {}
+        self.groups: list[_Group] = []
         self.log = log
         self.label = label
         self._generation = 0
@@ -57,20 +60,29 @@ class FlowNetwork:
 
     def transfer(self, specs, meta) -> simpy.Event:
         """Start flows ``specs`` = [(link, bytes, weight, cap, kind), ...]; the returned
-        event fires when all of them have finished."""
-        specs = [s for s in specs if s[1] > 0]
-        group = _Group(self.env, len(specs))
-        if not specs:
+        event fires when all of them have finished. Specs on the same link with the same
+        weight and cap are merged into one flow (a read and a write of activations share the
+        level's bandwidth either way); the log keeps each part's kind and bytes."""
+        merged: dict[tuple, list] = {}
+        for link, size, weight, cap, kind in specs:
+            if size > 0:
+                merged.setdefault((link, weight, cap), []).append((kind, size))
+        group = _Group(self.env, len(merged))
+        if not merged:
             group.event.succeed()
             return group.event
         self._advance()
         now = self.env.now
         dirty = set()
-        for link, size, weight, cap, kind in specs:
+        for (link, weight, cap), parts in merged.items():
             if link not in self.capacity:
                 raise KeyError(f"no link {link!r}")
-            self.flows.setdefault(link, []).append(_Flow(link, size, weight, cap, group, now, (meta, kind)))
+            size = sum(part[1] for part in parts)
+            flow = _Flow(link, size, weight, cap, group, now, (meta, parts))
+            self.flows.setdefault(link, []).append(flow)
+            group.flows.append(flow)
             dirty.add(link)
+        self.groups.append(group)
         for link in dirty:
             self._allocate(link)
         self._schedule()
@@ -89,35 +101,43 @@ class FlowNetwork:
         flows = self.flows.get(link)
         if not flows:
             return
+        now = self.env.now
         capacity = self.capacity[link]
         if len(flows) == 1:
             f = flows[0]
             f.rate = min(f.cap, capacity / f.weight)
-            return
-        # water-filling: equal rates, except flows held below the share by their own cap
-        order = sorted(flows, key=lambda f: f.cap)
-        weights = sum(f.weight for f in order)
-        for i, f in enumerate(order):
-            share = capacity / weights
-            if f.cap <= share:
-                f.rate = f.cap
-                capacity -= f.cap * f.weight
-                weights -= f.weight
-            else:
-                for g in order[i:]:
-                    g.rate = share
-                break
+        else:
+            # water-filling: equal rates, except flows held below the share by their own cap
+            order = sorted(flows, key=lambda f: f.cap)
+            weights = sum(f.weight for f in order)
+            for i, f in enumerate(order):
+                share = capacity / weights
+                if f.cap <= share:
+                    f.rate = f.cap
+                    capacity -= f.cap * f.weight
+                    weights -= f.weight
+                else:
+                    for g in order[i:]:
+                        g.rate = share
+                    break
+        for f in flows:
+            f.t_end = now + max(0.0, f.remaining) / f.rate if f.rate > 0 else math.inf
 
     def _schedule(self) -> None:
+        """One wake-up at the earliest moment anything changes: a flow that shares its link
+        finishes (the others speed up), or a group's last flow finishes. A flow alone on
+        its link keeps its rate until another flow joins, which re-plans anyway."""
         soonest = math.inf
         for flows in self.flows.values():
-            for f in flows:
-                if f.rate > 0:
-                    soonest = min(soonest, f.remaining / f.rate)
+            if len(flows) > 1:
+                for f in flows:
+                    soonest = min(soonest, f.t_end)
+        for group in self.groups:
+            soonest = min(soonest, max(f.t_end for f in group.flows if f.remaining > -1))
         self._generation += 1
         if soonest < math.inf:
             generation = self._generation
-            wake = self.env.timeout(max(0.0, soonest))
+            wake = self.env.timeout(max(0.0, soonest - self.env.now))
             wake.callbacks.append(lambda _e: self._wake(generation))
 
     def _wake(self, generation: int) -> None:
@@ -125,26 +145,35 @@ class FlowNetwork:
             return
         self._advance()
         now = self.env.now
+        horizon = now + _EPS * max(1.0, now)
         for link in list(self.flows):
             flows = self.flows[link]
-            done = [f for f in flows if f.remaining <= _EPS * max(1.0, f.size) or
-                    (f.rate > 0 and f.remaining / f.rate <= _EPS * max(1.0, now))]
+            done = [f for f in flows if f.t_end <= horizon]
             if not done:
                 continue
-            self.flows[link] = [f for f in flows if f not in done]
-            for f in done:
-                self._finish(f, now)
+            keep = [f for f in flows if f.t_end > horizon]
+            if keep:
+                self.flows[link] = keep
+            else:
+                del self.flows[link]
+            for f in sorted(done, key=lambda f: f.t_end):
+                self._finish(f)
             self._allocate(link)
         self._schedule()
 
-    def _finish(self, f: _Flow, now: float) -> None:
+    def _finish(self, f: _Flow) -> None:
+        end = f.t_end
         self.moved[f.link] = self.moved.get(f.link, 0.0) + f.size
         if self.log is not None:
-            (step, layer, op, flops), kind = f.meta
-            if f.link == "compute":
-                self.log.append((step, layer, op, f.link, kind, f.start, now, 0, flops))
-            else:
-                self.log.append((step, layer, op, f.link, kind, f.start, now, f.size, 0))
-        f.group.pending -= 1
-        if f.group.pending == 0:
-            f.group.event.succeed()
+            (step, layer, op, flops), parts = f.meta
+            for kind, size in parts:
+                if f.link == "compute":
+                    self.log.append((step, layer, op, f.link, kind, f.start, end, 0, flops))
+                else:
+                    self.log.append((step, layer, op, f.link, kind, f.start, end, size, 0))
+        f.remaining = -2.0  # finished
+        group = f.group
+        group.pending -= 1
+        if group.pending == 0:
+            self.groups.remove(group)
+            group.event.succeed()
