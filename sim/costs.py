@@ -138,6 +138,9 @@ class CostModel:
             steps = 1
         return links.per_message_overhead_ns.value + steps * links.latency_ns.value
 
+    def _to_cycles(self, ns: float) -> float:
+        return math.ceil(ns * self.clock - 1e-9) / self.clock if ns > 0 else 0.0
+
     # -- the op ---------------------------------------------------------------------------
     def cost(self, op: Op) -> OpCost:
         tiles = self.tiles_for(op)
@@ -145,15 +148,17 @@ class CostModel:
         matrix = self.matrix_ns(op, tiles)
         vector = self.vector_ns(op.vector_ops, tiles)
         dequant = self.vector_ns(op.dequant_ops, tiles)
-        compute = math.ceil((matrix + vector) * self.clock - 1e-9) / self.clock if matrix + vector else 0.0
+        exact = matrix + vector
+        compute = self._to_cycles(exact)
         if op.collective is not None:
             fill = self.collective_latency_ns(op)
         else:
             fill = max((self.levels[f.link].latency_ns.value for f in flows if f.link in self.levels and not f.write),
                        default=0.0)
         read_bytes = sum(f.bytes for f in flows if not f.write)
-        chunks = max(1, math.ceil(read_bytes / (tiles * self.buffer_bytes)))
-        drain = compute / chunks  # double buffering: only the last chunk's compute trails the loads
+        chunks = max(1.0, read_bytes / (tiles * self.buffer_bytes))  # buffer loads per tile (fractional: no wave steps)
+        # double buffering: only the last chunk's compute trails the loads
+        drain = min(compute, self._to_cycles(exact / chunks))
         body_compute = compute - drain
         return OpCost(flows, body_compute, tiles / self.tiles, matrix, vector, dequant, fill, drain,
                       op.kernels * self.kernel_gap)

@@ -199,12 +199,14 @@ def simulate(spec: RunSpec | dict | None = None, *, keep_ops: bool = False, keep
     cap = capacity(res)
     base = _identity(res, cap)
     if not cap["fits"]:
-        base.update(verdict="does-not-fit", meets_target=False, bound="capacity",
+        floor_ms = ns_to_ms((cap["weights_bytes"] + cap["kv_bytes"]) / res.hardware.store.peak_GBps)
+        base.update(verdict="does-not-fit", meets_target=False, bound="capacity", byte_floor_ms=floor_ms,
                     per_token_ms_p50=None, per_token_ms_p99=None, wall_s=time.perf_counter() - wall,
                     reason=(f"needs {cap['needed_bytes'] / GB:.1f} GB per chip "
                             f"(weights {cap['weights_bytes'] / GB:.1f} GB + KV {cap['kv_bytes'] / GB:.1f} GB "
                             f"+ activations {cap['activation_bytes'] / GB:.2f} GB), "
-                            f"{res.hardware.store.name} holds {cap['available_bytes'] / GB:.1f} GB"))
+                            f"{res.hardware.store.name} holds {cap['available_bytes'] / GB:.1f} GB; even if it fit, "
+                            f"reading weights and KV once at peak bandwidth takes {floor_ms:.1f} ms per step"))
         return RunResult(base, resolved=res)
 
     from sim.analytic import analyse

@@ -1,0 +1,119 @@
+"""Loading the bundled profiles and models, and every class of bad input."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import yaml
+
+from sim import load_model, load_profile
+from sim.config.hardware import HardwareProfile, sources
+from sim.config.loader import apply_override, load_yaml, validate
+from sim.errors import ConfigError
+
+H200 = "hardware_profiles/h200-sxm.yaml"
+
+
+def test_bundled_h200_loads_with_derived_peaks(root):
+    hw = load_profile("h200-sxm")
+    assert hw.store.peak_GBps == pytest.approx(4800)
+    assert hw.compute.matrix_peak_TFLOPs("bf16") == pytest.approx(989.4, rel=1e-3)
+    assert all(src.strip() for _path, _v, src, _e in sources(hw))
+
+
+def test_models_have_the_published_parameter_counts():
+    assert load_model("llama-3-8b").total_params == pytest.approx(8.03e9, rel=0.002)
+    assert load_model("llama-3-70b").total_params == pytest.approx(70.55e9, rel=0.002)
+
+
+def _write(tmp_path, text, name="p.yaml"):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def _mutated(root, tmp_path, mutate):
+    data = yaml.safe_load((root / H200).read_text())
+    mutate(data)
+    path = tmp_path / "mutant.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.mark.parametrize("mutate, expect", [
+    (lambda d: d["memory"][0].pop("capacity_GB"), "memory.0.capacity_GB: required key is missing"),
+    (lambda d: d["memory"][0].update(capacity_gb={"value": 1, "source": "x"}), "unknown key; allowed keys:"),
+    (lambda d: d["compute"]["tiles"].update(value="many"), "compute.tiles.value: must be a whole number"),
+    (lambda d: d["compute"]["tiles"].update(value=0), "compute.tiles.value: must be >= 1"),
+    (lambda d: d["memory"][0]["channel_bandwidth_GBps"].update(value=-5), "must be >= 0"),
+    (lambda d: d["memory"][0]["stream_efficiency"].update(value=1.5), "must be a fraction in (0, 1]"),
+    (lambda d: d["memory"][0]["latency_ns"].update(source=""), "source must name"),
+    (lambda d: d["memory"][1].update(name="hbm"), "memory level names must be unique"),
+])
+def test_bad_profile_gives_one_line_naming_file_and_key(root, tmp_path, cli, mutate, expect):
+    path = _mutated(root, tmp_path, mutate)
+    code, out, err = cli("run", "--hardware", str(path), "--steps", "1")
+    assert code == 2
+    assert out == ""
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert str(path) in err and expect in err
+
+
+def test_yaml_syntax_error_names_line(tmp_path, cli):
+    path = _write(tmp_path, "name: x\nmemory: [\n  - kind: hbm\n")
+    code, _out, err = cli("run", "--hardware", str(path))
+    assert code == 2 and "YAML syntax error at line" in err and str(path) in err
+
+
+def test_missing_file_and_unknown_name(cli):
+    code, _o, err = cli("run", "--hardware", "no/such/file.yaml")
+    assert code == 2 and "no/such/file.yaml: hardware file not found" in err
+    code, _o, err = cli("run", "--model", "llama-9000")
+    assert code == 2 and "unknown model 'llama-9000'" in err and "llama-3-8b" in err
+
+
+def test_top_level_must_be_a_mapping(tmp_path):
+    path = _write(tmp_path, "- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="expected a mapping"):
+        load_yaml(path)
+
+
+def test_safe_loading_refuses_python_tags(tmp_path):
+    path = _write(tmp_path, "name: !!python/object/apply:os.system ['echo pwned']\n")
+    with pytest.raises(ConfigError, match="YAML syntax error"):
+        load_yaml(path)
+
+
+@pytest.mark.parametrize("setting, expect", [
+    ("hardware.hbm.nonsense=1", "memory.hbm.nonsense: no such key; allowed keys:"),
+    ("hardware.hbm.capacity_GB=0", "must be > 0"),
+    ("model.layers=-3", "layers: input should be greater than 0"),
+    ("model.heads=7", "heads (7) must be a multiple of kv_heads"),
+    ("bogus=1", "bogus: no such path"),
+    ("hardware.hbm.capacity_GB.value.deeper=1", "is a value, not a section"),
+    ("noequals", "expected DOTTED.PATH=VALUE"),
+])
+def test_bad_set_paths(cli, setting, expect):
+    code, _out, err = cli("run", "--steps", "1", "--set", setting)
+    assert code == 2, err
+    assert expect in err and err.count("\n") == 1
+
+
+def test_override_sets_value_and_records_source(root):
+    raw = load_yaml(root / H200)
+    new = apply_override(raw, "memory.hbm.channel_bandwidth_GBps", 50, HardwareProfile, H200)
+    hw = validate(HardwareProfile, new, H200)
+    assert hw.store.peak_GBps == pytest.approx(50 * 192)
+    assert hw.store.channel_bandwidth_GBps.source.startswith("override")
+    scaled = validate(HardwareProfile, apply_override(raw, "memory.hbm.channel_bandwidth_GBps", {"scale": 2},
+                                                      HardwareProfile, H200), H200)
+    assert scaled.store.peak_GBps == pytest.approx(9600)
+    assert raw["memory"][0]["channel_bandwidth_GBps"]["value"] == 25.0  # the original is untouched
+
+
+def test_bad_cli_values_exit_2(cli):
+    for argv in (("run", "--batch", "0"), ("run", "--context", "-4"), ("run", "--batch", "two"),
+                 ("run", "--engine", "quantum")):
+        code, out, err = cli(*argv)
+        assert code == 2 and out == "" and err.count("\n") == 1, (argv, err)

@@ -1,0 +1,180 @@
+"""Truth tests for the lowering and the engine: bytes, agreement, monotonicity, determinism."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sim import load_profile
+from sim.analytic import analyse
+from sim.costs import CostModel
+from sim.engine.simulation import Simulation
+from sim.lowering.decode import lower_step
+from sim.lowering.graph import Access, Builder, OpGraph
+from sim.run import RunSpec, capacity, resolve, simulate
+
+FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def test_hand_computed_bytes_llama3_8b_batch1():
+    res = resolve(RunSpec(batch=1, context=4096, steps=1))
+    graph = lower_step(res.plan, (4096,))
+    h, layers, ffn, vocab = 4096, 32, 14336, 128256
+    per_layer = 2 * (h * (4096 + 1024 + 1024) + 4096 * h + 3 * h * ffn)
+    embed_row = h * 2
+    lm_head = 2 * vocab * h
+    assert graph.bytes("weights") == layers * per_layer + embed_row + lm_head
+    # K and V: 8 KV heads x 128 x 2 bytes each, per token per layer
+    assert graph.bytes("kv", write=False) == layers * 4096 * 2 * 8 * 128 * 2
+    assert graph.bytes("kv", write=True) == layers * 2 * 8 * 128 * 2
+
+
+def _log_bytes(log):
+    by = defaultdict(int)
+    for _s, _l, _op, resource, kind, _t0, _t1, nbytes, _f in log:
+        if resource not in ("compute", "host"):
+            by[(resource, kind.startswith("write"))] += nbytes
+    return by
+
+
+@pytest.mark.parametrize("batch, context", [(1, 512), (16, 4096)])
+def test_event_log_conserves_op_graph_bytes(batch, context):
+    result = simulate(batch=batch, context=context, steps=2, keep_log=True)
+    res = result.resolved
+    expected = defaultdict(int)
+    for step in res.steps:
+        graph = lower_step(res.plan, step.contexts, step.index)
+        for op in graph.ops:
+            for a in op.accesses:
+                expected[(a.level, a.write)] += a.bytes
+    assert dict(_log_bytes(result.log)) == dict(expected)
+
+
+@pytest.mark.parametrize("kw", [
+    dict(batch=1, context=4096),
+    dict(batch=32, context=1024),
+    dict(batch=8, context=16384, graph=False),
+    dict(model="llama-3-70b", batch=4, context=2048),
+])
+def test_des_equals_analytic_when_nothing_contends(kw):
+    des = simulate(steps=2, **kw).summary["per_token_ms_p50"]
+    ana = simulate(steps=2, engine="analytic", **kw).summary["per_token_ms_p50"]
+    assert des == pytest.approx(ana, rel=0.03)
+
+
+def _two_stream_graph(nbytes=200_000_000):
+    b = Builder()
+    b.add("a", 0, "vector", [Access("hbm", nbytes, "weights")], stream="s1", parallelism=132)
+    b.add("b", 0, "vector", [Access("hbm", nbytes, "weights")], stream="s2", parallelism=132)
+    ops = b.ops
+    ops[-1].host_sync = False
+    return OpGraph(ops, stages=1)
+
+
+def test_contention_makes_des_slower_than_roofline_and_conserves_work():
+    hw = load_profile("h200-sxm")
+    costs = CostModel(hw)
+    graph = _two_stream_graph()
+    op_costs = [costs.cost(op) for op in graph.ops]
+    des = Simulation(costs, graph, op_costs, graph_mode=True).run()
+    ana = analyse(costs, graph, op_costs, graph_mode=True)
+    assert des.time_ns > 1.5 * ana.time_ns  # both streams share the HBM
+    body = 200e6 / (hw.store.peak_GBps * hw.store.efficiency(None))
+    # two bodies' worth of bytes through one link: the pair ends ~2x one body after its start
+    end_bodies = max(t.body_end for t in des.timings) - min(t.body_start for t in des.timings)
+    assert end_bodies == pytest.approx(2 * body, rel=1e-6)
+
+
+def test_determinism():
+    a = simulate(batch=8, context=2048, steps=3, keep_log=True, keep_ops=True)
+    b = simulate(batch=8, context=2048, steps=3, keep_log=True, keep_ops=True)
+    assert a.log == b.log and a.ops == b.ops
+    assert a.summary["per_token_ms_p50"] == b.summary["per_token_ms_p50"]
+
+
+def test_capacity_verdict_70b_bf16_batch64_context32k_does_not_fit():
+    s = simulate(model="llama-3-70b", batch=64, context=32768, steps=1).summary
+    assert s["verdict"] == "does-not-fit" and s["per_token_ms_p50"] is None
+    cap = s["capacity"]
+    assert cap["needed_bytes"] > cap["available_bytes"] == 141e9
+    # weights alone are 141 GB in bf16 and KV is 64 x 32768 x 320 KiB
+    assert cap["kv_bytes"] == pytest.approx(64 * 32768 * 80 * 2 * 8 * 128 * 2, rel=1e-3)
+
+
+def test_70b_bf16_on_one_h200_does_not_fit_and_could_not_meet_10ms_anyway():
+    s = simulate(model="llama-3-70b", batch=1, context=1024, steps=1).summary
+    # 141.1 GB of bf16 weights against 141 GB of HBM; reading them takes >= 29 ms at 4.8 TB/s
+    assert s["verdict"] == "does-not-fit"
+    assert s["byte_floor_ms"] > 29 and "29." in s["reason"]
+
+
+def test_70b_int8_on_one_h200_misses_10ms_memory_bound():
+    s = simulate(model="llama-3-70b", weights="int8", batch=1, context=1024, steps=1).summary
+    assert s["verdict"] == "misses-target" and s["bound"] == "memory"
+    assert s["per_token_ms_p50"] > s["byte_floor_ms"] > 14
+
+
+def test_8b_batch1_context4k_between_byte_floor_and_twice_it():
+    s = simulate(batch=1, context=4096, steps=2).summary
+    floor = (s["weight_bytes_per_token"] + s["kv_bytes_per_token"]) / 4.8e12 * 1e3
+    assert floor == pytest.approx(3.2, abs=0.1)
+    assert floor < s["per_token_ms_p50"] < 2 * floor
+
+
+@FAST
+@given(scale=st.floats(1.05, 4.0), batch=st.sampled_from([1, 4, 32]), context=st.sampled_from([256, 4096]))
+def test_more_hbm_bandwidth_never_slows_a_step(scale, batch, context):
+    base = simulate(batch=batch, context=context, steps=1).summary["per_token_ms_p50"]
+    faster = simulate(batch=batch, context=context, steps=1,
+                      overrides=[("hardware.hbm.channel_bandwidth_GBps", {"scale": scale})]).summary
+    assert faster["per_token_ms_p50"] <= base * (1 + 1e-9)
+
+
+@FAST
+@given(tiles=st.integers(1, 131), batch=st.sampled_from([1, 64]))
+def test_more_tiles_never_slow_a_step(tiles, batch):
+    def at(n):
+        return simulate(batch=batch, context=1024, steps=1, overrides=[
+            ("hardware.compute.tiles", n), ("hardware.smem.count", n)]).summary["per_token_ms_p50"]
+
+    assert at(tiles + 1) <= at(tiles) * (1 + 1e-9)
+
+
+@FAST
+@given(context=st.integers(16, 60000), extra=st.integers(1, 20000), batch=st.sampled_from([1, 8]))
+def test_longer_context_never_speeds_a_step(context, extra, batch):
+    a = simulate(batch=batch, context=context, steps=1).summary["per_token_ms_p50"]
+    b = simulate(batch=batch, context=context + extra, steps=1).summary["per_token_ms_p50"]
+    assert b >= a
+
+
+def test_eager_costs_more_than_graph_and_is_launch_bound_at_batch1():
+    g = simulate(batch=1, context=1024, steps=1).summary
+    e = simulate(batch=1, context=1024, steps=1, graph=False, software="torch-eager").summary
+    assert e["per_token_ms_p50"] > g["per_token_ms_p50"]
+    assert e["breakdown_ms"]["launch_sync"] > g["breakdown_ms"]["launch_sync"]
+
+
+def test_breakdown_rows_sum_to_step_time():
+    s = simulate(batch=8, context=8192, steps=2).summary
+    assert sum(s["breakdown_ms"].values()) == pytest.approx(s["per_token_ms_mean"], rel=1e-6)
+
+
+def test_events_per_step_do_not_grow_with_context_or_model_bytes():
+    e1 = simulate(batch=16, context=1024, steps=2).summary["events"]
+    e2 = simulate(batch=16, context=32768, steps=2).summary["events"]
+    assert e1 == e2
+    small = simulate(batch=1, context=1024, steps=1, overrides=[("model.hidden", 1024)]).summary["events"]
+    big = simulate(batch=1, context=1024, steps=1).summary["events"]
+    assert small == big
+
+
+def test_capacity_accounts_tp_split():
+    res = resolve(RunSpec(model="llama-3-70b", batch=1, context=1024, steps=1,
+                          overrides=[("hardware.system.chips", 8)]))
+    cap = capacity(res)
+    assert res.plan.tp == 8
+    assert cap["weights_bytes"] == pytest.approx(141.1e9 / 8, rel=0.01)
