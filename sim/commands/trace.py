@@ -1,0 +1,56 @@
+"""``decodesim trace``: make decode traces (fixed, synthetic arrivals, Azure production trace)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def register(sub) -> None:
+    p = sub.add_parser("trace", help="generate a decode trace file (JSONL, Parquet or CSV)",
+                       description="Generate a decode trace: per step, the active sequences and their contexts.")
+    p.add_argument("kind", choices=["fixed", "synthetic", "azure"], help="generator")
+    p.add_argument("--out", type=Path, required=True, help="output file (.jsonl, .parquet or .csv)")
+    p.add_argument("--batch", type=int, default=8, help="fixed: sequences; others: the maximum batch")
+    p.add_argument("--context", type=int, default=4096, help="fixed: starting context")
+    p.add_argument("--steps", type=int, default=256, help="steps to write (at most)")
+    p.add_argument("--requests", type=int, default=2000, help="synthetic: requests; azure: rows read")
+    p.add_argument("--rate", type=float, default=20.0, help="synthetic: arrivals per second")
+    p.add_argument("--prompt-median", type=int, default=1024, help="synthetic: median prompt tokens")
+    p.add_argument("--output-median", type=int, default=256, help="synthetic: median output tokens")
+    p.add_argument("--azure", type=Path, default=None, help="azure: the AzureLLMInferenceTrace CSV")
+    p.add_argument("--step-ms", type=float, default=20.0,
+                   help="nominal step time that advances the arrival clock (default 20 ms)")
+    p.add_argument("--speedup", type=float, default=1.0,
+                   help="azure: replay arrivals k times faster than recorded (k x the load of one service)")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(handler=handle)
+
+
+def handle(args) -> int:
+    from sim import trace
+    from sim.errors import ConfigError
+
+    for name in ("batch", "context", "steps", "requests"):
+        if getattr(args, name) <= 0:
+            raise ConfigError("command line", name, "must be > 0", getattr(args, name))
+    if args.kind == "fixed":
+        steps = trace.fixed(args.batch, args.context, args.steps)
+    else:
+        if args.kind == "synthetic":
+            requests = trace.synthetic_requests(args.requests, args.rate, args.prompt_median, args.output_median,
+                                                seed=args.seed)
+        else:
+            if args.azure is None:
+                raise ConfigError("command line", "--azure", "the azure generator needs --azure CSV")
+            if not args.azure.is_file():
+                raise ConfigError(str(args.azure), None, "file not found")
+            if args.speedup <= 0:
+                raise ConfigError("command line", "--speedup", "must be > 0", args.speedup)
+            requests = [trace.Request(r.arrival_s / args.speedup, r.prompt, r.output)
+                        for r in trace.azure_requests(args.azure, limit=args.requests)]
+        steps = trace.from_requests(requests, args.batch, step_ms=args.step_ms, max_steps=args.steps)
+    trace.write(steps, args.out)
+    batches = [s.batch for s in steps]
+    print(f"wrote {len(steps)} steps to {args.out} (batch {min(batches)}..{max(batches)}, "
+          f"max context {max(max(s.contexts) for s in steps)})")
+    return 0
