@@ -38,7 +38,7 @@ def analyse(costs: CostModel, graph: OpGraph, op_costs: list[OpCost], graph_mode
         timing.start = max(ready, t_host)
         cost = op_costs[op.idx]
         timing.body_start = timing.start + cost.gap_ns + cost.fill_ns
-        timing.body_end = timing.body_start + cost.body_ns(costs.capacity)
+        timing.body_end = timing.body_start + cost.ideal_body_ns
         timing.end = timing.body_end + cost.drain_ns
         stream_end[(op.stage, op.stream)] = timing.end
         end_all = max(end_all, timing.end)

@@ -19,6 +19,7 @@ form. Conventions (all times in ns, rates in bytes/ns = GB/s):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -49,6 +50,7 @@ class OpCost:
     fill_ns: float
     drain_ns: float
     gap_ns: float
+    ideal_body_ns: float = 0.0  # body_ns(capacity) of the cost model that made it
 
     def body_ns(self, capacity: dict[str, float]) -> float:
         """Uncontended body time: the slowest of the flows and the compute. Flows of one op
@@ -83,10 +85,11 @@ class CostModel:
         self.capacity["pcie"] = hw.host.pcie_bandwidth_GBps.value
         self.capacity["link"] = links.bandwidth_GBps.value if links else 1.0
         self.kernel_gap = hw.host.kernel_gap_ns.value
+        self._memo: dict[tuple, OpCost] = {}
 
     # -- compute ------------------------------------------------------------------------
-    def tiles_for(self, op: Op) -> int:
-        return max(1, min(self.tiles, op.parallelism))
+    def tiles_for(self, op: Op) -> float:
+        return max(1.0, min(self.tiles, op.parallelism))
 
     def matrix_ns(self, op: Op, tiles: int) -> float:
         if not op.matrix_flops:
@@ -143,6 +146,16 @@ class CostModel:
 
     # -- the op ---------------------------------------------------------------------------
     def cost(self, op: Op) -> OpCost:
+        """The op's cost; ops that ask the same of the hardware (the same op in every layer)
+        share one OpCost."""
+        key = (op.kind, op.accesses, op.matrix_flops, op.matrix_m, op.vector_ops, op.dequant_ops, op.dtype,
+               op.parallelism, op.kernels, op.collective)
+        cost = self._memo.get(key)
+        if cost is None:
+            cost = self._memo[key] = self._cost(op)
+        return cost
+
+    def _cost(self, op: Op) -> OpCost:
         tiles = self.tiles_for(op)
         flows = tuple(self.flow(op, a, tiles) for a in op.accesses)
         matrix = self.matrix_ns(op, tiles)
@@ -160,5 +173,6 @@ class CostModel:
         # double buffering: only the last chunk's compute trails the loads
         drain = min(compute, self._to_cycles(exact / chunks))
         body_compute = compute - drain
-        return OpCost(flows, body_compute, tiles / self.tiles, matrix, vector, dequant, fill, drain,
+        cost = OpCost(flows, body_compute, tiles / self.tiles, matrix, vector, dequant, fill, drain,
                       op.kernels * self.kernel_gap)
+        return dataclasses.replace(cost, ideal_body_ns=cost.body_ns(self.capacity))

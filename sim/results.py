@@ -34,13 +34,25 @@ BOUND_OF = {
 
 
 def op_rows(costs: CostModel, op, cost: OpCost, timing) -> dict[str, float]:
+    rows = dict(_ideal_rows(costs, op, cost))
+    rows["launch_sync"] = rows.get("launch_sync", 0.0) + max(0.0, timing.start - timing.ready)
+    extra = (timing.body_end - timing.body_start) - cost.ideal_body_ns
+    if extra > 1e-9 * max(1.0, cost.ideal_body_ns):
+        rows["contention"] = rows.get("contention", 0.0) + extra
+    return rows
+
+
+def _ideal_rows(costs: CostModel, op, cost: OpCost) -> dict[str, float]:
+    """The op's rows when it runs alone (memoised per cost and tags: every layer shares them)."""
+    key = (id(cost), op.tags.get("phase"), op.tags.get("compute_row"), op.collective is not None)
+    memo = costs.__dict__.setdefault("_rows_memo", {})
+    hit = memo.get(key)
+    if hit is not None and hit[0] is cost:
+        return hit[1]
     rows: dict[str, float] = defaultdict(float)
-    rows["launch_sync"] += max(0.0, timing.start - timing.ready) + cost.gap_ns
+    rows["launch_sync"] += cost.gap_ns
     rows["links" if op.collective else "latency"] += cost.fill_ns
-    ideal = cost.body_ns(costs.capacity)
-    actual = timing.body_end - timing.body_start
-    rows["contention"] += max(0.0, actual - ideal)
-    body = min(actual, ideal)
+    body = cost.ideal_body_ns
     compute_row = op.tags.get("compute_row", "compute")
     load_times = defaultdict(float)
     for f in cost.flows:
@@ -55,11 +67,10 @@ def op_rows(costs: CostModel, op, cost: OpCost, timing) -> dict[str, float]:
             rows[row] += body * t / total
     _split_compute(rows, cost, cost.drain_ns, compute_row)
     if "phase" in op.tags:  # the whole op belongs to one phase row (e.g. MoE dispatch)
-        phase = op.tags["phase"]
-        total = sum(v for k, v in rows.items() if k not in ("launch_sync",))
-        keep = {"launch_sync": rows["launch_sync"]}
-        keep[phase] = total
-        return keep
+        total = sum(v for k, v in rows.items() if k != "launch_sync")
+        rows = {"launch_sync": rows["launch_sync"], op.tags["phase"]: total}
+    rows = dict(rows)
+    memo[key] = (cost, rows)
     return rows
 
 

@@ -188,8 +188,10 @@ class RunResult:
 
 
 def simulate(spec: RunSpec | dict | None = None, *, keep_ops: bool = False, keep_log: bool = False,
-             **fields) -> RunResult:
-    """Run a spec (or keyword fields of one) and return its RunResult."""
+             check_capacity: bool = True, **fields) -> RunResult:
+    """Run a spec (or keyword fields of one) and return its RunResult. With
+    ``check_capacity=False`` a setup that does not fit is simulated anyway (for speed
+    benchmarks and what-ifs); its summary still carries the capacity figures."""
     if spec is None:
         spec = RunSpec(**fields)
     elif isinstance(spec, dict):
@@ -198,7 +200,7 @@ def simulate(spec: RunSpec | dict | None = None, *, keep_ops: bool = False, keep
     res = resolve(spec)
     cap = capacity(res)
     base = _identity(res, cap)
-    if not cap["fits"]:
+    if not cap["fits"] and check_capacity:
         floor_ms = ns_to_ms((cap["weights_bytes"] + cap["kv_bytes"]) / res.hardware.store.peak_GBps)
         base.update(verdict="does-not-fit", meets_target=False, bound="capacity", byte_floor_ms=floor_ms,
                     per_token_ms_p50=None, per_token_ms_p99=None, wall_s=time.perf_counter() - wall,
@@ -225,14 +227,14 @@ def simulate(spec: RunSpec | dict | None = None, *, keep_ops: bool = False, keep
             outcome = analyse(costs, graph, op_costs, spec.graph)
         events += outcome.events
         breakdown = step_breakdown(costs, graph, op_costs, outcome)
-        store = res.hardware.store.name
-        store_bytes = graph.bytes(level=store)
+        by_category, by_level = _byte_totals(graph)
         step_rows.append({
             "step": step.index, "batch": step.batch, "mean_context": sum(step.contexts) / step.batch,
             "max_context": max(step.contexts), "time_ns": outcome.time_ns, "events": outcome.events,
-            "store_bytes": store_bytes, "weight_bytes": graph.bytes("weights") + graph.bytes("expert"),
-            "kv_bytes": graph.bytes("kv"), "outlier_bytes": graph.bytes("outliers"),
-            "link_bytes": graph.bytes(level="link"), "flops": graph.flops(), "kernels": graph.kernels,
+            "store_bytes": by_level.get(res.hardware.store.name, 0),
+            "weight_bytes": by_category.get("weights", 0) + by_category.get("expert", 0),
+            "kv_bytes": by_category.get("kv", 0), "outlier_bytes": by_category.get("outliers", 0),
+            "link_bytes": by_level.get("link", 0), "flops": graph.flops(), "kernels": graph.kernels,
             "ops": len(graph.ops), **{f"ms_{k}": ns_to_ms(v) for k, v in breakdown.items()},
         })
         if keep_ops:
@@ -241,6 +243,16 @@ def simulate(spec: RunSpec | dict | None = None, *, keep_ops: bool = False, keep
             log.extend(outcome.log)
     base.update(_summary(res, step_rows, events, time.perf_counter() - wall))
     return RunResult(base, step_rows, op_rows, log, res)
+
+
+def _byte_totals(graph) -> tuple[dict[str, int], dict[str, int]]:
+    by_category: dict[str, int] = {}
+    by_level: dict[str, int] = {}
+    for op in graph.ops:
+        for a in op.accesses:
+            by_category[a.category] = by_category.get(a.category, 0) + a.bytes
+            by_level[a.level] = by_level.get(a.level, 0) + a.bytes
+    return by_category, by_level
 
 
 def _identity(res: Resolved, cap: dict) -> dict:

@@ -170,19 +170,8 @@ def collective(plan: Plan, b: Builder, name: str, layer: int, kind: str, size: i
 
 def attention(plan: Plan, b: Builder, layer: int, contexts: tuple[int, ...]):
     """One batched decode-attention kernel over all sequences' caches (incl. the new token)."""
-    m, kv = plan.model, plan.kv
-    stream = gather = dequant = 0
-    granule = 0
-    total_ctx = 0
-    splits = 0
-    for ctx in contexts:
-        t = kv.kv_read(ctx, plan.k_width, plan.v_width)
-        stream += t.stream_bytes
-        gather += t.gather_bytes
-        granule = granule or t.gather_granule_bytes
-        dequant += t.dequant_ops
-        total_ctx += ctx
-        splits += max(1, math.ceil(ctx / 256))
+    m = plan.model
+    stream, gather, granule, dequant, total_ctx, splits = _kv_traffic(plan, contexts)
     batch = len(contexts)
     flops = 4 * plan.heads * m.head_dim * total_ctx  # QK^T and PV
     softmax = VEC_OPS["softmax"] * plan.heads * total_ctx
@@ -197,6 +186,27 @@ def attention(plan: Plan, b: Builder, layer: int, contexts: tuple[int, ...]):
                  matrix_m=m.heads // m.kv_heads, vector_ops=softmax + dequant, dequant_ops=dequant,
                  dtype="bf16", parallelism=splits * plan.kv_heads, kernels=plan.kernels["attention"],
                  tags={"tokens": total_ctx})
+
+
+def _kv_traffic(plan: Plan, contexts: tuple[int, ...]) -> tuple[int, int, int, int, int, int]:
+    """KV bytes and work of one layer's attention over ``contexts`` (the same in every
+    layer of a step, so computed once per step)."""
+    cached = plan.extra.get("kv_traffic")
+    if cached is not None and cached[0] == contexts:
+        return cached[1]
+    kv = plan.kv
+    stream = gather = dequant = granule = total_ctx = splits = 0
+    for ctx in contexts:
+        t = kv.kv_read(ctx, plan.k_width, plan.v_width)
+        stream += t.stream_bytes
+        gather += t.gather_bytes
+        granule = granule or t.gather_granule_bytes
+        dequant += t.dequant_ops
+        total_ctx += ctx
+        splits += max(1.0, ctx / 256)  # KV split into 256-token blocks; fractional keeps time monotone in ctx
+    result = (stream, gather, granule, dequant, total_ctx, splits)
+    plan.extra["kv_traffic"] = (contexts, result)
+    return result
 
 
 def lower_step(plan: Plan, contexts: tuple[int, ...], step: int = 0) -> OpGraph:

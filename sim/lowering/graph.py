@@ -36,7 +36,7 @@ class Op:
     vector_ops: int = 0  # vector-unit operations (element-wise, softmax, dequantization)
     dequant_ops: int = 0  # the part of vector_ops that is dequantization
     dtype: str = "bf16"
-    parallelism: int = 1  # independent work units (bounds the tiles used)
+    parallelism: float = 1  # independent work units (bounds the tiles used)
     kernels: int = 1  # kernel launches this op costs
     deps: tuple[int, ...] = ()
     stream: str = "main"

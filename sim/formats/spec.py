@@ -1,0 +1,151 @@
+"""The YAML schema of a number format (workloads/formats/*.yaml).
+
+A format file describes how one tensor's values are stored (``Quant``) and, for the KV
+cache, how K and V differ from that common description (``k:`` and ``v:`` patch the
+top-level keys), plus what only the cache has: a full-precision window of the most recent
+tokens and whether K is stored before or after RoPE.
+
+Axes. A tensor is a matrix of ``rows`` x ``columns``. In the KV cache a row is one token
+(all KV heads of one chip side by side) and a column is one channel; for weights a row is
+one output channel and a column one input. ``per`` says which index owns a scale:
+
+* ``per: row``    each row gets its own scales, ``group_size`` columns per group
+                  (KIVI's V "per token"; int8 per-output-channel weights; int4-g128 weights);
+* ``per: column`` each column gets its own scales, ``group_size`` rows (tokens) per group
+                  (KIVI's K "per channel"); ``group_size: null`` means one scale per channel
+                  for the whole sequence, calibrated offline (KVQuant's K);
+* ``per: tensor`` one scale for the whole tensor of a layer (vLLM's fp8 KV cache).
+
+Levels. ``encoding: int`` is uniform levels (``symmetric``: -(2^(b-1)-1)..2^(b-1)-1 times a
+scale; asymmetric: 0..2^b-1 times a scale plus a zero point); ``encoding: codebook`` maps
+b-bit codes to a table in [-1, 1] (``levels: nf`` normal-float quantiles as in QLoRA's NF4,
+``levels: kmeans`` a per-layer table fitted to the data as in KVQuant's nuq, or an explicit
+list); ``encoding: float`` is a minifloat (fp16, bf16, e4m3, e5m2), optionally scaled.
+
+Outliers (dense-and-sparse). ``outliers.placement: sparse`` keeps, per row, the
+``ceil(fraction x columns)`` values farthest from their group's centre in ``value_dtype``
+with ``index_bits`` column indices (CSR adds one ``pointer_bits`` row pointer per row, COO a
+row index per value); the slots are a fixed capacity per row, so the bytes do not depend on
+the data. ``placement: channels`` keeps whole columns (the outlier channels, chosen by
+calibration) dense in ``value_dtype``. The dense part keeps its b-bit code at every
+position, as KVQuant's dense-and-sparse split does.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from sim.config.quantity import Strict
+
+META_BITS = {"fp32": 32, "fp16": 16, "bf16": 16, "fp8": 8, "int8": 8, "none": 0}
+FLOAT_BITS = {"fp16": 16, "bf16": 16, "e4m3": 8, "e5m2": 8}
+VALUE_BITS = {"fp16": 16, "bf16": 16, "fp32": 32}
+
+MetaDtype = Literal["fp32", "fp16", "bf16", "fp8", "int8", "none"]
+
+
+class Outliers(Strict):
+    """High-precision outliers kept beside the dense low-bit part."""
+
+    placement: Literal["sparse", "channels"] = "sparse"
+    select: Literal["fraction", "threshold"] = "fraction"
+    fraction: float = Field(ge=0, lt=1)
+    threshold: float | None = Field(default=None, gt=0)
+    value_dtype: Literal["fp16", "bf16", "fp32"] = "fp16"
+    index_bits: int = Field(default=16, ge=1, le=32)
+    layout: Literal["csr", "coo"] = "csr"
+    pointer_bits: int = Field(default=32, ge=1, le=64)
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        if self.select == "threshold" and self.threshold is None:
+            raise ValueError("select: threshold needs a threshold (in spreads from the group centre)")
+        if self.select == "fraction" and self.threshold is not None:
+            raise ValueError("threshold is only used with select: threshold")
+        if self.placement == "channels" and self.select != "fraction":
+            raise ValueError("outlier channels are chosen by fraction (calibration), not by threshold")
+        return self
+
+    @property
+    def value_bits(self) -> int:
+        return VALUE_BITS[self.value_dtype]
+
+
+class Quant(Strict):
+    """How the values of one tensor are stored."""
+
+    bits: int = Field(ge=1, le=16)
+    encoding: Literal["int", "codebook", "float"] = "int"
+    float_format: Literal["fp16", "bf16", "e4m3", "e5m2"] | None = None
+    levels: Literal["nf", "kmeans"] | list[float] | None = None
+    symmetric: bool = True
+    per: Literal["row", "column", "tensor"] = "row"
+    group_size: int | None = Field(default=None, gt=0)
+    scale_dtype: MetaDtype = "none"
+    zero_dtype: MetaDtype = "none"
+    outliers: Outliers | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        if self.encoding == "float":
+            if self.float_format is None:
+                raise ValueError("encoding: float needs a float_format (fp16, bf16, e4m3, e5m2)")
+            if FLOAT_BITS[self.float_format] != self.bits:
+                raise ValueError(f"float_format {self.float_format} has {FLOAT_BITS[self.float_format]} bits, "
+                                 f"not bits: {self.bits}")
+            if not self.symmetric or self.zero_dtype != "none":
+                raise ValueError("a float encoding is symmetric and has no zero point")
+        elif self.float_format is not None:
+            raise ValueError("float_format is only used with encoding: float")
+        if self.encoding == "codebook":
+            if self.bits > 8:
+                raise ValueError(f"a codebook has at most 8 bits (256 levels), got bits: {self.bits}")
+            if self.levels is None:
+                raise ValueError("encoding: codebook needs levels (nf, kmeans or a list)")
+            if isinstance(self.levels, list):
+                table = self.levels
+                if len(table) != 2 ** self.bits:
+                    raise ValueError(f"levels must list 2^bits = {2 ** self.bits} values, got {len(table)}")
+                if any(b <= a for a, b in zip(table, table[1:])) or min(table) < -1 or max(table) > 1:
+                    raise ValueError("levels must be strictly increasing values in [-1, 1]")
+        elif self.levels is not None:
+            raise ValueError("levels are only used with encoding: codebook")
+        if self.encoding in ("int", "codebook") and self.scale_dtype == "none" and self.bits < 16:
+            raise ValueError(f"an {self.encoding} encoding below 16 bits needs a scale_dtype")
+        if self.symmetric and self.zero_dtype != "none":
+            raise ValueError("a symmetric format has no zero point: zero_dtype must be none (or set symmetric: false)")
+        if not self.symmetric and self.zero_dtype == "none":
+            raise ValueError("an asymmetric format needs a zero_dtype (fp16, bf16, fp32, fp8 or int8)")
+        if self.per == "tensor" and self.group_size is not None:
+            raise ValueError("per: tensor has one scale per tensor; group_size must be null")
+        if self.scale_dtype == "none" and self.per != "tensor" and self.group_size is not None:
+            raise ValueError("group_size needs a scale_dtype")
+        return self
+
+    @property
+    def meta_bits_per_group(self) -> int:
+        return META_BITS[self.scale_dtype] + META_BITS[self.zero_dtype]
+
+    @property
+    def scaled(self) -> bool:
+        return self.scale_dtype != "none"
+
+
+class FormatSpec(Quant):
+    """A format file: the common ``Quant`` keys, K and V patches and the KV-only keys."""
+
+    name: str
+    description: str
+    role: Literal["kv", "weights", "both"] = "both"
+    matmul_dtype: Literal["bf16", "fp16", "fp8", "int8"] = "bf16"
+    k: dict | None = None
+    v: dict | None = None
+    window_tokens: int = Field(default=0, ge=0)
+    window_dtype: Literal["fp16", "bf16"] = "fp16"
+    k_rope: Literal["pre", "post"] = "post"
+    source: str | None = None
+
+    def quant_fields(self) -> dict:
+        return {key: getattr(self, key) for key in Quant.model_fields}
