@@ -1,27 +1,71 @@
-"""Format definitions and exact byte accounting.
+"""Formats at run time: exact byte accounting, dequantization work and the access pattern.
 
-Bytes are counted exactly: values at ``bits`` each, packed; one scale (and one zero point
-when asymmetric) per group of ``group_size`` values along the quantization axis; a partial
-group still carries its metadata. ``group_size: null`` means one scale per tensor (weights)
-or per token row (KV), i.e. per ``cols`` values. Dequantization work is counted in vector
-operations per value (unpack, scale, zero point).
+A ``Format`` is built by the loader from a validated ``FormatSpec`` (sim.formats.spec) and
+answers the lowering through ``Traffic``-returning methods:
+
+* ``weight_read(rows, cols)`` / ``weight_bytes(rows, cols)``: a [rows x cols] weight matrix;
+* ``kv_read(tokens, k_width, v_width)``: reading one sequence's K and V in one layer;
+* ``kv_append(k_width, v_width)``: writing one new token's K and V (amortised, see below);
+* ``kv_footprint(tokens, k_width, v_width)``: bytes resident for one sequence and layer.
+
+Byte accounting (all exact integers; bits are packed, each component rounded up to a byte):
+
+* the most recent ``min(L, window_tokens)`` tokens are kept whole in ``window_dtype``;
+* the other ``Q = L - window`` tokens: ``ceil(Q x W x bits / 8)`` bytes of codes (W = row
+  width: KV heads x head_dim on one chip); metadata ``ceil(groups x (scale + zero bits) / 8)``
+  where ``per: row`` has ``Q x ceil(W / G)`` groups and ``per: column`` with a group size has
+  ``W x ceil(Q / G)`` groups (a partial group carries full metadata);
+* sparse outliers: ``n = ceil(fraction x W)`` slots per token, each value + column index
+  (COO: + row index); CSR adds one row pointer per token. Outlier channels: ``n`` dense
+  columns per token in ``value_dtype``;
+* per-layer constants (a per-tensor scale, calibrated per-channel scales, a fitted codebook,
+  the list of outlier channels, the fp32 second-level scale of int8 scales) are shared by all
+  sequences of a layer; ``layer_constant_bytes`` reports them and they are not in the
+  per-sequence footprint (they are at most a few KiB per layer).
+
+Access pattern: codes, metadata, the window, outlier channels and CSR row pointers are long
+streams; the sparse outlier slots of one token are one gather of ``granule`` bytes.
+
+Dequantization work, in vector operations per value (an estimate of the instruction mix,
+``DEQUANT_OPS``): unpack sub-byte codes (shift and mask; 3 when codes straddle bytes),
+convert or look up the level, scale (multiply; asymmetric adds the zero point: an FMA, 2 ops);
+plus ``MERGE_OPS`` per outlier slot (index decode and scatter-add) and, for K kept before
+RoPE, ``ROPE_OPS`` per cached K value (the rotation applied at read time; the full-precision
+window is stored after RoPE).
+
+Appending a token (``kv_append``): without a window the new row is written quantized (codes,
+its share of the metadata, its outlier slots); with a window it is written in the window
+dtype, and the row it pushes out of the window is written quantized by the same fused
+kernel (which already read it for attention), so both writes are counted and no extra read.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal, NamedTuple
-
-from pydantic import Field, model_validator
+from typing import NamedTuple
 
 from sim.config.loader import load_yaml, validate
-from sim.config.quantity import Strict
 from sim.errors import ConfigError
+from sim.formats.spec import META_BITS, FormatSpec, Quant
 from sim.paths import formats_dir, resolve
 
-META_BITS = {"fp32": 32, "fp16": 16, "bf16": 16, "fp8": 8, "int8": 8, "none": 0}
+# Vector operations per dequantized value (estimates of the instruction mix, not measured).
+DEQUANT_OPS = {
+    "unpack_aligned_subbyte": 2,  # shift + mask, codes of 1, 2 or 4 bits
+    "unpack_straddling": 3,  # 3, 5, 6, 7-bit codes cross byte boundaries: one more shift/or
+    "convert": 1,  # int (or fp8) code to fp32
+    "lookup": 1,  # codebook table lookup (replaces the convert)
+    "scale": 1,  # multiply by the scale
+    "zero": 1,  # asymmetric: the multiply becomes an FMA with the zero point (2 ops)
+}
+MERGE_OPS = 4  # per sparse outlier slot: load index, address, load value, add
+META_DECODE_OPS = 2  # per group when scales are int8 (second-level dequantization)
+ROPE_OPS = 6  # per K value kept before RoPE (same estimate as the lowering's rope kernel)
+WINDOW_BITS = {"fp16": 16, "bf16": 16}
+KMEANS_TABLE_BITS = 16  # a fitted codebook is stored as fp16 entries
 
 
 class Traffic(NamedTuple):
@@ -37,11 +81,11 @@ class Traffic(NamedTuple):
         return self.stream_bytes + self.gather_bytes
 
     def __add__(self, other: "Traffic") -> "Traffic":  # type: ignore[override]
-        granule = self.gather_granule_bytes or other.gather_granule_bytes
+        granules = [g for g in (self.gather_granule_bytes, other.gather_granule_bytes) if g]
         return Traffic(
             self.stream_bytes + other.stream_bytes,
             self.gather_bytes + other.gather_bytes,
-            granule,
+            min(granules) if granules else 0,
             self.dequant_ops + other.dequant_ops,
         )
 
@@ -49,62 +93,262 @@ class Traffic(NamedTuple):
 ZERO = Traffic(0, 0, 0, 0)
 
 
-class Format(Strict):
+@dataclass(frozen=True)
+class TensorBytes:
+    """The bytes of one tensor (K or V of one sequence and layer, or one weight matrix)."""
+
+    values: int = 0  # the dense low-bit codes
+    metadata: int = 0  # scales and zero points
+    window: int = 0  # full-precision recent tokens
+    outlier_stream: int = 0  # dense outlier channels, CSR row pointers
+    outlier_gather: int = 0  # sparse outlier values and indices
+    granule: int = 0  # bytes of one token's sparse outlier slots
+    dequant_ops: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.values + self.metadata + self.window + self.outlier_stream + self.outlier_gather
+
+    @property
+    def stream(self) -> int:
+        return self.total - self.outlier_gather
+
+    def traffic(self) -> Traffic:
+        return Traffic(self.stream, self.outlier_gather, self.granule if self.outlier_gather else 0,
+                       self.dequant_ops)
+
+
+def ops_per_value(q: Quant) -> int:
+    """Vector operations to turn one stored code into an fp32 value."""
+    if q.encoding == "float":
+        if q.bits >= 16:
+            return 0
+        return DEQUANT_OPS["convert"] + (DEQUANT_OPS["scale"] if q.scaled else 0)
+    if q.bits in (8, 16):
+        unpack = 0
+    elif q.bits in (1, 2, 4):
+        unpack = DEQUANT_OPS["unpack_aligned_subbyte"]
+    else:
+        unpack = DEQUANT_OPS["unpack_straddling"]
+    first = DEQUANT_OPS["lookup"] if q.encoding == "codebook" else DEQUANT_OPS["convert"]
+    zero = 0 if q.symmetric else DEQUANT_OPS["zero"]
+    return unpack + first + DEQUANT_OPS["scale"] + zero
+
+
+def outlier_slots(q: Quant, width: int) -> int:
+    o = q.outliers
+    if o is None or o.fraction <= 0:
+        return 0
+    return math.ceil(o.fraction * width)
+
+
+@dataclass(frozen=True, eq=False)
+class Format:
+    """A number format for weights (``weight``) and the KV cache (``k``, ``v``)."""
+
     name: str
     description: str
-    bits: int = Field(ge=1, le=16)
-    kind: Literal["float", "int"]
-    group_size: int | None = Field(default=None, gt=0)
-    scale_dtype: Literal["fp32", "fp16", "bf16", "fp8", "int8", "none"] = "none"
-    symmetric: bool = True
-    matmul_dtype: Literal["bf16", "fp16", "fp8", "int8"] = "bf16"
-    dequant_ops_per_value: float = Field(default=0.0, ge=0)
+    role: str
+    matmul_dtype: str
+    weight: Quant
+    k: Quant
+    v: Quant
+    window_tokens: int = 0
+    window_dtype: str = "fp16"
+    k_rope: str = "post"
+    file: str = "<inline>"
+    patched: dict = field(default_factory=dict)  # tensor -> keys its patch set (for error paths)
+    spec: FormatSpec | None = None
 
-    @model_validator(mode="after")
-    def _metadata(self):
-        if self.bits < 16 and self.kind == "int" and self.scale_dtype == "none":
-            raise ValueError("an integer format below 16 bits needs a scale_dtype")
-        return self
+    @property
+    def bits(self) -> int:
+        return self.weight.bits
 
-    # ---- exact accounting -------------------------------------------------------------
-    def _meta_bits_per_group(self) -> int:
-        bits = META_BITS[self.scale_dtype]
-        return bits if self.symmetric else 2 * bits
+    def quant(self, tensor: str) -> Quant:
+        return {"k": self.k, "v": self.v, "weight": self.weight}[tensor]
 
-    def _packed_bytes(self, n_rows: int, row_len: int) -> int:
-        """``n_rows`` rows of ``row_len`` values, groups along the row."""
-        if n_rows <= 0 or row_len <= 0:
+    # -- checks that need the tensor width -------------------------------------------------
+    def _key(self, tensor: str, key: str) -> str:
+        head = key.split(".")[0]
+        return f"{tensor}.{key}" if tensor in ("k", "v") and head in self.patched.get(tensor, ()) else key
+
+    def check_width(self, tensor: str, width: int) -> None:
+        q = self.quant(tensor)
+        label = {"k": "K row width", "v": "V row width", "weight": "weight row length"}[tensor]
+        if tensor != "weight" and q.per == "row" and q.group_size and width % q.group_size:
+            raise ConfigError(self.file, self._key(tensor, "group_size"),
+                              f"must divide the {label} {width} (KV heads x head_dim on one chip), "
+                              "so that no group straddles a head", q.group_size)
+        o = q.outliers
+        if o is not None and o.fraction > 0 and 2 ** o.index_bits < width:
+            raise ConfigError(self.file, self._key(tensor, "outliers.index_bits"),
+                              f"{o.index_bits}-bit indices cannot address the {width} columns of the {label}",
+                              o.index_bits)
+
+    # -- exact accounting ------------------------------------------------------------------
+    def tensor_bytes(self, tensor: str, tokens: int, width: int) -> TensorBytes:
+        """Bytes of ``tokens`` rows of ``width`` values of ``tensor`` ("k", "v" or "weight")."""
+        if tokens <= 0 or width <= 0:
+            return TensorBytes()
+        self.check_width(tensor, width)
+        q = self.quant(tensor)
+        window_rows = min(tokens, self.window_tokens) if tensor != "weight" else 0
+        rows = tokens - window_rows
+        window = math.ceil(window_rows * width * WINDOW_BITS[self.window_dtype] / 8)
+        if rows == 0:
+            return TensorBytes(window=window)
+        values = math.ceil(rows * width * q.bits / 8)
+        groups = self._groups(q, rows, width)
+        metadata = math.ceil(groups * q.meta_bits_per_group / 8)
+        n = outlier_slots(q, width)
+        stream = gather = granule = 0
+        if n:
+            o = q.outliers
+            if o.placement == "channels":
+                stream = math.ceil(rows * n * o.value_bits / 8)
+            elif o.layout == "csr":
+                slot_bits = n * (o.value_bits + o.index_bits)
+                gather = math.ceil(rows * slot_bits / 8)
+                stream = math.ceil(rows * o.pointer_bits / 8)
+                granule = math.ceil(slot_bits / 8)
+            else:  # coo: value, row index, column index
+                slot_bits = n * (o.value_bits + 2 * o.index_bits)
+                gather = math.ceil(rows * slot_bits / 8)
+                granule = math.ceil(slot_bits / 8)
+        ops = rows * width * ops_per_value(q)
+        if n and q.outliers.placement == "sparse":
+            ops += rows * n * MERGE_OPS
+        if q.scale_dtype == "int8":
+            ops += groups * META_DECODE_OPS
+        if tensor == "k" and self.k_rope == "pre":
+            ops += rows * width * ROPE_OPS
+        return TensorBytes(values, metadata, window, stream, gather, granule, ops)
+
+    @staticmethod
+    def _groups(q: Quant, rows: int, width: int) -> int:
+        if not q.scaled:
             return 0
-        value_bits = n_rows * row_len * self.bits
-        group = self.group_size or row_len
-        groups = n_rows * math.ceil(row_len / group)
-        meta_bits = groups * self._meta_bits_per_group() if self.scale_dtype != "none" else 0
-        return math.ceil(value_bits / 8) + math.ceil(meta_bits / 8)
+        if q.per == "row":
+            return rows * math.ceil(width / (q.group_size or width))
+        if q.per == "column" and q.group_size:
+            return width * math.ceil(rows / q.group_size)
+        return 0  # per tensor, or per channel calibrated offline: per-layer constants
 
+    def constant_bytes(self, tensor: str, width: int) -> int:
+        """Per-layer constants of one tensor (shared by every sequence)."""
+        q = self.quant(tensor)
+        bits = 0
+        if q.scaled and (q.per == "tensor" or (q.per == "column" and not q.group_size)):
+            bits += (1 if q.per == "tensor" else width) * q.meta_bits_per_group
+        if q.scale_dtype == "int8":
+            bits += META_BITS["fp32"]  # the second-level scale of the int8 scales
+        if q.encoding == "codebook" and q.levels == "kmeans":
+            bits += 2 ** q.bits * KMEANS_TABLE_BITS
+        if q.outliers is not None and q.outliers.placement == "channels":
+            bits += outlier_slots(q, width) * q.outliers.index_bits
+        return math.ceil(bits / 8)
+
+    def layer_constant_bytes(self, k_width: int, v_width: int) -> int:
+        return self.constant_bytes("k", k_width) + self.constant_bytes("v", v_width)
+
+    def k_bytes(self, tokens: int, width: int) -> int:
+        return self.tensor_bytes("k", tokens, width).total
+
+    def v_bytes(self, tokens: int, width: int) -> int:
+        return self.tensor_bytes("v", tokens, width).total
+
+    def kv_bytes_per_token(self, tokens: int, k_width: int, v_width: int) -> tuple[float, float]:
+        """Mean bytes per token of one layer's K and V at context ``tokens``."""
+        return self.k_bytes(tokens, k_width) / tokens, self.v_bytes(tokens, v_width) / tokens
+
+    def effective_bits(self, tokens: int, width: int, tensor: str = "k") -> float:
+        return 8 * self.tensor_bytes(tensor, tokens, width).total / (tokens * width)
+
+    # -- the interface the lowering uses ---------------------------------------------------
     def weight_bytes(self, rows: int, cols: int) -> int:
-        return self._packed_bytes(rows, cols)
+        return self.tensor_bytes("weight", rows, cols).total + (self.constant_bytes("weight", cols) if rows else 0)
 
     def weight_read(self, rows: int, cols: int) -> Traffic:
-        return Traffic(self.weight_bytes(rows, cols), 0, 0, math.ceil(rows * cols * self.dequant_ops_per_value))
+        """A weight matrix read once. When the matrix unit takes the stored codes directly
+        (fp8 codes on an fp8 unit, symmetric int8 on an int8 unit) the scale is applied to the
+        output and there is no per-value dequantization."""
+        t = self.tensor_bytes("weight", rows, cols)
+        ops = 0 if self.native_matmul else t.dequant_ops
+        return Traffic(t.stream + (self.constant_bytes("weight", cols) if rows else 0), t.outlier_gather,
+                       t.granule if t.outlier_gather else 0, ops)
+
+    @property
+    def native_matmul(self) -> bool:
+        q = self.weight
+        if q.encoding == "float":
+            return q.bits == 16 or (q.float_format == "e4m3" and self.matmul_dtype == "fp8")
+        return q.encoding == "int" and q.bits == 8 and q.symmetric and self.matmul_dtype == "int8"
 
     def kv_footprint(self, tokens: int, k_width: int, v_width: int) -> int:
-        return self._packed_bytes(tokens, k_width) + self._packed_bytes(tokens, v_width)
+        return self.k_bytes(tokens, k_width) + self.v_bytes(tokens, v_width)
 
     def kv_read(self, tokens: int, k_width: int, v_width: int) -> Traffic:
-        values = tokens * (k_width + v_width)
-        return Traffic(self.kv_footprint(tokens, k_width, v_width), 0, 0,
-                       math.ceil(values * self.dequant_ops_per_value))
+        return (self.tensor_bytes("k", tokens, k_width).traffic()
+                + self.tensor_bytes("v", tokens, v_width).traffic())
 
     def kv_append(self, k_width: int, v_width: int) -> Traffic:
-        return Traffic(self.kv_footprint(1, k_width, v_width), 0, 0, 0)
+        total = 0
+        for tensor, width in (("k", k_width), ("v", v_width)):
+            self.check_width(tensor, width)
+            total += self._row_bytes(tensor, width)
+            if self.window_tokens:
+                total += math.ceil(width * WINDOW_BITS[self.window_dtype] / 8)
+        return Traffic(total, 0, 0, 0)
 
-    def effective_bits(self, tokens: int, width: int) -> float:
-        return 8 * self._packed_bytes(tokens, width) / (tokens * width)
+    def _row_bytes(self, tensor: str, width: int) -> int:
+        """Amortised bytes of one quantized row: codes, its share of metadata, outlier slots."""
+        q = self.quant(tensor)
+        bits = width * q.bits
+        if q.scaled and q.per == "row":
+            bits += math.ceil(width / (q.group_size or width)) * q.meta_bits_per_group
+        elif q.scaled and q.per == "column" and q.group_size:
+            bits += width * q.meta_bits_per_group / q.group_size
+        n = outlier_slots(q, width)
+        if n:
+            o = q.outliers
+            if o.placement == "channels":
+                bits += n * o.value_bits
+            elif o.layout == "csr":
+                bits += n * (o.value_bits + o.index_bits) + o.pointer_bits
+            else:
+                bits += n * (o.value_bits + 2 * o.index_bits)
+        return math.ceil(bits / 8)
+
+
+# -- loading -------------------------------------------------------------------------------
+
+
+def build_format(data: dict, file: str = "<inline>") -> Format:
+    """Validate a format's raw data (as read from YAML) and build the run-time object."""
+    spec = validate(FormatSpec, data, file)
+    common = spec.quant_fields()
+    quants, patched = {}, {}
+    for tensor in ("k", "v"):
+        patch = getattr(spec, tensor) or {}
+        merged = {k: (v.model_dump() if hasattr(v, "model_dump") else v) for k, v in common.items()}
+        if "outliers" in patch and patch["outliers"] is not None and merged.get("outliers") and isinstance(
+                patch["outliers"], dict):
+            merged["outliers"] = {**merged["outliers"], **patch["outliers"]}
+            patch = {**patch, "outliers": merged["outliers"]}
+        merged.update(patch)
+        quants[tensor] = validate(Quant, merged, file, prefix=tensor)
+        patched[tensor] = frozenset(patch)
+    if (spec.window_tokens or spec.k_rope == "pre") and spec.role == "weights":
+        key = "window_tokens" if spec.window_tokens else "k_rope"
+        raise ConfigError(file, key, "is a KV-cache setting; a role: weights format cannot have it")
+    return Format(spec.name, spec.description, spec.role, spec.matmul_dtype, Quant(**common),
+                  quants["k"], quants["v"], spec.window_tokens, spec.window_dtype, spec.k_rope, file,
+                  patched, spec)
 
 
 @lru_cache(maxsize=None)
 def _load(path: str) -> Format:
-    return validate(Format, load_yaml(path), path)
+    return build_format(load_yaml(path), path)
 
 
 def get_format(name_or_path: str) -> Format:
@@ -115,5 +359,7 @@ def get_format(name_or_path: str) -> Format:
     return fmt
 
 
-def list_formats() -> list[Format]:
-    return [get_format(p.stem) for p in sorted(formats_dir().glob("*.yaml"))]
+def list_formats(role: str | None = None) -> list[Format]:
+    """Bundled formats; ``role="kv"`` or ``"weights"`` keeps those meant for it."""
+    out = [get_format(p.stem) for p in sorted(formats_dir().glob("*.yaml"))]
+    return [f for f in out if role is None or f.role in (role, "both")]
