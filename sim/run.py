@@ -129,7 +129,7 @@ def resolve(spec: RunSpec) -> Resolved:
     hardware = validate(HardwareProfile, hw_raw, hw_path)
     model = validate(ModelSpec, model_raw, model_path)
     weights, kv = get_format(spec.weights), get_format(spec.kv)
-    tp, pp = parallelism(spec, hardware, model)
+    tp, pp = parallelism(spec, hardware, model, hw_path)
     plan = Plan(model, hardware, weights, kv, tp=tp, pp=pp, software=spec.software)
     if spec.trace:
         steps = traces.read(spec.trace)[: spec.steps] if spec.steps else traces.read(spec.trace)
@@ -138,14 +138,16 @@ def resolve(spec: RunSpec) -> Resolved:
     return Resolved(spec, hardware, model, plan, steps, hw_path, model_path)
 
 
-def parallelism(spec: RunSpec, hardware: HardwareProfile, model: ModelSpec) -> tuple[int, int]:
+def parallelism(spec: RunSpec, hardware: HardwareProfile, model: ModelSpec, hw_file: str = "hardware") -> tuple[int, int]:
     chips = hardware.chips
     tp = spec.tp or (min(chips, 8) if spec.pp is None else max(1, chips // spec.pp))
     pp = spec.pp or max(1, chips // tp)
+    where = ("--tp/--pp", "parallelism") if spec.tp or spec.pp else (hw_file, "system.chips.value")
     if tp * pp != chips:
-        raise ConfigError("--tp/--pp", "parallelism", f"tp x pp must equal the chip count {chips}", f"{tp} x {pp}")
+        raise ConfigError(*where, f"tp x pp must equal the chip count {chips}", f"{tp} x {pp}")
     if pp > model.layers:
-        raise ConfigError("--pp", "pp", f"at most one stage per layer ({model.layers})", pp)
+        raise ConfigError(*where, f"at most one pipeline stage per layer ({model.layers}); "
+                          f"{chips} chips at tp {tp} need {pp} stages", pp)
     return tp, pp
 
 

@@ -65,7 +65,15 @@ class Simulation:
         self.sync_ns = host.sync_round_trip_ns.value
         n = len(graph.ops)
         self.timings = [OpTiming() for _ in range(n)]
-        self.done = [self.env.event() for _ in range(n)]
+        self.end: list[float | None] = [None] * n
+        self._waiters: dict[int, simpy.Event] = {}
+        # ops another process waits for: dependents on another stream, or a host sync
+        self.watched = [op.host_sync for op in graph.ops]
+        for op in graph.ops:
+            for dep in op.deps:
+                other = graph.ops[dep]
+                if (other.stage, other.stream) != (op.stage, op.stream):
+                    self.watched[dep] = True
         self.issue_time: list[float | None] = [None] * n
         self.published = self.env.event()
         self.host_sync_ns = 0.0
@@ -86,7 +94,8 @@ class Simulation:
             self.issue_time[op.idx] = t
             if op.host_sync:
                 self._publish()
-                yield self.done[op.idx]
+                if self.end[op.idx] is None:
+                    yield self._wait_for(op.idx)
                 start = max(t, env.now)
                 t = start + self.sync_ns + op.host_ns
                 self.host_sync_ns += t - env.now
@@ -105,39 +114,58 @@ class Simulation:
             self.log.append((self.graph.step, op.layer, op.name, "host", kind, t0, t1, 0, 0))
 
     # -- streams ------------------------------------------------------------------------------
+    def _wait_for(self, idx: int) -> simpy.Event:
+        event = self._waiters.get(idx)
+        if event is None:
+            event = self._waiters[idx] = self.env.event()
+        return event
+
+    def _finish(self, idx: int, end: float) -> None:
+        self.end[idx] = end
+        self.timings[idx].end = end
+        event = self._waiters.pop(idx, None)
+        if event is not None:
+            event.succeed()
+
     def run_stream(self, ops):
+        """Run ``ops`` in order. An op's drain is folded into the next op's lead-in when no
+        other process waits for it (no cross-stream dependents, no host sync): its end time
+        is recorded without an event of its own."""
         env = self.env
+        free = env.now  # when this stream's previous op ends
         for op in ops:
-            timing = self.timings[op.idx]
+            idx = op.idx
+            timing = self.timings[idx]
+            ready = free
             for dep in op.deps:
-                if not self.done[dep].triggered:
-                    yield self.done[dep]
-            timing.ready = env.now
-            while self.issue_time[op.idx] is None:
+                if self.end[dep] is None:
+                    yield self._wait_for(dep)
+                ready = max(ready, self.end[dep])
+            timing.ready = ready
+            while self.issue_time[idx] is None:
                 yield self.published
-            issued = self.issue_time[op.idx]
+            issued = self.issue_time[idx]
             timing.issued = issued
-            if issued > env.now:
-                yield env.timeout(issued - env.now)
-            timing.start = env.now
-            cost = self.op_costs[op.idx]
-            lead = cost.gap_ns + cost.fill_ns
-            if lead > 0:
-                yield env.timeout(lead)
+            start = max(ready, issued, env.now if env.now > ready else ready)
+            timing.start = start
+            cost = self.op_costs[idx]
+            body_start = start + cost.gap_ns + cost.fill_ns
+            if body_start > env.now:
+                yield env.timeout(body_start - env.now)
             timing.body_start = env.now
-            specs = [(f.link, f.bytes, f.weight, f.cap, ("write" if f.write else "read") + ":" + f.category)
-                     for f in cost.flows]
-            if cost.compute_ns > 0:
-                share = cost.tiles_share
-                specs.append((COMPUTE, cost.compute_ns * share, 1.0, share, "tile.compute"))
+            specs = _specs(cost)
             if specs:
                 yield self.networks[op.stage].transfer(
                     specs, (self.graph.step, op.layer, op.name, op.matrix_flops + op.vector_ops))
             timing.body_end = env.now
-            if cost.drain_ns > 0:
-                yield env.timeout(cost.drain_ns)
-            timing.end = env.now
-            self.done[op.idx].succeed()
+            end = env.now + cost.drain_ns
+            if self.watched[idx]:
+                if cost.drain_ns > 0:
+                    yield env.timeout(cost.drain_ns)
+                self._finish(idx, env.now)
+            else:
+                self._finish(idx, end)
+            free = self.end[idx]
 
     def run(self) -> StepOutcome:
         env = self.env
@@ -148,12 +176,31 @@ class Simulation:
         for ops in streams.values():
             env.process(self.run_stream(ops))
         env.run()
-        unfinished = [op.name for op in self.graph.ops if not self.done[op.idx].triggered]
+        unfinished = [op.name for op in self.graph.ops if self.end[op.idx] is None]
         if unfinished:
             raise RuntimeError(f"deadlock: ops never ran: {unfinished[:5]}")
         end = max((t.end for t in self.timings), default=0.0)
         return StepOutcome(self.graph.step, max(end, env.now), self.timings, self.log or [],
                            _event_count(env), self.host_sync_ns)
+
+
+def _specs(cost: OpCost) -> list[tuple]:
+    """The flows of an op's body (memory and compute), built once per OpCost."""
+    specs = _SPECS.get(id(cost))
+    if specs is not None and specs[0] is cost:
+        return specs[1]
+    specs = [(f.link, f.bytes, f.weight, f.cap, ("write" if f.write else "read") + ":" + f.category)
+             for f in cost.flows]
+    if cost.compute_ns > 0:
+        share = cost.tiles_share
+        specs.append((COMPUTE, cost.compute_ns * share, 1.0, share, "tile.compute"))
+    if len(_SPECS) > 4096:
+        _SPECS.clear()
+    _SPECS[id(cost)] = (cost, specs)
+    return specs
+
+
+_SPECS: dict[int, tuple] = {}
 
 
 def _event_count(env: simpy.Environment) -> int:
