@@ -178,3 +178,14 @@ def test_capacity_accounts_tp_split():
     cap = capacity(res)
     assert res.plan.tp == 8
     assert cap["weights_bytes"] == pytest.approx(141.1e9 / 8, rel=0.01)
+
+
+def test_layer_replication_equals_full_lowering(monkeypatch):
+    import sim.lowering.decode as decode
+
+    res = resolve(RunSpec(batch=4, context=1000, steps=1))
+    fast = lower_step(res.plan, (1000, 2000, 10, 77))
+    monkeypatch.setattr(decode, "_same_ops", lambda a, b: False)
+    full = lower_step(res.plan, (1000, 2000, 10, 77))
+    assert [decode._signature(op, 0) + (op.layer,) for op in fast.ops] == \
+        [decode._signature(op, 0) + (op.layer,) for op in full.ops]

@@ -22,7 +22,7 @@ from typing import Protocol
 from sim.config.hardware import HardwareProfile
 from sim.config.model import ModelSpec
 from sim.formats import Format
-from sim.lowering.graph import Access, Builder, OpGraph
+from sim.lowering.graph import Access, Builder, Op, OpGraph
 
 ACT_BYTES = 2  # activations in bf16
 
@@ -227,8 +227,7 @@ def lower_step(plan: Plan, contexts: tuple[int, ...], step: int = 0) -> OpGraph:
         else:
             b.add("recv_activations", -1, "p2p", [Access("link", act_row, "link")],
                   collective=("p2p", act_row, 2), deps=(ops[-1].idx,), parallelism=1, kernels=plan.kernels["p2p"])
-        for layer in plan.stage_layers(stage):
-            lower_layer(plan, b, layer, contexts)
+        _lower_layers(plan, b, plan.stage_layers(stage), contexts)
         if stage == plan.pp - 1:
             vector(plan, b, "final_norm", -1, reads=act_row + plan.norm_bytes(), writes=act_row,
                    ops=batch * m.hidden * VEC_OPS["rmsnorm"], rows=batch, kernels=plan.kernels["rmsnorm"])
@@ -237,6 +236,48 @@ def lower_step(plan: Plan, contexts: tuple[int, ...], step: int = 0) -> OpGraph:
                    ops=batch * plan.vocab * VEC_OPS["argmax"], rows=batch, kernels=plan.kernels["argmax"])
             collective(plan, b, "gather_tokens", -1, "allgather", batch * 8, plan.tp)
     return OpGraph(ops, step=step, batch=batch, contexts=tuple(contexts), stages=plan.pp)
+
+
+def _lower_layers(plan: Plan, b: Builder, layers: range, contexts: tuple[int, ...]) -> None:
+    """Lower ``layers``. When the first two layers lower to the same ops (a dense model:
+    every layer asks the same of the hardware), the rest are copies with shifted indices
+    rather than lowered again; anything layer-dependent (MoE routing, sliding windows)
+    makes the two differ and every layer is lowered."""
+    ops = b.ops
+    layers = list(layers)
+    spans = []
+    for layer in layers[:2]:
+        start = len(ops)
+        lower_layer(plan, b, layer, contexts)
+        spans.append((start, len(ops)))
+    if len(spans) < 2 or not _same_ops(ops[slice(*spans[0])], ops[slice(*spans[1])]):
+        for layer in layers[2:]:
+            lower_layer(plan, b, layer, contexts)
+        return
+    template_start, template_end = spans[1]
+    width = template_end - template_start
+    for k, layer in enumerate(layers[2:], start=1):
+        shift = k * width
+        for proto in ops[template_start:template_end]:
+            ops.append(Op(proto.idx + shift, proto.name, layer, proto.kind, proto.accesses, proto.matrix_flops,
+                          proto.matrix_m, proto.vector_ops, proto.dequant_ops, proto.dtype, proto.parallelism,
+                          proto.kernels, tuple(d + shift for d in proto.deps), proto.stream, proto.stage,
+                          proto.host_sync, proto.host_ns, proto.collective, proto.tags))
+    for key, last in list(b._last.items()):
+        if template_start <= last < template_end:
+            b._last[key] = last + (len(layers) - 2) * width
+
+
+def _signature(op: Op, base: int) -> tuple:
+    return (op.idx - base, op.name, op.kind, op.accesses, op.matrix_flops, op.matrix_m, op.vector_ops,
+            op.dequant_ops, op.dtype, op.parallelism, op.kernels, tuple(d - base for d in op.deps), op.stream,
+            op.stage, op.host_sync, op.host_ns, op.collective, repr(sorted(op.tags.items())))
+
+
+def _same_ops(first: list[Op], second: list[Op]) -> bool:
+    if len(first) != len(second) or not first:
+        return False
+    return all(_signature(a, first[0].idx) == _signature(b, second[0].idx) for a, b in zip(first, second))
 
 
 def lower_layer(plan: Plan, b: Builder, layer: int, contexts: tuple[int, ...]) -> None:
