@@ -151,6 +151,8 @@ def test_more_store_bandwidth_never_slows_a_step(path: Path, tiny_model: str):
        context=st.integers(16, 2048))
 def test_bandwidth_monotone_over_profiles_batches_and_contexts(tiny_model, index, scale, batch, context):
     path = PROFILES[index]
+    if path.stem in MONOTONE_BUG:  # pinned by the strict xfail above
+        return
     knob = _bandwidth_path(path)
     base = simulate(hardware=str(path), model=tiny_model, steps=1, batch=batch, context=context)
     if base.summary["verdict"] == "does-not-fit":
