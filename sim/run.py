@@ -30,7 +30,8 @@ from sim.costs import CostModel
 from sim.errors import ConfigError
 from sim.formats import get_format
 from sim.lowering.decode import KERNELS, Plan, lower_step
-from sim.paths import hardware_dir, models_dir, resolve as resolve_path
+from sim.paths import bundled, hardware_dir, models_dir
+from sim.paths import resolve as resolve_path
 from sim.results import bound_of, op_table_rows, percentile, step_breakdown
 from sim.units import GB, ns_to_ms
 
@@ -54,6 +55,14 @@ class RunSpec(Strict):
     software: Literal["fused", "torch-eager"] = "fused"
     overrides: tuple[tuple[str, Any], ...] = ()
     seed: int = 0
+    # Mixture-of-Experts (used when the model has a `moe:` section; see sim.lowering.moe)
+    dispatch: Literal["host_sync", "device", "sram_zero_copy"] = "device"
+    placement: Literal["all-hbm", "static", "lru", "lfu", "spread"] = "static"
+    routing: str = "uniform"  # uniform | zipf | a routing file (sim.moe.routing)
+    routing_skew: float = Field(default=1.0, ge=0)
+    routing_locality: float = Field(default=0.0, ge=0, le=1)
+    sram_experts: int | None = Field(default=None, ge=0)  # experts to pin per chip (default: as many as fit)
+    chips: int | None = Field(default=None, gt=0)  # overrides hardware.system.chips
 
     @field_validator("overrides", mode="before")
     @classmethod
@@ -120,6 +129,8 @@ def resolve(spec: RunSpec) -> Resolved:
     hw_path = str(resolve_path(spec.hardware, hardware_dir(), "hardware"))
     model_path = str(resolve_path(spec.model, models_dir(), "model"))
     hw_raw, model_raw = copy.deepcopy(_raw(hw_path)), copy.deepcopy(_raw(model_path))
+    if spec.chips is not None:
+        hw_raw = apply_override(hw_raw, "system.chips", spec.chips, HardwareProfile, hw_path, source="--chips")
     for path, value in spec.overrides:
         if path.startswith("hardware."):
             sub = _hardware_path(path[len("hardware."):], hw_raw)
@@ -135,7 +146,30 @@ def resolve(spec: RunSpec) -> Resolved:
         steps = traces.read(spec.trace)[: spec.steps] if spec.steps else traces.read(spec.trace)
     else:
         steps = traces.fixed(spec.batch, spec.context, spec.steps)
+    if model.moe is not None:
+        plan.ffn = _moe_block(spec, plan, steps)
     return Resolved(spec, hardware, model, plan, steps, hw_path, model_path)
+
+
+def _moe_block(spec: RunSpec, plan: Plan, steps: list):
+    """The MoE FFN of the run: its routing trace (generated or read) and placement."""
+    from sim.lowering.moe import build
+    from sim.moe import routing
+
+    moe = plan.model.moe
+    layers = sum(1 for layer in range(plan.model.layers) if not moe.is_dense(layer))
+    batches = [step.batch for step in steps]
+    if spec.routing in routing.KINDS:
+        trace = routing.generate(moe.experts, moe.top_k, layers, len(steps), max(batches), kind=spec.routing,
+                                 skew=spec.routing_skew, locality=spec.routing_locality, seed=spec.seed)
+    else:
+        path = resolve_path(spec.routing, bundled("workloads", "routing"), "routing", suffixes=(".jsonl",))
+        trace = routing.read(path, moe.experts, moe.top_k, layers)
+        if trace.tokens < max(batches):
+            raise ConfigError(spec.routing, "experts", f"each step needs {max(batches)} token rows "
+                              f"(the largest batch of the run)", trace.tokens)
+    return build(plan, dispatch=spec.dispatch, placement_policy=spec.placement, trace=trace, batches=batches,
+                 graph_mode=spec.graph, sram_experts=spec.sram_experts)
 
 
 def parallelism(spec: RunSpec, hardware: HardwareProfile, model: ModelSpec, hw_file: str = "hardware") -> tuple[int, int]:
@@ -219,7 +253,8 @@ def simulate(spec: RunSpec | dict | None = None, *, keep_ops: bool = False, keep
     costs = CostModel(res.hardware)
     step_rows, op_rows, log = [], [], []
     events = 0
-    for step in res.steps:
+    for position, step in enumerate(res.steps):
+        res.plan.extra["moe_step"] = position  # the MoE block's routing and placement row
         graph = lower_step(res.plan, step.contexts, step.index)
         graph.ops[-1].host_sync = True  # the host needs the step's tokens
         op_costs = [costs.cost(op) for op in graph.ops]
@@ -293,7 +328,21 @@ def _summary(res: Resolved, rows: list[dict], events: int, wall_s: float) -> dic
         "tokens_per_s": 1e3 * tokens / sum(times), "events": events, "wall_s": wall_s,
         "byte_floor_ms": ns_to_ms(store_bytes / len(rows) / peak),
         "batch_over_time": [r["batch"] for r in rows] if res.spec.trace else None,
+        **_moe_summary(res),
     }
+
+
+def _moe_summary(res: Resolved) -> dict:
+    block = res.plan.ffn
+    if res.model.moe is None or not hasattr(block, "placement"):
+        return {}
+    pl = block.placement
+    return {"moe": {
+        "dispatch": block.dispatch, "placement": pl.policy, "routing": block.trace.description,
+        "expert_parallel": block.ep, "sram_level": block.sram_level, "sram_slots": pl.slots,
+        "sram_hit_rate": pl.hit_rate, "active_experts_per_layer": float(pl.active.mean()),
+        "resident_experts_per_layer": float(pl.resident.mean()),
+    }}
 
 
 def default_kernels() -> dict:

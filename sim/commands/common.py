@@ -31,12 +31,21 @@ def add_run_options(p: argparse.ArgumentParser, *, formats: bool = True) -> None
     p.add_argument("--pp", type=int, default=None, help="pipeline stages (default: chips / tp)")
     p.add_argument("--software", choices=["fused", "torch-eager"], default=d.software,
                    help="kernel decomposition: a fused serving stack or plain PyTorch")
+    p.add_argument("--chips", type=int, default=None, help="chip count (overrides the profile's system.chips)")
+    moe = p.add_argument_group("Mixture-of-Experts (models with a moe: section)")
+    moe.add_argument("--dispatch", choices=["host_sync", "device", "sram_zero_copy"], default=d.dispatch,
+                     help="expert dispatch path (default device)")
+    moe.add_argument("--placement", choices=["all-hbm", "static", "lru", "lfu", "spread"], default=d.placement,
+                     help="where expert weights live: all in HBM, hottest pinned in SRAM (static), an SRAM "
+                          "cache (lru, lfu), or spread over the chips (expert parallelism) (default static)")
+    moe.add_argument("--routing", default=d.routing,
+                     help="uniform, zipf (see --set routing_skew=S, routing_locality=P) or a routing file (JSONL)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="DOTTED.PATH=VALUE",
                    help="override any profile, model or run field, e.g. hardware.hbm.channel_bandwidth_GBps=30")
 
 
 SPEC_ARGS = ("hardware", "model", "batch", "context", "trace", "weights", "kv", "steps", "target_ms", "engine",
-             "graph", "tp", "pp", "software", "overrides")
+             "graph", "tp", "pp", "software", "overrides", "chips", "dispatch", "placement", "routing")
 
 
 def spec_from_args(args, **changes) -> RunSpec:

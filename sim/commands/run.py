@@ -70,6 +70,14 @@ def render(s: dict) -> str:
     if s.get("batch_over_time"):
         b = s["batch_over_time"]
         lines.append(f"  batch over the trace: min {min(b)}, median {sorted(b)[len(b) // 2]}, max {max(b)}")
+    if s.get("moe"):
+        e = s["moe"]
+        lines.append(f"  MoE: {e['dispatch']} dispatch, {e['placement']} placement, routing {e['routing']}; "
+                     f"{e['active_experts_per_layer']:.1f} experts active per layer on the critical chip, "
+                     f"{e['resident_experts_per_layer']:.1f} read from SRAM"
+                     + (f" ({e['sram_level']}, {e['sram_slots']} slots)" if e["sram_level"] else " (none fits)")
+                     + (f"; expert parallel over {e['expert_parallel']} chips" if e["expert_parallel"] > 1 else ""))
+        lines.append(f"  SRAM hit rate: {100 * e['sram_hit_rate']:.1f}% of expert weight reads")
     lines.append(f"  bound: {s['bound']}")
     word = "MEETS" if s["meets_target"] else "MISSES"
     lines.append(f"  verdict: {word} the {s['target_ms']:g} ms target (p99 {s['per_token_ms_p99']:.3f} ms, "

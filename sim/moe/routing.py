@@ -1,0 +1,226 @@
+"""Routing traces: per decode step, layer and token, the top-k expert ids and gate weights.
+
+A ``RoutingTrace`` holds ``experts[step, layer, token, k]`` (int) and ``gates[step, layer,
+token, k]`` (float, each row sums to 1) for ``tokens`` token slots; a step with a smaller
+batch uses the first ``batch`` slots (slot t is sequence t of the decode trace).
+
+Generators (``generate``), all seeded and deterministic:
+
+* ``uniform``: each token picks k distinct experts uniformly at random;
+* ``zipf`` (skew ``s``): expert popularity proportional to 1 / rank^s, the ranking shuffled
+  per layer (per-layer variation: each layer has its own hot experts); a token draws k
+  distinct experts by successive sampling without replacement (Gumbel top-k over log
+  popularity), so s = 0 is uniform;
+* ``locality`` (probability ``p``): with probability p a token slot reuses, in each layer,
+  the experts its sequence's previous token used (Mixtral's routing analysis reports
+  consecutive tokens repeating experts far above chance, anchors.md B2).
+
+Gate weights are a softmax over the chosen experts' scores; the simulator uses them only to
+report (combine cost does not depend on them).
+
+File format (``read`` / ``write``), JSON Lines, one record per (step, layer)::
+
+    {"step": 0, "layer": 0, "experts": [[3, 7], [0, 3]], "gates": [[0.6, 0.4], [0.55, 0.45]]}
+
+``experts`` lists one row of k ids per token; ``gates`` is optional (uniform 1/k if absent).
+The first line may be a header ``{"routing": {"experts": E, "top_k": k, "layers": L}}``.
+Every (step, layer) from 0 to the maxima must be present, with the same token count within
+a step.
+
+What is ignored: group-limited routing (DeepSeek's top-4-of-8 groups), capacity factors
+and token dropping, router bias updates during the run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from sim.errors import ConfigError
+
+KINDS = ("uniform", "zipf")
+
+
+@dataclass(frozen=True)
+class RoutingTrace:
+    experts: np.ndarray  # [steps, layers, tokens, k], int32
+    gates: np.ndarray  # [steps, layers, tokens, k], float32
+    num_experts: int
+    description: str = ""
+
+    @property
+    def steps(self) -> int:
+        return self.experts.shape[0]
+
+    @property
+    def layers(self) -> int:
+        return self.experts.shape[1]
+
+    @property
+    def tokens(self) -> int:
+        return self.experts.shape[2]
+
+    @property
+    def top_k(self) -> int:
+        return self.experts.shape[3]
+
+    def at(self, step: int, layer: int, batch: int) -> np.ndarray:
+        """[batch, k] expert ids of ``layer`` at ``step`` (steps wrap around the trace)."""
+        if batch > self.tokens:
+            raise ConfigError("routing", "tokens", f"the routing trace has {self.tokens} token slots; "
+                              f"a step of batch {batch} needs that many", self.tokens)
+        return self.experts[step % self.steps, layer % self.layers, :batch]
+
+    def distinct(self, batch: int | None = None) -> np.ndarray:
+        """[steps, layers] number of distinct experts touched by the first ``batch`` tokens."""
+        batch = self.tokens if batch is None else batch
+        cells = self.steps * self.layers
+        flat = self.experts[:, :, :batch].reshape(cells, -1)
+        touched = np.zeros((cells, self.num_experts), dtype=bool)
+        np.put_along_axis(touched, flat, True, axis=1)
+        return touched.sum(axis=1).reshape(self.steps, self.layers)
+
+    def counts(self, batch: int | None = None) -> np.ndarray:
+        """[layers, experts] how often each expert is picked over the trace."""
+        batch = self.tokens if batch is None else batch
+        out = np.zeros((self.layers, self.num_experts), dtype=np.int64)
+        for layer in range(self.layers):
+            out[layer] = np.bincount(self.experts[:, layer, :batch].ravel(), minlength=self.num_experts)
+        return out
+
+
+def expected_distinct(experts: int, top_k: int, tokens: int) -> float:
+    """Closed form for uniform routing: E (1 - (1 - k/E)^T)."""
+    return experts * (1.0 - (1.0 - top_k / experts) ** tokens)
+
+
+def generate(experts: int, top_k: int, layers: int, steps: int, tokens: int, *, kind: str = "uniform",
+             skew: float = 1.0, locality: float = 0.0, seed: int = 0) -> RoutingTrace:
+    """A synthetic routing trace (see the module docstring)."""
+    if kind not in KINDS:
+        raise ConfigError("--routing", "routing", f"expected one of {', '.join(KINDS)} or a routing file", kind)
+    if not 0 <= locality <= 1:
+        raise ConfigError("--set", "routing_locality", "must be a probability in [0, 1]", locality)
+    if skew < 0 or not math.isfinite(skew):
+        raise ConfigError("--set", "routing_skew", "must be a finite number >= 0", skew)
+    if top_k > experts:
+        raise ConfigError("routing", "top_k", f"must be at most the expert count {experts}", top_k)
+    rng = np.random.default_rng(seed)
+    s = skew if kind == "zipf" else 0.0
+    ranks = np.arange(1, experts + 1, dtype=np.float64)
+    log_pop = np.empty((layers, experts))
+    for layer in range(layers):
+        perm = rng.permutation(experts)  # this layer's hot experts
+        log_pop[layer, perm] = -s * np.log(ranks)
+    ids = np.empty((steps, layers, tokens, top_k), dtype=np.int32)
+    gates = np.empty((steps, layers, tokens, top_k), dtype=np.float32)
+    for step in range(steps):
+        scores = log_pop[:, None, :] + rng.gumbel(size=(layers, tokens, experts))
+        top = np.argpartition(-scores, top_k - 1, axis=2)[:, :, :top_k]
+        chosen = np.take_along_axis(scores, top, axis=2)
+        order = np.argsort(-chosen, axis=2)
+        top = np.take_along_axis(top, order, axis=2)
+        chosen = np.take_along_axis(chosen, order, axis=2)
+        if locality > 0 and step > 0:
+            reuse = rng.random(tokens) < locality
+            top[:, reuse] = ids[step - 1][:, reuse]
+            chosen[:, reuse] = np.log(np.maximum(gates[step - 1][:, reuse], 1e-30))
+        ids[step] = top
+        weights = np.exp(chosen - chosen.max(axis=2, keepdims=True))
+        gates[step] = weights / weights.sum(axis=2, keepdims=True)
+    text = f"{kind}" + (f" s={skew:g}" if kind == "zipf" else "") + (f" locality={locality:g}" if locality else "")
+    return RoutingTrace(ids, gates, experts, f"{text}, seed {seed}")
+
+
+# -- files ---------------------------------------------------------------------------------
+
+
+def write(trace: RoutingTrace, path: str | Path) -> None:
+    """Write ``trace`` as JSON Lines (atomically: a temp file, then os.replace)."""
+    import os
+    import tempfile
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as out:
+        out.write(json.dumps({"routing": {"experts": trace.num_experts, "top_k": trace.top_k,
+                                          "layers": trace.layers, "description": trace.description}}) + "\n")
+        for step in range(trace.steps):
+            for layer in range(trace.layers):
+                out.write(json.dumps({"step": step, "layer": layer,
+                                      "experts": trace.experts[step, layer].tolist(),
+                                      "gates": np.round(trace.gates[step, layer], 5).tolist()}) + "\n")
+    os.replace(tmp, path)
+
+
+def read(path: str | Path, experts: int, top_k: int, layers: int) -> RoutingTrace:
+    """Read a routing file and check it against the model (``experts``, ``top_k``, and
+    ``layers`` MoE layers)."""
+    path = Path(path)
+    name = str(path)
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        raise ConfigError(name, None, "routing file not found") from None
+    records: dict[tuple[int, int], tuple[list, list | None]] = {}
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ConfigError(name, f"line {number}", f"invalid JSON ({err.msg})") from None
+        if not isinstance(rec, dict):
+            raise ConfigError(name, f"line {number}", "expected a JSON object", type(rec).__name__)
+        if "routing" in rec:
+            head = rec["routing"]
+            for key, want in (("experts", experts), ("top_k", top_k), ("layers", layers)):
+                if key in head and head[key] != want:
+                    raise ConfigError(name, f"line {number}: routing.{key}", f"the model has {want}", head[key])
+            continue
+        missing = {"step", "layer", "experts"} - set(rec)
+        if missing:
+            raise ConfigError(name, f"line {number}", f"missing key {sorted(missing)[0]!r}; "
+                              "expected step, layer, experts (and optional gates)")
+        step, layer = rec["step"], rec["layer"]
+        if not (isinstance(step, int) and isinstance(layer, int) and step >= 0 and 0 <= layer < layers):
+            raise ConfigError(name, f"line {number}", f"step must be an int >= 0 and layer in [0, {layers})",
+                              (step, layer))
+        rows = rec["experts"]
+        if (not isinstance(rows, list) or not rows
+                or any(not isinstance(r, list) or len(r) != top_k for r in rows)):
+            raise ConfigError(name, f"line {number}: experts", f"a non-empty list of rows of {top_k} expert ids")
+        flat = [e for r in rows for e in r]
+        if any(not isinstance(e, int) or not 0 <= e < experts for e in flat):
+            raise ConfigError(name, f"line {number}: experts", f"ids must be ints in [0, {experts})")
+        if any(len(set(r)) != len(r) for r in rows):
+            raise ConfigError(name, f"line {number}: experts", "a token's k experts must be distinct")
+        g = rec.get("gates")
+        if g is not None and (not isinstance(g, list) or len(g) != len(rows)
+                              or any(not isinstance(r, list) or len(r) != top_k for r in g)):
+            raise ConfigError(name, f"line {number}: gates", "must match experts row for row")
+        records[(step, layer)] = (rows, g)
+    if not records:
+        raise ConfigError(name, None, "no routing records")
+    steps = 1 + max(s for s, _ in records)
+    tokens = {s: len(rows) for (s, _), (rows, _) in records.items()}
+    width = min(tokens.values())
+    ids = np.empty((steps, layers, width, top_k), dtype=np.int32)
+    gates = np.full((steps, layers, width, top_k), 1.0 / top_k, dtype=np.float32)
+    for step in range(steps):
+        for layer in range(layers):
+            if (step, layer) not in records:
+                raise ConfigError(name, f"step {step}, layer {layer}", "missing record (every step needs every layer)")
+            rows, g = records[(step, layer)]
+            if len(rows) != tokens[step]:
+                raise ConfigError(name, f"step {step}, layer {layer}",
+                                  f"expected {tokens[step]} token rows as in the step's other layers", len(rows))
+            ids[step, layer] = np.asarray(rows[:width], dtype=np.int32)
+            if g is not None:
+                gates[step, layer] = np.asarray(g[:width], dtype=np.float32)
+    return RoutingTrace(ids, gates, experts, f"file {path.name}")
