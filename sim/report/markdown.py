@@ -1,0 +1,182 @@
+"""The study report: ``<out>/report.md`` from the saved table, settings and plots.
+
+Sections: the question and its answer in numbers (how many points meet the target, where
+the frontier lies along the first numeric axis for every other combination), the verdict
+table, the sensitivity table, the plots, failures, and the resolved settings (base spec,
+overrides, axes, hardware headline and every hardware number with its source).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+
+from sim.report.plots import LATENCY, load
+
+MAX_ROWS = 80
+
+
+def _write(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
+    os.replace(tmp, path)
+
+
+def _fmt(v) -> str:
+    if v is None or (isinstance(v, float) and v != v):
+        return ""
+    if isinstance(v, float):
+        return f"{v:.3f}" if abs(v) < 1000 else f"{v:.4g}"
+    return str(v)
+
+
+def _table(frame: pd.DataFrame, columns: list[str]) -> list[str]:
+    cols = [c for c in columns if c in frame]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for _, row in frame[cols].iterrows():
+        lines.append("| " + " | ".join(_fmt(row[c]).replace("|", "/") for c in cols) + " |")
+    return lines
+
+
+def _numeric(values) -> bool:
+    return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+
+
+def frontier(grid: pd.DataFrame, axes: dict[str, list]) -> tuple[str | None, pd.DataFrame]:
+    """For every combination of the other axes, the largest (and smallest) value of the first
+    numeric axis at which the target is met."""
+    varying = [a for a, v in axes.items() if len(v) > 1 and a in grid]
+    numeric = [a for a in varying if _numeric(axes[a])]
+    if not numeric:
+        return None, pd.DataFrame()
+    x = numeric[0]
+    others = [a for a in varying if a != x]
+    ok = grid[grid["status"] == "ok"].copy()
+    ok["meets"] = ok["meets_target"].fillna(False).astype(bool) if "meets_target" in ok else False
+    rows = []
+    groups = ok.groupby(others, sort=False, dropna=False) if others else [((), ok)]
+    for key, sel in groups:
+        key = key if isinstance(key, tuple) else (key,)
+        meets = sel[sel["meets"]]
+        row = dict(zip(others, key))
+        row[f"{x} meeting"] = (f"{_fmt(meets[x].min())} .. {_fmt(meets[x].max())}" if not meets.empty else "none")
+        row["points meeting"] = f"{len(meets)}/{len(sel)}"
+        best = sel.loc[pd.to_numeric(sel[LATENCY], errors="coerce").idxmin()] if sel[LATENCY].notna().any() else None
+        row["best p99 ms"] = float(best[LATENCY]) if best is not None else None
+        row[f"{x} at best"] = best[x] if best is not None else None
+        rows.append(row)
+    return x, pd.DataFrame(rows)
+
+
+def answer(grid: pd.DataFrame, axes: dict) -> list[str]:
+    ok = grid[grid["status"] == "ok"]
+    total = len(grid)
+    meets = ok[ok["meets_target"].fillna(False).astype(bool)] if "meets_target" in ok else ok.iloc[0:0]
+    unfit = ok[ok["verdict"] == "does-not-fit"] if "verdict" in ok else ok.iloc[0:0]
+    target = grid["target_ms"].dropna().iloc[0] if "target_ms" in grid and grid["target_ms"].notna().any() else 10
+    lines = [f"- {len(meets)} of {total} grid points meet the {target:g} ms p99 per-token target; "
+             f"{len(unfit)} do not fit in memory; {total - len(ok)} failed."]
+    if not ok.empty and ok[LATENCY].notna().any():
+        best = ok.loc[pd.to_numeric(ok[LATENCY], errors="coerce").idxmin()]
+        worst = ok.loc[pd.to_numeric(ok[LATENCY], errors="coerce").idxmax()]
+        varying = [a for a, v in axes.items() if len(v) > 1 and a in grid]
+
+        def where(row):
+            return ", ".join(f"{a}={_fmt(row[a])}" for a in varying) or "the base point"
+
+        lines.append(f"- Fastest: {best[LATENCY]:.3f} ms at {where(best)} (bound: {best.get('bound')}).")
+        lines.append(f"- Slowest that fits: {worst[LATENCY]:.3f} ms at {where(worst)} (bound: {worst.get('bound')}).")
+        if "bound" in ok:
+            counts = ok[ok[LATENCY].notna()]["bound"].value_counts()
+            lines.append("- What bounds the step: " + ", ".join(f"{k} at {v} points" for k, v in counts.items()) + ".")
+    return lines
+
+
+def write_report(out_dir: str | Path) -> Path:
+    out_dir = Path(out_dir)
+    table, settings = load(out_dir)
+    grid = table[table["group"] == "grid"]
+    sens = table[table["group"] == "sensitivity"]
+    axes = settings.get("axes", {})
+    timing = json.loads((out_dir / "timing.json").read_text()) if (out_dir / "timing.json").is_file() else {}
+    lines = [f"# Study: {settings['name']}", ""]
+    if settings.get("description"):
+        lines += [settings["description"].strip(), ""]
+    if settings.get("question"):
+        lines += [f"**Question.** {settings['question'].strip()}", ""]
+    lines += ["## Answer", ""] + answer(grid, axes) + [""]
+    x, front = frontier(grid, axes)
+    if x is not None and not front.empty:
+        lines += [f"### Where the target holds, along `{x}`", ""]
+        lines += _table(front, list(front.columns)) + [""]
+    plots = out_dir / "plots"
+    pictures = [("feasibility", "Feasibility map: p99 latency over two swept axes, target contour in red"),
+                ("breakdown", "Per-token latency breakdown"),
+                ("tornado", "Sensitivity: which knob moves latency most"),
+                ("bandwidth", "Bandwidth utilisation within one decode step (DES event log)"),
+                ("roofline", "Roofline with every op of one step placed")]
+    shown = [(n, t) for n, t in pictures if (plots / f"{n}.png").is_file()]
+    if shown:
+        lines += ["## Plots", ""]
+        for name, title in shown:
+            lines += [f"### {title}", "", f"![{title}](plots/{name}.png)", f"([SVG](plots/{name}.svg))", ""]
+    lines += ["## Verdicts", ""]
+    varying = [a for a, v in axes.items() if len(v) > 1]
+    cols = varying + (["seed"] if grid["seed"].nunique() > 1 else []) + [
+        "per_token_ms_p50", LATENCY, "bound", "verdict", "capacity_needed_bytes", "error"]
+    shown_rows = grid.head(MAX_ROWS)
+    view = shown_rows.copy()
+    if "capacity_needed_bytes" in view:
+        view["capacity_needed_bytes"] = view["capacity_needed_bytes"] / 1e9
+        view = view.rename(columns={"capacity_needed_bytes": "memory GB/chip"})
+        cols = [c if c != "capacity_needed_bytes" else "memory GB/chip" for c in cols]
+    lines += _table(view, cols)
+    if len(grid) > MAX_ROWS:
+        lines += ["", f"({len(grid) - MAX_ROWS} more rows in [results.csv](results.csv).)"]
+    lines.append("")
+    ok_sens = sens[(sens["status"] == "ok") & sens[LATENCY].notna()] if not sens.empty else sens
+    if not ok_sens.empty and ok_sens["knob"].isna().any():
+        base = float(ok_sens[ok_sens["knob"].isna()][LATENCY].iloc[0])
+        pct = settings["study"].get("sensitivity", {}).get("percent")
+        lines += [f"## Sensitivity (each knob -{pct:g}% / +{pct:g}%, base p99 {base:.3f} ms)", "",
+                  "| knob | p99 at -X% (ms) | p99 at +X% (ms) | swing (ms) |", "|---|---|---|---|"]
+        rows = []
+        for knob, sel in ok_sens[ok_sens["knob"].notna()].groupby("knob"):
+            lo = sel[sel["delta_percent"] < 0][LATENCY]
+            hi = sel[sel["delta_percent"] > 0][LATENCY]
+            lo_v = float(lo.iloc[0]) if not lo.empty else base
+            hi_v = float(hi.iloc[0]) if not hi.empty else base
+            rows.append((abs(hi_v - lo_v), knob, lo_v, hi_v))
+        for swing, knob, lo_v, hi_v in sorted(rows, reverse=True):
+            lines.append(f"| `{knob}` | {lo_v:.3f} | {hi_v:.3f} | {swing:.3f} |")
+        lines.append("")
+    failed = table[table["status"] != "ok"]
+    if not failed.empty:
+        lines += ["## Failed points", ""] + _table(failed, ["point", *varying, "error"]) + [""]
+    lines += ["## Resolved settings", "", f"- Study file: `{settings['file']}`",
+              f"- Simulator: `{settings['simulator']}`",
+              f"- Hardware file (base): `{settings['hardware_file']}`; model file: `{settings['model_file']}`",
+              "- Base run spec (overrides applied to every point included):", "", "```json",
+              json.dumps(settings["base_spec"], indent=1), "```", "", "- Swept axes:", ""]
+    for axis, values in axes.items():
+        lines.append(f"  - `{axis}`: {', '.join(_fmt(v) for v in values)}")
+    if timing:
+        lines += ["", f"- Runs: {timing['points']} points ({settings.get('unique_runs')} unique), "
+                      f"{timing['simulated']} simulated now, {timing['cached']} from the cache, "
+                      f"{timing['failed']} failed; {timing['wall_s']:.1f} s wall, "
+                      f"{timing['points_per_s']:.1f} points/s ({timing['executor']}, {timing['jobs']} workers)."]
+    head = settings.get("hardware_headline", {})
+    lines += ["", "- Base hardware: " + ", ".join(f"{k} {_fmt(v)}" for k, v in head.items()), "",
+              "<details><summary>Every hardware number of the base profile, with its source</summary>", "",
+              "| path | value | source | estimate |", "|---|---|---|---|"]
+    for path, value, source, estimate in settings.get("hardware_sources", []):
+        lines.append(f"| `{path}` | {_fmt(value)} | {str(source).replace('|', '/')} | {'yes' if estimate else ''} |")
+    lines += ["", "</details>", ""]
+    path = out_dir / "report.md"
+    _write(path, "\n".join(lines))
+    return path

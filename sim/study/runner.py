@@ -1,0 +1,353 @@
+"""The study runner: independent runs keyed by a content hash, cached, resumable, in parallel.
+
+Each point's key is the SHA-256 of its resolved configuration: the normalised RunSpec, the
+validated hardware profile and model after overrides, the bytes of the format and trace
+files it reads, and the simulator version (the package version plus a digest of the
+simulator's own source, so a change to the engine invalidates the cache). A finished run is
+written to ``<out>/runs/<hash>.json`` atomically (temp file, then ``os.replace``), so a
+killed study loses at most the runs in flight and a re-run computes only missing keys.
+
+Executors: ``local`` (a process pool, ``jobs`` workers; ``jobs=1`` runs in this process)
+with a tqdm progress bar and ETA, or ``dask`` (a dask.distributed scheduler address, or a
+``Client``). A point that raises records ``status=error`` and its message in the table; the
+rest of the study goes on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from sim.run import RunSpec, apply_run_overrides, resolve
+from sim.study.spec import Point, Study, detail_assignments, is_number
+
+_RESULT_FIELDS = ("hardware", "model", "weights", "kv", "batch", "context", "trace", "steps", "engine", "graph", "tp",
+                  "pp", "chips", "software", "target_ms")
+DETAIL_STEPS = 1
+
+
+@lru_cache(maxsize=1)
+def simulator_version() -> str:
+    """``<package version>+<digest of the simulator source>`` (study, report and CLI code excluded)."""
+    import sim
+
+    root = Path(sim.__file__).resolve().parent
+    digest = hashlib.sha256()
+    skip = {"study", "report", "commands", "_bundled"}
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root)
+        if rel.parts[0] in skip or rel.name == "cli.py":
+            continue
+        digest.update(str(rel).encode())
+        digest.update(path.read_bytes())
+    return f"{sim.__version__}+{digest.hexdigest()[:12]}"
+
+
+def _file_bytes(path: str | None) -> bytes:
+    if not path:
+        return b""
+    try:
+        return Path(path).read_bytes()
+    except OSError:
+        return b""
+
+
+def content_hash(spec: RunSpec, extra: str = "") -> str:
+    """The key of one run: everything that can change its result, and nothing else."""
+    res = resolve(spec)
+    plan = res.plan
+    h = hashlib.sha256()
+    for part in (simulator_version(), extra, apply_run_overrides(spec).model_dump_json(),
+                 res.hardware.model_dump_json(), res.model.model_dump_json()):
+        h.update(part.encode())
+        h.update(b"\0")
+    for fmt in (getattr(plan, "weights", None), getattr(plan, "kv", None)):
+        h.update(_file_bytes(getattr(fmt, "file", None)))
+        h.update(b"\0")
+    for value in apply_run_overrides(spec).model_dump().values():  # trace and any other file a field names
+        if isinstance(value, str) and ("/" in value or value.endswith((".jsonl", ".parquet", ".csv", ".yaml"))):
+            h.update(_file_bytes(value))
+    return h.hexdigest()[:20]
+
+
+# -- one run ----------------------------------------------------------------------------------
+
+
+def flatten_summary(summary: dict) -> dict:
+    """One table row from a RunResult summary: scalars as they are, dicts flattened."""
+    out: dict[str, Any] = {}
+    for key, value in summary.items():
+        if key == "breakdown_ms" and isinstance(value, dict):
+            out.update({f"ms_{k}": float(v) for k, v in value.items()})
+        elif isinstance(value, dict):
+            out.update({f"{key}_{k}": v for k, v in value.items() if not isinstance(v, (dict, list, tuple))})
+        elif isinstance(value, (list, tuple)):
+            continue
+        else:
+            out[key] = value
+    return out
+
+
+def run_point(spec_json: str) -> dict:
+    """Simulate one point (picklable: runs in a worker process or a Dask worker)."""
+    from sim.run import simulate
+
+    spec = RunSpec.model_validate_json(spec_json)
+    start = time.perf_counter()
+    try:
+        result = simulate(spec)
+        return {"status": "ok", "error": None, **flatten_summary(result.summary)}
+    except Exception as err:  # a failing point is recorded, the study goes on
+        return {"status": "error", "error": f"{type(err).__name__}: {err}", "wall_s": time.perf_counter() - start}
+
+
+def write_json_atomic(path: Path, obj) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as out:
+        json.dump(obj, out, indent=1, default=_plain, allow_nan=True)
+    os.replace(tmp, path)
+
+
+def _plain(value):
+    if hasattr(value, "item"):
+        return value.item()
+    return str(value)
+
+
+# -- the study ------------------------------------------------------------------------------
+
+
+@dataclass
+class StudyResult:
+    table: pd.DataFrame
+    out_dir: Path
+    simulated: int  # runs computed now
+    cached: int  # runs found in the cache
+    wall_s: float
+    failed: int
+
+    @property
+    def points_per_s(self) -> float:
+        return len(self.table) / self.wall_s if self.wall_s > 0 else float("inf")
+
+
+def run_study(study: Study, out_dir: str | Path | None = None, *, executor: str = "local", jobs: int | None = None,
+              address=None, progress: bool = True, detail: bool = True, report: bool = True) -> StudyResult:
+    """Run every point not yet in the cache, then write the table (and the plots and report)."""
+    start = time.perf_counter()
+    out = Path(out_dir) if out_dir is not None else Path("reports") / study.spec.name
+    runs_dir = out / "runs"
+    keys = [content_hash(p.spec) for p in study.points]
+    todo: dict[str, Point] = {}
+    for point, key in zip(study.points, keys):
+        if key not in todo and not (runs_dir / f"{key}.json").is_file():
+            todo[key] = point
+    cached = len(set(keys)) - len(todo)
+    if todo:
+        _execute(todo, runs_dir, executor, jobs, address, progress, study.spec.name)
+    table = build_table(study, keys, runs_dir)
+    write_table(table, out)
+    if detail:
+        run_detail(study, out)
+    write_settings(study, out, keys)
+    wall = time.perf_counter() - start
+    result = StudyResult(table, out, len(todo), cached, wall, int((table["status"] != "ok").sum()))
+    write_json_atomic(out / "timing.json", {"points": len(table), "simulated": result.simulated,
+                                            "cached": result.cached, "failed": result.failed,
+                                            "wall_s": wall, "points_per_s": result.points_per_s,
+                                            "executor": executor, "jobs": jobs or os.cpu_count()})
+    if report:
+        from sim.report.markdown import write_report
+        from sim.report.plots import make_plots
+
+        make_plots(out)
+        write_report(out)
+    return result
+
+
+def _store(runs_dir: Path, key: str, point: Point, row: dict) -> None:
+    write_json_atomic(runs_dir / f"{key}.json", {"hash": key, "spec": point.spec.model_dump(mode="json"),
+                                                 "simulator": simulator_version(), "result": row})
+
+
+def _execute(todo: dict[str, Point], runs_dir: Path, executor: str, jobs, address, progress: bool, name: str):
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(todo), desc=name, unit="run", disable=not progress, file=sys.stderr,
+               dynamic_ncols=True, mininterval=0.5)
+    payloads = {key: point.spec.model_dump_json() for key, point in todo.items()}
+    try:
+        if executor == "dask":
+            _execute_dask(todo, payloads, runs_dir, address, bar)
+        elif executor == "local":
+            jobs = jobs or os.cpu_count() or 1
+            if jobs == 1 or len(todo) == 1:
+                for key, point in todo.items():
+                    _store(runs_dir, key, point, run_point(payloads[key]))
+                    bar.update()
+            else:
+                import multiprocessing
+
+                ctx = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
+                with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+                    futures = {pool.submit(run_point, payloads[key]): key for key in todo}
+                    for future in as_completed(futures):
+                        key = futures[future]
+                        _store(runs_dir, key, todo[key], _outcome(future))
+                        bar.update()
+        else:
+            from sim.errors import ConfigError
+
+            raise ConfigError("--executor", "executor", "must be local or dask", executor)
+    finally:
+        bar.close()
+
+
+def _outcome(future) -> dict:
+    try:
+        return future.result()
+    except Exception as err:  # the worker itself died: record it (not a property of the point)
+        return {"status": "error", "error": f"worker failed: {type(err).__name__}: {err}"}
+
+
+def _execute_dask(todo, payloads, runs_dir: Path, address, bar) -> None:
+    from dask.distributed import Client, as_completed as dask_completed
+
+    own = not isinstance(address, Client)
+    client = Client(address) if own else address
+    try:
+        keys = list(todo)
+        futures = client.map(run_point, [payloads[k] for k in keys], key=[f"decodesim-{k}" for k in keys], pure=False)
+        which = {f.key: k for f, k in zip(futures, keys)}
+        for future in dask_completed(futures):
+            key = which[future.key]
+            _store(runs_dir, key, todo[key], _outcome(future))
+            bar.update()
+    finally:
+        if own:
+            client.close()
+
+
+def _label(value):
+    if isinstance(value, dict):
+        return ",".join(f"{k}={v}" for k, v in value.items())
+    return value
+
+
+def build_table(study: Study, keys: list[str], runs_dir: Path) -> pd.DataFrame:
+    rows = []
+    cache: dict[str, dict] = {}
+    for point, key in zip(study.points, keys):
+        if key not in cache:
+            cache[key] = json.loads((runs_dir / f"{key}.json").read_text())["result"]
+        result = cache[key]
+        row: dict[str, Any] = {"point": point.index, "group": point.group, "knob": point.knob,
+                               "delta_percent": point.delta_percent, "seed": point.seed, "hash": key}
+        for axis in study.axes:
+            row[axis] = _label(point.labels.get(axis)) if axis in point.labels else None
+        for k, v in result.items():
+            if k not in row:
+                row[k] = v
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    for column in table.columns:  # parquet wants one type per column
+        values = [v for v in table[column] if v is not None and not (isinstance(v, float) and v != v)]
+        if values and not all(is_number(v) for v in values) and not all(isinstance(v, str) for v in values) \
+                and not all(isinstance(v, bool) for v in values):
+            table[column] = [None if v is None else str(v) for v in table[column]]
+    return table
+
+
+def write_table(table: pd.DataFrame, out: Path) -> None:
+    from sim.commands.common import write_frame
+
+    write_frame(table, out / "results")
+
+
+def results(out_dir: str | Path) -> pd.DataFrame:
+    """The saved results table of a study folder, as a DataFrame."""
+    return pd.read_parquet(Path(out_dir) / "results.parquet")
+
+
+# -- the detailed point (DES event log and op table, for the timeline plots) ---------------------
+
+
+def run_detail(study: Study, out: Path) -> None:
+    """Run one point with the DES, keeping its op table and event log, for the timeline plots."""
+    from sim.costs import CostModel
+    from sim.report.trace import chrome_trace
+    from sim.run import simulate
+
+    chosen = detail_assignments(study)
+    data = dict(study.spec.base)
+    data.update(overrides=list(study.spec.overrides.items()) + list(chosen), engine="des", steps=DETAIL_STEPS,
+                seed=study.spec.seeds[0])
+    spec = RunSpec.model_validate(data)
+    key = content_hash(spec, extra="detail")
+    folder = out / "detail"
+    meta_path = folder / "meta.json"
+    if meta_path.is_file() and json.loads(meta_path.read_text()).get("hash") == key:
+        return
+    try:
+        result = simulate(spec, keep_ops=True, keep_log=True, check_capacity=False)
+    except Exception as err:
+        write_json_atomic(meta_path, {"hash": key, "error": f"{type(err).__name__}: {err}",
+                                      "assignments": [list(a) for a in chosen]})
+        return
+    from sim.commands.common import write_atomic, write_frame
+
+    steps, ops, log = result.tables()
+    write_frame(ops, folder / "ops")
+    write_frame(log, folder / "events")
+    res = result.resolved
+    costs = CostModel(res.hardware)
+    dtype = getattr(res.plan.weights, "matmul_dtype", None) or "bf16"
+    try:
+        peak_tflops = res.hardware.compute.matrix_peak_TFLOPs(dtype)
+    except Exception:
+        peak_tflops = res.hardware.compute.matrix_peak_TFLOPs("bf16")
+    meta = {"hash": key, "assignments": [list(a) for a in chosen], "spec": spec.model_dump(mode="json"),
+            "summary": flatten_summary(result.summary), "store": res.hardware.store.name,
+            "peaks_GBps": {k: v for k, v in costs.capacity.items() if k != "compute"},
+            "levels": [level.name for level in res.hardware.memory],
+            "matrix_peak_TFLOPs": peak_tflops, "matmul_dtype": dtype,
+            "fits": bool(result.summary["capacity"]["fits"])}
+    write_atomic(folder / "trace.json", chrome_trace(result.log, step=result.steps[0]["step"]))
+    write_json_atomic(meta_path, meta)
+
+
+def write_settings(study: Study, out: Path, keys: list[str]) -> None:
+    """The resolved settings beside the results: the study, the base point's sources, the version."""
+    from sim.config.hardware import sources
+
+    base = RunSpec.model_validate({**study.spec.base, "overrides": list(study.spec.overrides.items())})
+    res = resolve(base)
+    axes = {}
+    for axis in study.axes:
+        seen = []
+        for p in study.grid_points:
+            v = _label(p.labels.get(axis))
+            if v not in seen:
+                seen.append(v)
+        axes[axis] = seen
+    write_json_atomic(out / "study.json", {
+        "name": study.spec.name, "file": study.file, "description": study.spec.description,
+        "question": study.spec.question, "study": study.spec.model_dump(mode="json"), "axes": axes,
+        "simulator": simulator_version(), "base_spec": apply_run_overrides(base).model_dump(mode="json"),
+        "hardware_file": res.hardware_file, "model_file": res.model_file,
+        "hardware_headline": res.hardware.headline(),
+        "hardware_sources": [[p, v, s, e] for p, v, s, e in sources(res.hardware)],
+        "points": len(study.points), "unique_runs": len(set(keys)),
+    })

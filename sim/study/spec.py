@@ -1,0 +1,323 @@
+"""Study YAML: a base run, overrides, sweeps and seeds -> a list of independent points.
+
+A study file (``workloads/studies/*.yaml``)::
+
+    name: hbm-bandwidth-what-if            # the report folder is reports/<name>/
+    description: "..."
+    base: {model: llama-3-70b, hardware: h200-sxm, batch: 8, context: 8192}   # RunSpec fields
+    overrides:                             # applied to every point, same dotted paths as --set
+      hardware.hbm.channel_bandwidth_GBps: {scale: 2}
+    sweep:
+      grid:                                # Cartesian product of every axis
+        batch: [1, 8, 32]
+        hardware.hbm.channel_bandwidth_GBps: {from: 12.5, to: 50, steps: 4, spacing: log}
+      zip:                                 # zipped lists (equal length) form ONE grid axis
+        hardware: [h200-sxm, b200]
+        tp: [1, 1]
+    seeds: [0, 1]                          # every point is run once per seed
+    sensitivity: {percent: 20, knobs: [hardware.hbm.channel_bandwidth_GBps, batch]}
+    plots: {feasibility: [batch, context], facet: kv, breakdown: batch}
+
+Dotted paths are ``hardware.<path>`` (a memory level may be named directly), ``model.<path>``
+and the RunSpec fields. A value is absolute or ``{scale: f}`` / ``{add: x}``. Every point is
+resolved (``sim.run.resolve``) before anything runs, so a misspelt path, a wrong type, an
+empty sweep or a duplicate axis is one ConfigError naming the study file and the path.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import Field, field_validator
+
+from sim.config.loader import load_yaml, validate
+from sim.config.quantity import Strict
+from sim.errors import ConfigError
+from sim.paths import resolve as resolve_path
+from sim.paths import studies_dir
+from sim.run import RUN_FIELDS, RunSpec
+
+
+class Sensitivity(Strict):
+    percent: float = Field(default=10.0, gt=0, lt=100)
+    knobs: list[str] = Field(min_length=1)
+
+
+class Plots(Strict):
+    feasibility: tuple[str, str] | None = None  # (x axis, y axis) of the heatmap
+    facet: str | None = None  # one heatmap panel per value of this axis
+    breakdown: str | None = None  # the axis the stacked bars run along (default: every point)
+    detail: dict[str, Any] = Field(default_factory=dict)  # assignments of the point whose DES log is plotted
+
+
+class Sweep(Strict):
+    grid: dict[str, Any] = Field(default_factory=dict)
+    zip: dict[str, Any] = Field(default_factory=dict)
+
+
+class StudySpec(Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    description: str = ""
+    base: dict[str, Any] = Field(default_factory=dict)
+    overrides: dict[str, Any] = Field(default_factory=dict)
+    sweep: Sweep = Field(default_factory=Sweep)
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    sensitivity: Sensitivity | None = None
+    plots: Plots = Field(default_factory=Plots)
+    question: str = ""  # what the report must answer, shown at its top
+
+    @field_validator("base")
+    @classmethod
+    def _base_fields(cls, value: dict) -> dict:
+        unknown = sorted(set(value) - RUN_FIELDS)
+        if unknown:
+            raise ValueError(f"unknown run field {unknown[0]!r}; allowed: {', '.join(sorted(RUN_FIELDS))}")
+        return value
+
+
+Group = Literal["grid", "sensitivity"]
+
+
+@dataclass(frozen=True)
+class Point:
+    """One run of a study: the base spec with ``assignments`` applied (in order)."""
+
+    index: int
+    group: str  # "grid" or "sensitivity"
+    assignments: tuple[tuple[str, Any], ...]
+    seed: int
+    spec: RunSpec
+    knob: str | None = None  # sensitivity: the knob moved, and by how much (percent)
+    delta_percent: float = 0.0
+    labels: dict[str, Any] = field(default_factory=dict)  # axis -> the value as written (for tables)
+
+
+@dataclass
+class Study:
+    spec: StudySpec
+    file: str
+    axes: list[str]  # every swept dotted path, grid axes then zipped ones
+    points: list[Point]
+
+    @property
+    def grid_points(self) -> list[Point]:
+        return [p for p in self.points if p.group == "grid"]
+
+
+def study_path(name_or_path: str) -> Path:
+    return resolve_path(name_or_path, studies_dir(), "study")
+
+
+def load_study(name_or_path: str | Path, check: bool = True) -> Study:
+    """Read, validate and expand a study; with ``check`` every point is resolved first."""
+    path = study_path(str(name_or_path))
+    file = str(path)
+    raw = load_yaml(path)
+    _no_duplicate_keys(path.read_text(), file)
+    spec = validate(StudySpec, raw, file)
+    study = expand(spec, file)
+    if check:
+        check_points(study)
+    return study
+
+
+def _no_duplicate_keys(text: str, file: str) -> None:
+    """YAML silently keeps the last of two equal keys; a study must not (a duplicate axis)."""
+
+    def walk(node, where):
+        if isinstance(node, yaml.MappingNode):
+            seen = set()
+            for key_node, value_node in node.value:
+                key = key_node.value
+                path = f"{where}.{key}" if where else str(key)
+                if key in seen:
+                    raise ConfigError(file, path, "duplicate key (a path may appear once)")
+                seen.add(key)
+                walk(value_node, path)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, child in enumerate(node.value):
+                walk(child, f"{where}.{i}")
+
+    walk(yaml.compose(text, Loader=yaml.SafeLoader), "")
+
+
+def axis_values(value: Any, file: str, where: str) -> list[Any]:
+    """A list of values, or ``{from, to, steps, spacing: linear|log, integer: bool}``."""
+    if isinstance(value, dict) and "from" in value:
+        extra = set(value) - {"from", "to", "steps", "spacing", "integer"}
+        if extra:
+            raise ConfigError(file, where, f"unknown range key {sorted(extra)[0]!r}; allowed: from, to, steps, spacing, integer")
+        try:
+            lo, hi, n = float(value["from"]), float(value["to"]), int(value.get("steps", 0))
+        except (KeyError, TypeError, ValueError):
+            raise ConfigError(file, where, "a range needs numbers from, to and an integer steps >= 1", value) from None
+        if n < 1:
+            raise ConfigError(file, where, "a range needs steps >= 1 (an empty sweep runs nothing)", value)
+        spacing = value.get("spacing", "linear")
+        if spacing not in ("linear", "log"):
+            raise ConfigError(file, f"{where}.spacing", "must be linear or log", spacing)
+        if spacing == "log" and (lo <= 0 or hi <= 0):
+            raise ConfigError(file, where, "a log range needs from and to > 0", value)
+        if n == 1:
+            out = [lo]
+        elif spacing == "log":
+            out = [lo * (hi / lo) ** (i / (n - 1)) for i in range(n)]
+        else:
+            out = [lo + (hi - lo) * i / (n - 1) for i in range(n)]
+        out = [round(v, 12) for v in out]
+        if value.get("integer"):
+            out = sorted({int(round(v)) for v in out})
+        return out
+    if not isinstance(value, list):
+        raise ConfigError(file, where, "expected a list of values or a range {from, to, steps}", value)
+    if not value:
+        raise ConfigError(file, where, "empty sweep: give at least one value")
+    return list(value)
+
+
+def canonical(path: str) -> str:
+    """The form two spellings of one path share (``hardware.memory.hbm.x`` == ``hardware.hbm.x``)."""
+    return path.replace("hardware.memory.", "hardware.", 1)
+
+
+def expand(spec: StudySpec, file: str) -> Study:
+    where = {}
+    for path in spec.overrides:
+        where[canonical(path)] = f"overrides.{path}"
+    axes: list[tuple[str, list]] = []  # grid axes; the zip group is one axis of tuples
+    names: list[str] = []
+    for section in ("grid", "zip"):
+        for path, value in getattr(spec.sweep, section).items():
+            key = canonical(path)
+            if key in where:
+                raise ConfigError(file, f"sweep.{section}.{path}", f"duplicate axis: already set by {where[key]}")
+            where[key] = f"sweep.{section}.{path}"
+            names.append(path)
+    for path, value in spec.sweep.grid.items():
+        axes.append((path, axis_values(value, file, f"sweep.grid.{path}")))
+    zipped = {p: axis_values(v, file, f"sweep.zip.{p}") for p, v in spec.sweep.zip.items()}
+    if zipped:
+        lengths = {len(v) for v in zipped.values()}
+        if len(lengths) > 1:
+            detail = ", ".join(f"{p}: {len(v)}" for p, v in zipped.items())
+            raise ConfigError(file, "sweep.zip", f"zipped lists must have equal lengths ({detail})")
+    dup = [s for s in spec.seeds if spec.seeds.count(s) > 1]
+    if dup:
+        raise ConfigError(file, "seeds", "duplicate seed", dup[0])
+    fixed = tuple(spec.overrides.items())
+    points: list[Point] = []
+    grid_lists = [vals for _, vals in axes]
+    zip_rows = list(zip(*zipped.values())) if zipped else [()]
+    for combo in itertools.product(*grid_lists):
+        for zrow in zip_rows:
+            assigned = tuple(zip([p for p, _ in axes], combo)) + tuple(zip(zipped, zrow))
+            for seed in spec.seeds:
+                points.append(_point(spec, file, len(points), "grid", fixed, assigned, seed))
+    if spec.sensitivity:
+        knobs = spec.sensitivity.knobs
+        for knob in knobs:
+            if knob in spec.sweep.zip:
+                raise ConfigError(file, f"sensitivity.knobs.{knob}", "a sensitivity knob cannot be a zipped axis")
+        pct = spec.sensitivity.percent
+        base_assigned = _detail_assignments(spec, axes, zipped, file)
+        seed = spec.seeds[0]
+        points.append(_point(spec, file, len(points), "sensitivity", fixed, base_assigned, seed, knob=None))
+        for knob in knobs:
+            for sign in (-1, 1):
+                moved = tuple((p, v) for p, v in base_assigned if canonical(p) != canonical(knob))
+                change = (knob, {"scale": 1 + sign * pct / 100})
+                current = dict(base_assigned).get(knob)
+                if current is not None:  # a swept knob moves from its sensitivity-base value
+                    if not isinstance(current, (int, float)) or isinstance(current, bool):
+                        raise ConfigError(file, f"sensitivity.knobs.{knob}", "must be a numeric axis", current)
+                    change = (knob, _scaled(current, 1 + sign * pct / 100))
+                points.append(_point(spec, file, len(points), "sensitivity", fixed, moved + (change,), seed,
+                                     knob=knob, delta=sign * pct))
+    return Study(spec, file, names, points)
+
+
+def _scaled(value, factor):
+    out = value * factor
+    return int(round(out)) if isinstance(value, int) else out
+
+
+def _detail_assignments(spec: StudySpec, axes, zipped, file) -> tuple[tuple[str, Any], ...]:
+    """The point plots.detail names (missing axes: each axis's middle value)."""
+    chosen = dict(spec.plots.detail)
+    swept = {p for p, _ in axes} | set(zipped)
+    for key in chosen:
+        if key not in swept:
+            raise ConfigError(file, f"plots.detail.{key}", f"not a swept axis; axes: {', '.join(sorted(swept))}")
+    out = []
+    for path, values in axes:
+        out.append((path, chosen.get(path, values[(len(values) - 1) // 2])))
+    if zipped:
+        n = len(next(iter(zipped.values())))
+        row = (n - 1) // 2
+        for path, values in zipped.items():
+            if path in chosen:
+                row = values.index(chosen[path]) if chosen[path] in values else row
+        out.extend((path, values[row]) for path, values in zipped.items())
+    return tuple(out)
+
+
+def detail_assignments(study: Study) -> tuple[tuple[str, Any], ...]:
+    spec = study.spec
+    axes = [(p, axis_values(v, study.file, p)) for p, v in spec.sweep.grid.items()]
+    zipped = {p: axis_values(v, study.file, p) for p, v in spec.sweep.zip.items()}
+    return _detail_assignments(spec, axes, zipped, study.file)
+
+
+def _point(spec: StudySpec, file, index, group, fixed, assigned, seed, knob=None, delta=0.0) -> Point:
+    data = dict(spec.base)
+    data["overrides"] = list(fixed) + list(assigned)
+    data["seed"] = seed
+    run = validate(RunSpec, data, file, "base")
+    labels = {p: v for p, v in assigned}
+    return Point(index, group, tuple(assigned), seed, run, knob, delta, labels)
+
+
+def check_points(study: Study) -> None:
+    """Resolve every point; the first that fails is one ConfigError naming the study file."""
+    from sim.run import resolve
+
+    seen: dict = {}
+    for point in study.points:
+        key = point.spec.model_dump_json()
+        if key in seen:
+            continue
+        seen[key] = True
+        try:
+            resolve(point.spec)
+        except ConfigError as err:
+            where = ", ".join(f"{p}={v!r}" for p, v in point.assignments) or "the base point"
+            raise ConfigError(study.file, study_key(study.spec, err),
+                              f"{err.expected} (from {err.file}{': ' + err.key_path if err.key_path else ''}; "
+                              f"at {where})", err.got) from None
+
+
+def study_key(spec: StudySpec, err: ConfigError) -> str:
+    """The key in the study file that an error from resolving one of its points comes from."""
+    keys = [(p, f"overrides.{p}") for p in spec.overrides]
+    keys += [(p, f"sweep.grid.{p}") for p in spec.sweep.grid] + [(p, f"sweep.zip.{p}") for p in spec.sweep.zip]
+    keys += [(p, f"sensitivity.knobs.{p}") for p in (spec.sensitivity.knobs if spec.sensitivity else [])]
+    inner = err.key_path or ""
+    guesses = {canonical(inner), canonical("hardware." + inner), canonical("model." + inner)}
+    for path, key in keys:
+        if canonical(path) in guesses:
+            return key
+    for path, key in keys:  # an error below the overridden path (e.g. into a quantity)
+        if any(g.startswith(canonical(path) + ".") or canonical(path).startswith(g + ".") for g in guesses if g):
+            return key
+    if inner in RUN_FIELDS:
+        return f"base.{inner}"
+    return "base"
+
+
+def is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
