@@ -45,6 +45,26 @@ class _Group:
         self.flows: list[_Flow] = []
 
 
+class Merged:
+    """An op's flow specs merged by (link, weight, cap): built once, started many times."""
+
+    __slots__ = ("flows", "distinct_links")
+
+    def __init__(self, flows):
+        self.flows = tuple(flows)
+        links = [f[0] for f in self.flows]
+        self.distinct_links = len(set(links)) == len(links)
+
+
+def merge(specs) -> Merged:
+    merged: dict[tuple, list] = {}
+    for link, size, weight, cap, kind in specs:
+        if size > 0:
+            merged.setdefault((link, weight, cap), []).append((kind, size))
+    return Merged((link, weight, cap, sum(p[1] for p in parts), tuple(parts))
+                  for (link, weight, cap), parts in merged.items())
+
+
 class FlowNetwork:
     def __init__(self, env: simpy.Environment, capacity: dict[str, float], log: list | None = None,
                  label: tuple = ()):
@@ -63,21 +83,36 @@ class FlowNetwork:
         event fires when all of them have finished. Specs on the same link with the same
         weight and cap are merged into one flow (a read and a write of activations share the
         level's bandwidth either way); the log keeps each part's kind and bytes."""
-        merged: dict[tuple, list] = {}
-        for link, size, weight, cap, kind in specs:
-            if size > 0:
-                merged.setdefault((link, weight, cap), []).append((kind, size))
-        group = _Group(self.env, len(merged))
-        if not merged:
+        return self.transfer_merged(merge(specs), meta)
+
+    def transfer_merged(self, merged: "Merged", meta) -> simpy.Event:
+        env = self.env
+        group = _Group(env, len(merged.flows))
+        if not merged.flows:
             group.event.succeed()
             return group.event
+        now = env.now
+        capacity = self.capacity
+        if not self.flows and merged.distinct_links:
+            # an idle network: every flow is alone on its link, rates need no sharing
+            self._updated = now
+            last = now
+            for link, weight, cap, size, parts in merged.flows:
+                flow = _Flow(link, size, weight, cap, group, now, (meta, parts))
+                flow.rate = rate = min(cap, capacity[link] / weight)
+                flow.t_end = end = now + size / rate
+                last = end if end > last else last
+                self.flows[link] = [flow]
+                group.flows.append(flow)
+            self.groups.append(group)
+            self._generation += 1
+            generation = self._generation
+            wake = env.timeout(last - now)
+            wake.callbacks.append(lambda _e: self._wake(generation))
+            return group.event
         self._advance()
-        now = self.env.now
         dirty = set()
-        for (link, weight, cap), parts in merged.items():
-            if link not in self.capacity:
-                raise KeyError(f"no link {link!r}")
-            size = sum(part[1] for part in parts)
+        for link, weight, cap, size, parts in merged.flows:
             flow = _Flow(link, size, weight, cap, group, now, (meta, parts))
             self.flows.setdefault(link, []).append(flow)
             group.flows.append(flow)

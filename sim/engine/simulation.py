@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import simpy
 
 from sim.costs import COMPUTE, CostModel, OpCost
-from sim.engine.flows import FlowNetwork
+from sim.engine.flows import FlowNetwork, Merged, merge
 from sim.lowering.graph import OpGraph
 
 
@@ -154,8 +154,8 @@ class Simulation:
                 yield env.timeout(body_start - env.now)
             timing.body_start = env.now
             specs = _specs(cost)
-            if specs:
-                yield self.networks[op.stage].transfer(
+            if specs.flows:
+                yield self.networks[op.stage].transfer_merged(
                     specs, (self.graph.step, op.layer, op.name, op.matrix_flops + op.vector_ops))
             timing.body_end = env.now
             end = env.now + cost.drain_ns
@@ -184,8 +184,8 @@ class Simulation:
                            _event_count(env), self.host_sync_ns)
 
 
-def _specs(cost: OpCost) -> list[tuple]:
-    """The flows of an op's body (memory and compute), built once per OpCost."""
+def _specs(cost: OpCost) -> Merged:
+    """The flows of an op's body (memory and compute), merged once per OpCost."""
     specs = _SPECS.get(id(cost))
     if specs is not None and specs[0] is cost:
         return specs[1]
@@ -194,6 +194,7 @@ def _specs(cost: OpCost) -> list[tuple]:
     if cost.compute_ns > 0:
         share = cost.tiles_share
         specs.append((COMPUTE, cost.compute_ns * share, 1.0, share, "tile.compute"))
+    specs = merge(specs)
     if len(_SPECS) > 4096:
         _SPECS.clear()
     _SPECS[id(cost)] = (cost, specs)
