@@ -42,11 +42,11 @@ def _mutated(root, tmp_path, mutate):
 
 
 @pytest.mark.parametrize("mutate, expect", [
-    (lambda d: d["memory"][0].pop("capacity_GB"), "memory.0.capacity_GB: required key is missing"),
+    (lambda d: d["memory"][0].pop("capacity_GB"), "memory.hbm.capacity_GB: required key is missing"),
     (lambda d: d["memory"][0].update(capacity_gb={"value": 1, "source": "x"}), "unknown key; allowed keys:"),
     (lambda d: d["compute"]["tiles"].update(value="many"), "compute.tiles.value: must be a whole number"),
     (lambda d: d["compute"]["tiles"].update(value=0), "compute.tiles.value: must be >= 1"),
-    (lambda d: d["memory"][0]["channel_bandwidth_GBps"].update(value=-5), "must be >= 0"),
+    (lambda d: d["memory"][0]["channel_bandwidth_GBps"].update(value=-5), "channel_bandwidth_GBps.value: must be > 0"),
     (lambda d: d["memory"][0]["stream_efficiency"].update(value=1.5), "must be a fraction in (0, 1]"),
     (lambda d: d["memory"][0]["latency_ns"].update(source=""), "source must name"),
     (lambda d: d["memory"][1].update(name="hbm"), "memory level names must be unique"),

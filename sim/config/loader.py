@@ -55,13 +55,13 @@ def validate(model: type[pydantic.BaseModel], data: Any, file: str | Path | None
     try:
         return model.model_validate(data)
     except pydantic.ValidationError as err:
-        raise _config_error(model, err, str(file) if file else None, prefix) from None
+        raise _config_error(model, err, str(file) if file else None, prefix, data) from None
 
 
-def _config_error(model, err: pydantic.ValidationError, file, prefix) -> ConfigError:
+def _config_error(model, err: pydantic.ValidationError, file, prefix, data=None) -> ConfigError:
     first = err.errors(include_url=False)[0]
     raw_loc = tuple(first["loc"])
-    loc = tuple(part for part in raw_loc if not _is_union_tag(part))
+    loc = _named(tuple(part for part in raw_loc if not _is_union_tag(part)), data)
     path = ".".join(p for p in (prefix, dotted(loc)) if p)
     kind = first["type"]
     if kind == "extra_forbidden":
@@ -77,6 +77,20 @@ def _config_error(model, err: pydantic.ValidationError, file, prefix) -> ConfigE
     if isinstance(got, (dict, list)) and kind not in ("dict_type", "list_type", "model_type"):
         got = ...
     return ConfigError(file, path, message[0].lower() + message[1:], got)
+
+
+def _named(loc: tuple, data) -> tuple:
+    """Replace list indices by the item's ``name`` where it has one (memory.0 -> memory.hbm)."""
+    out, node = [], data
+    for part in loc:
+        if isinstance(part, int) and isinstance(node, list) and part < len(node):
+            item = node[part]
+            out.append(item["name"] if isinstance(item, dict) and isinstance(item.get("name"), str) else part)
+            node = item
+        else:
+            out.append(part)
+            node = node.get(part) if isinstance(node, dict) else None
+    return tuple(out)
 
 
 def _is_union_tag(part) -> bool:

@@ -39,7 +39,7 @@ class Num(_Sourced):
     def _finite(cls, v: float) -> float:
         if not math.isfinite(v):
             raise ValueError("must be a finite number")
-        if v < 0:
+        if v < 0 and cls is Num:  # the subclasses state their own ranges
             raise ValueError("must be >= 0")
         return v
 
