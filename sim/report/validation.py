@@ -110,6 +110,9 @@ class Anchor:
     mapping: str  # the chips, parallelism, formats and context used, in words
     caveat: str  # what is not like-for-like
     overrides: tuple = field(default_factory=tuple)
+    # sensitivity runs that say what would move the prediction (never the prediction itself):
+    # (label, run-field changes, extra overrides)
+    probes: tuple = field(default_factory=tuple)
 
 
 ANCHORS: tuple[Anchor, ...] = (
@@ -120,14 +123,20 @@ ANCHORS: tuple[Anchor, ...] = (
         run=dict(hardware="a100-sxm-80g", model="llama-2-7b", weights="bf16", kv="bf16", batch=1, context=256),
         mapping="1 GPU; torch.compile + CUDA graph (fused, graph mode); context 256 (short prompt + 200 new tokens)",
         caveat="the published GPU was power-limited to 330 W (authors: ~1700 GB/s empirical ceiling); "
-               "the profile's stream efficiency comes from an A100-40GB memcopy (87%, hardware_facts.md N15)"),
+               "the profile's stream efficiency comes from an A100-40GB memcopy (87%, hardware_facts.md N15)",
+        probes=(("HBM stream efficiency at the authors' 1700 GB/s ceiling (0.85)", {},
+                 (("hardware.hbm.stream_efficiency", 0.85),)),)),
     Anchor(
         system="gpt-fast, 1x A100-80GB, Llama-2-7B int8 (weight-only), batch 1",
         published="155.6 t/s", published_ms=1000 / 155.6,
         source="anchors.md C1 (V: pytorch-labs/gpt-fast README)",
         run=dict(hardware="a100-sxm-80g", model="llama-2-7b", weights="int8", kv="bf16", batch=1, context=256),
         mapping="as above, int8 weights with a per-row fp16 scale dequantized to bf16 in the GEMV",
-        caveat="as above; the int8 dequantization cost is the format's 2 vector ops per weight"),
+        caveat="as above; the int8 dequantization cost is the format's 2 vector ops per weight; gpt-fast reports "
+               "only 1069 GB/s achieved for int8 against 1397 for bf16, so its int8 kernel is further from the "
+               "bandwidth roofline than the simulator assumes",
+        probes=(("vector units at half their efficiency (dequantization twice as slow)", {},
+                 (("hardware.compute.vector_efficiency", 0.35),)),)),
     Anchor(
         system="gpt-fast, 8x A100-80GB, Llama-2-70B bf16, TP 8, batch 1",
         published="62.5 t/s", published_ms=1000 / 62.5,
@@ -137,7 +146,9 @@ ANCHORS: tuple[Anchor, ...] = (
         mapping="a100-sxm-80g with system.chips = 8 (NVLink3 300 GB/s/dir, switch), tensor parallel 8, "
                 "two all-reduces per layer",
         caveat="8x A100 hybrid cube mesh in the source vs the profile's NVSwitch; the all-reduce latency figures "
-               "(2 us per step, 5 us per collective) are estimates, not measured"),
+               "(2 us per step, 5 us per collective) are estimates, not measured",
+        probes=(("all-reduce as one step (one-shot, latency 2 us + 5 us overhead)", {},
+                 (("hardware.system.links.topology", "mesh"),)),)),
     Anchor(
         system="NVIDIA NIM, 2x H100-80GB, Llama-3.3-70B FP8, TP 2, concurrency 1",
         published="ITL 18.58 ms", published_ms=18.58,
@@ -159,7 +170,11 @@ ANCHORS: tuple[Anchor, ...] = (
                 "bytes); context 2048 (mid-way through a 4K window)",
         caveat="Groq's mapping of the model onto 576 chips is not published; tp 8 x pp 72 (8 chips per node) "
                "does not fit, because the lowering gives each of 72 stages ceil(80/72) = 2 layers (247 MB per "
-               "chip of 230 MB); the C2C hop latency (1 us) is borrowed from TPU ICI (G4)"),
+               "chip of 230 MB); the C2C hop latency (1 us) is borrowed from TPU ICI (G4)",
+        probes=(("tp 8 x pp 72 (a node per stage; SRAM raised to 300 MB so 2 layers per stage fit)",
+                 {"tp": 8, "pp": 72}, (("hardware.sram.capacity_MB", 300),)),
+                ("C2C hop latency 10 us instead of 1 us", {},
+                 (("hardware.system.links.latency_ns", 10000),)))),
     Anchor(
         system="Cerebras Inference, WSE-3 (CS-3), Llama-3.1-8B bf16",
         published="1800 t/s", published_ms=1000 / 1800,
@@ -168,7 +183,8 @@ ANCHORS: tuple[Anchor, ...] = (
         run=dict(hardware="cerebras-wse3", model="llama-3-8b", weights="bf16", kv="bf16", batch=1, context=1024),
         mapping="one wafer; the Llama-3-8B shape (Llama 3.1 differs only in RoPE scaling); context 1024",
         caveat="a service figure; the WSE-3 clock, per-op latency and dense FLOP rate are not published, so the "
-               "per-op cost (one ~950 ns traversal of the core mesh) is an estimate from the core count"),
+               "per-op cost (one ~950 ns traversal of the core mesh) is an estimate from the core count",
+        probes=(("per-op fill latency doubled (1.9 us)", {}, (("hardware.sram.latency_ns", 1900),)),)),
 )
 
 
@@ -184,6 +200,17 @@ def predict_anchor(anchor: Anchor, engine: str = "des") -> dict:
     else:
         row["error_pct"] = 100.0 * (predicted - anchor.published_ms) / anchor.published_ms
     return row
+
+
+def run_probes(anchor: Anchor, engine: str = "des") -> list[tuple[str, float | None]]:
+    from sim.run import simulate
+
+    out = []
+    for label, changes, extra in anchor.probes:
+        run = {**anchor.run, **changes}
+        s = simulate(steps=1, engine=engine, overrides=[*anchor.overrides, *extra], **run).summary
+        out.append((label, s["per_token_ms_p50"]))
+    return out
 
 
 def explain(row: dict) -> str:
@@ -302,7 +329,14 @@ def _section_anchors() -> list[str]:
     out += [""]
     for r in rows:
         a = r["anchor"]
-        out += [f"- **{a.system}** ({_pct(r['error_pct'])}). {explain(r)} Caveat: {a.caveat}. Source: {a.source}."]
+        probes = run_probes(a)
+        sens = ""
+        if probes:
+            sens = " Sensitivity (what-ifs, not predictions): " + "; ".join(
+                f"{label}: {_ms(ms)} ms ({_pct(None if ms is None else 100 * (ms - a.published_ms) / a.published_ms)})"
+                for label, ms in probes) + "."
+        out += [f"- **{a.system}** ({_pct(r['error_pct'])}). {explain(r)}{sens} Caveat: {a.caveat}. "
+                f"Source: {a.source}."]
     errors = [abs(r["error_pct"]) for r in rows if r["error_pct"] is not None]
     if errors:
         out += ["", f"Median absolute error over {len(errors)} anchors: {statistics.median(errors):.0f}%, worst "
