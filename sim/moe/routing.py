@@ -154,7 +154,8 @@ def write(trace: RoutingTrace, path: str | Path) -> None:
             for layer in range(trace.layers):
                 out.write(json.dumps({"step": step, "layer": layer,
                                       "experts": trace.experts[step, layer].tolist(),
-                                      "gates": np.round(trace.gates[step, layer], 5).tolist()}) + "\n")
+                                      "gates": np.round(trace.gates[step, layer].astype(np.float64), 5).tolist()}) + "\n")
+    os.chmod(tmp, 0o644)
     os.replace(tmp, path)
 
 

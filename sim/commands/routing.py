@@ -1,0 +1,86 @@
+"""``decodesim routing``: distinct experts touched per MoE layer against batch.
+
+Generates (or reads) a routing trace for a model's MoE layers and reports, per batch size,
+the mean and spread of distinct experts one layer touches in one step, the closed form
+E (1 - (1 - k/E)^T) for uniform routing beside it, and the token-expert pairs per active
+expert. ``--write FILE`` saves the generated trace in the routing file format
+(sim.moe.routing) for replay with ``decodesim run --routing FILE``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sim.commands.common import to_json
+
+
+def register(sub) -> None:
+    p = sub.add_parser("routing", help="distinct experts touched per MoE layer against batch",
+                       description="Distinct experts per layer and step for a routing trace, against the "
+                                   "uniform closed form E(1-(1-k/E)^T).")
+    p.add_argument("--model", default="mixtral-8x7b", help="model name or YAML path (needs a moe: section)")
+    p.add_argument("--batch", default="1,8,64", help="comma-separated batch sizes (default 1,8,64)")
+    p.add_argument("--routing", default="uniform", help="uniform, zipf or a routing file (JSONL)")
+    p.add_argument("--skew", type=float, default=1.0, help="Zipf exponent s for --routing zipf (default 1)")
+    p.add_argument("--locality", type=float, default=0.0,
+                   help="probability a token reuses its sequence's previous experts (default 0)")
+    p.add_argument("--steps", type=int, default=64, help="decode steps to generate (default 64)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--write", type=Path, default=None, help="write the generated trace (largest batch) here")
+    p.add_argument("--json", action="store_true", help="print JSON rows instead of the table")
+    p.set_defaults(handler=handle)
+
+
+def handle(args) -> int:
+    from sim.config.loader import load_yaml, validate
+    from sim.config.model import ModelSpec
+    from sim.errors import ConfigError
+    from sim.moe import routing
+    from sim.paths import bundled, models_dir
+    from sim.paths import resolve as resolve_path
+
+    path = resolve_path(args.model, models_dir(), "model")
+    model = validate(ModelSpec, load_yaml(path), path)
+    if model.moe is None:
+        raise ConfigError(str(path), "moe", "the model has no moe: section (a dense model routes nothing)")
+    try:
+        batches = sorted({int(b) for b in str(args.batch).split(",") if b.strip()})
+    except ValueError:
+        raise ConfigError("--batch", "batch", "expected comma-separated whole numbers", args.batch) from None
+    if not batches or batches[0] < 1:
+        raise ConfigError("--batch", "batch", "expected batch sizes >= 1", args.batch)
+    if args.steps < 1:
+        raise ConfigError("--steps", "steps", "must be >= 1", args.steps)
+    moe = model.moe
+    layers = sum(1 for layer in range(model.layers) if not moe.is_dense(layer))
+    if args.routing in routing.KINDS:
+        trace = routing.generate(moe.experts, moe.top_k, layers, args.steps, batches[-1], kind=args.routing,
+                                 skew=args.skew, locality=args.locality, seed=args.seed)
+    else:
+        file = resolve_path(args.routing, bundled("workloads", "routing"), "routing", suffixes=(".jsonl",))
+        trace = routing.read(file, moe.experts, moe.top_k, layers)
+        batches = [b for b in batches if b <= trace.tokens] or [trace.tokens]
+    rows = []
+    for batch in batches:
+        distinct = trace.distinct(batch)
+        mean = float(distinct.mean())
+        rows.append({"batch": batch, "distinct_mean": mean, "distinct_min": int(distinct.min()),
+                     "distinct_max": int(distinct.max()),
+                     "uniform_closed_form": routing.expected_distinct(moe.experts, moe.top_k, batch),
+                     "pairs_per_active_expert": batch * moe.top_k / mean})
+    if args.write is not None:
+        routing.write(trace, args.write)
+    if args.json:
+        print(to_json({"model": model.name, "experts": moe.experts, "top_k": moe.top_k, "moe_layers": layers,
+                       "routing": trace.description, "rows": rows}))
+        return 0
+    print(f"decodesim routing: {model.name}, {moe.experts} experts, top-{moe.top_k}, {layers} MoE layers, "
+          f"{trace.steps} steps, routing {trace.description}")
+    print(f"  {'batch':>6}  {'distinct/layer':>14}  {'min':>4}  {'max':>4}  {'uniform E(1-(1-k/E)^T)':>23}  "
+          f"{'pairs/expert':>12}")
+    for r in rows:
+        print(f"  {r['batch']:>6}  {r['distinct_mean']:>14.2f}  {r['distinct_min']:>4}  {r['distinct_max']:>4}  "
+              f"{r['uniform_closed_form']:>23.2f}  {r['pairs_per_active_expert']:>12.2f}")
+    if args.write is not None:
+        print(f"  wrote {args.write}")
+    return 0

@@ -1,0 +1,198 @@
+"""MoE decode: dispatch-path ordering, fallback, byte conservation, placement, capacity
+errors, op counts and the bundled MoE models."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sim.costs import CostModel
+from sim.errors import SimulationError
+from sim.lowering.decode import lower_step
+from sim.moe import generate, place
+from sim.run import RunSpec, resolve, simulate
+
+RICH = "tests/fixtures/moe/sram-rich.yaml"
+NONE = "tests/fixtures/moe/no-sram.yaml"
+TINY = "tests/fixtures/moe/tiny-moe.yaml"
+FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _ms(**kw):
+    return simulate(steps=3, context=1024, **kw).summary["per_token_ms_mean"]
+
+
+@pytest.mark.parametrize("batch", [1, 8, 64])
+@pytest.mark.parametrize("routing", ["uniform", "zipf"])
+def test_latency_orders_host_sync_device_zero_copy_where_experts_fit(batch, routing):
+    t = {d: _ms(hardware=RICH, model=TINY, batch=batch, dispatch=d, routing=routing, seed=5)
+         for d in ("host_sync", "device", "sram_zero_copy")}
+    assert t["host_sync"] > t["device"] > t["sram_zero_copy"]
+
+
+@pytest.mark.parametrize("batch", [1, 16])
+@pytest.mark.parametrize("placement", ["static", "lru", "spread"])
+def test_zero_copy_equals_device_without_sram_to_spare(batch, placement):
+    kw = dict(hardware=NONE, model=TINY, batch=batch, placement=placement, steps=2, context=512, keep_ops=True)
+    dev = simulate(dispatch="device", **kw)
+    zc = simulate(dispatch="sram_zero_copy", **kw)
+    assert zc.summary["moe"]["sram_hit_rate"] == 0.0
+    assert zc.summary["per_token_ms_mean"] == dev.summary["per_token_ms_mean"]
+    assert zc.ops == dev.ops
+
+
+def test_zero_copy_moves_resident_activations_over_the_noc_not_hbm():
+    kw = dict(hardware=RICH, model=TINY, batch=8, steps=1, context=512)
+    dev, zc = resolve(RunSpec(dispatch="device", **kw)), resolve(RunSpec(dispatch="sram_zero_copy", **kw))
+    gd, gz = (lower_step(r.plan, r.steps[0].contexts) for r in (dev, zc))
+    assert gd.bytes(category="act", level="noc") == 0 < gz.bytes(category="act", level="noc")
+    moved = gz.bytes(category="act", level="noc")
+    # device: each pair's row is written to HBM, read by its expert, written back, read by the
+    # combine; zero-copy: it goes to the expert's tile and comes back over the NoC
+    assert gd.bytes(category="act", level="hbm") - gz.bytes(category="act", level="hbm") == 2 * moved
+    assert gd.bytes("expert") == gz.bytes("expert")  # weights are where the placement put them either way
+
+
+def _log_bytes(log):
+    by = defaultdict(int)
+    for _s, _l, _op, resource, kind, _t0, _t1, nbytes, _f in log:
+        if resource not in ("compute", "host"):
+            by[(resource, kind.startswith("write"))] += nbytes
+    return dict(by)
+
+
+@pytest.mark.parametrize("kw", [
+    dict(hardware=RICH, dispatch="sram_zero_copy", placement="lru", batch=8),
+    dict(hardware=RICH, dispatch="host_sync", placement="static", batch=3, routing="zipf"),
+    dict(hardware=NONE, dispatch="device", placement="spread", batch=16, chips=4),
+    dict(hardware=RICH, dispatch="sram_zero_copy", placement="spread", batch=8, chips=2, graph=False),
+])
+def test_event_log_conserves_moe_op_graph_bytes(kw):
+    result = simulate(model=TINY, steps=2, context=512, keep_log=True, **kw)
+    res = result.resolved
+    costs = CostModel(res.hardware)
+    expected = defaultdict(int)
+    for position, step in enumerate(res.steps):
+        res.plan.extra["moe_step"] = position
+        for op in lower_step(res.plan, step.contexts, step.index).ops:
+            for flow in costs.cost(op).flows:  # a collective's link bytes follow its algorithm
+                expected[(flow.link, flow.write)] += flow.bytes
+            for a in op.accesses:
+                assert a.level == "link" or costs.flow(op, a, 1).bytes == a.bytes
+    assert _log_bytes(result.log) == dict(expected)
+    assert any(level == "noc" for level, _ in expected) == (kw["dispatch"] == "sram_zero_copy")
+
+
+def test_skewed_trace_with_static_policy_hits_more_than_uniform():
+    kw = dict(hardware=RICH, model=TINY, batch=8, steps=8, context=512, placement="static", sram_experts=6)
+    skewed = simulate(routing="zipf", routing_skew=1.5, **kw).summary["moe"]["sram_hit_rate"]
+    uniform = simulate(routing="uniform", **kw).summary["moe"]["sram_hit_rate"]
+    assert skewed > uniform > 0
+
+
+def test_placement_asking_for_more_sram_than_exists_is_an_error(cli):
+    with pytest.raises(SimulationError, match=r"MB of SRAM per chip; sram holds 900.0 MB"):
+        simulate(hardware=RICH, model=TINY, sram_experts=1000, steps=1)
+    code, out, err = cli("run", "--model", "mixtral-8x7b", "--set", "sram_experts=4")
+    assert code == 2 and out == ""
+    assert "4 experts x 352.3 MB" in err and "l2 holds 37.5 MB" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("dispatch", ["host_sync", "device", "sram_zero_copy"])
+def test_ops_per_step_do_not_grow_with_batch(dispatch):
+    counts = set()
+    for batch in (1, 8, 64):
+        res = resolve(RunSpec(hardware=RICH, model=TINY, batch=batch, steps=1, context=256, dispatch=dispatch))
+        counts.add(len(lower_step(res.plan, res.steps[0].contexts).ops))
+    assert len(counts) == 1
+
+
+def test_host_sync_pays_a_sync_and_one_launch_per_active_expert():
+    res = resolve(RunSpec(hardware=RICH, model=TINY, batch=8, steps=1, context=256, dispatch="host_sync"))
+    graph = lower_step(res.plan, res.steps[0].contexts)
+    syncs = [op for op in graph.ops if op.host_sync]
+    experts = [op for op in graph.ops if op.name == "experts"]
+    assert len(syncs) == len(experts) == 3  # three MoE layers (the first is dense)
+    launch = res.hardware.host.launch_overhead_ns.value
+    for sync, op in zip(syncs, experts, strict=True):
+        assert op.kernels == op.tags["active_experts"] >= 2
+        assert sync.host_ns == pytest.approx(3000.0 + op.kernels * launch)
+    assert "gate_up" in [op.name for op in graph.ops if op.layer == 0]  # the dense first layer
+
+
+def test_breakdown_rows_and_links_under_expert_parallelism():
+    s = simulate(model="mixtral-8x7b", chips=8, placement="spread", batch=8, steps=2).summary
+    rows = s["breakdown_ms"]
+    for row in ("router", "dispatch", "expert_compute", "expert_weights", "combine", "links"):
+        assert rows.get(row, 0) > 0, row
+    assert s["chips"] == 8 and s["moe"]["expert_parallel"] == 8
+    assert s["moe"]["active_experts_per_layer"] <= 2  # one expert per chip: the critical chip has 1 or 2 hot
+
+
+@FAST
+@given(experts=st.integers(2, 32), k=st.integers(1, 4), tokens=st.integers(1, 16), slots=st.integers(0, 40),
+       policy=st.sampled_from(["all-hbm", "static", "lru", "lfu", "spread"]), chips=st.integers(1, 4),
+       seed=st.integers(0, 100))
+def test_placement_invariants(experts, k, tokens, slots, policy, chips, seed):
+    k = min(k, experts)
+    trace = generate(experts, k, 3, 4, tokens, kind="zipf", skew=1.0, seed=seed)
+    pl = place(trace, policy, slots, [tokens] * 4, chips=chips)
+    assert (pl.resident <= pl.active).all() and (pl.resident_pairs <= pl.pairs).all()
+    assert (pl.fetched + pl.resident <= pl.active).all() and 0 <= pl.hits <= pl.reads
+    assert (pl.pairs >= pl.active).all()
+    if policy == "all-hbm" or slots == 0:
+        assert pl.hits == 0 and not pl.resident.any()
+    if policy != "spread":
+        assert (pl.active == trace.distinct(tokens)).all() and (pl.pairs == tokens * k).all()
+    if policy == "static" and slots >= 3 * experts:
+        assert pl.hit_rate == 1.0
+
+
+def test_lru_misses_pay_their_fetch_into_sram():
+    res = resolve(RunSpec(hardware=RICH, model=TINY, batch=4, steps=2, context=256, placement="lru",
+                          sram_experts=4))
+    pl = res.plan.ffn.placement
+    assert pl.fetched.sum() > 0
+    graph = lower_step(res.plan, res.steps[0].contexts)
+    assert graph.bytes("expert", level="sram", write=True) == pl.fetched[0].sum() * res.plan.ffn.expert_bytes(
+        res.plan, 1)
+
+
+def test_bundled_moe_models():
+    mix = resolve(RunSpec(model="mixtral-8x7b", steps=1))
+    assert mix.model.total_params == pytest.approx(46.7e9, rel=0.01)
+    assert mix.model.active_params == pytest.approx(12.9e9, rel=0.01)
+    ds = resolve(RunSpec(model="deepseek-v3", chips=8, weights="int8", steps=1))
+    assert ds.model.total_params == pytest.approx(671e9, rel=0.01)
+    assert ds.plan.k_width + ds.plan.v_width == 576  # MLA latent + RoPE key, replicated per chip
+    assert ds.plan.kv.kv_footprint(1, ds.plan.k_width, ds.plan.v_width) * 61 == 70_272  # anchors.md B1
+    for name in ("qwen3-30b-a3b", "gpt-oss-120b"):
+        m = resolve(RunSpec(model=name, steps=1)).model
+        assert m.moe.experts == 128
+    assert resolve(RunSpec(model="qwen3-30b-a3b", steps=1)).model.total_params == pytest.approx(30.5e9, rel=0.01)
+
+
+def test_run_cli_prints_moe_rows_and_hit_rate(cli):
+    for dispatch in ("host_sync", "device", "sram_zero_copy"):
+        code, out, err = cli("run", "--model", "mixtral-8x7b", "--dispatch", dispatch, "--placement", "lfu",
+                             "--chips", "2", "--steps", "2")
+        assert code == 0, err
+        assert "SRAM hit rate:" in out and "expert_weights" in out and "router" in out
+    code, _, err = cli("run", "--model", "mixtral-8x7b", "--dispatch", "magic")
+    assert code == 2 and "invalid choice" in err
+
+
+def test_dense_models_are_unchanged_by_moe_options():
+    a = simulate(batch=4, steps=1).summary
+    b = simulate(batch=4, steps=1, dispatch="host_sync", placement="lru").summary
+    assert a["per_token_ms_mean"] == b["per_token_ms_mean"] and "moe" not in a
+
+
+def test_uniform_active_experts_in_a_run_follow_the_closed_form():
+    res = resolve(RunSpec(model="deepseek-v3", chips=8, weights="int8", batch=8, steps=4))
+    active = res.plan.ffn.placement.active  # no EP: every chip holds a shard of every expert
+    assert np.mean(active) == pytest.approx(256 * (1 - (1 - 8 / 256) ** 8), rel=0.03)
