@@ -90,3 +90,78 @@ def test_anchors_are_reproduced_from_specs_alone():
         row = validation.predict_anchor(anchor)
         assert row["predicted_ms"] is not None and row["predicted_ms"] > 0, anchor.system
         assert anchor.published_ms > 0 and anchor.source
+
+
+# ---------------------------------------------------------------- issue 7: the link fit
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from sim.report import link_fit  # noqa: E402
+
+SIZES = [2 * b * h for b in (1, 8, 64) for h in (4096, 8192)] + [4 << 20, 64 << 20]
+
+
+def _synthetic(o, lat, bw, worlds=(2, 4, 8)):
+    truth = link_fit.LinkFit(o, lat, bw, 0, 0.0, 0.0, "truth")
+    return [{"op": op, "world_size": n, "bytes": s, "t_ns": truth.predict_ns(op, n, s)}
+            for op in ("allreduce", "alltoall") for n in worlds for s in SIZES]
+
+
+@settings(max_examples=40, deadline=None)
+@given(o=st.floats(0, 20_000), lat=st.floats(100, 5_000), bw=st.floats(20, 900))
+def test_link_fit_recovers_the_figures_it_was_made_from(o, lat, bw):
+    got = link_fit.fit(_synthetic(o, lat, bw))
+    assert got.per_message_overhead_ns == pytest.approx(o, rel=1e-6, abs=1e-3)
+    assert got.latency_ns == pytest.approx(lat, rel=1e-6)
+    assert got.bandwidth_GBps == pytest.approx(bw, rel=1e-6)
+    assert got.worst_abs_residual_pct < 1e-6
+
+
+def test_link_fit_block_loads_and_the_engine_reproduces_the_measurement(tmp_path):
+    """Fit -> profile -> simulated all-reduce op time equals the 'measured' time."""
+    import yaml
+
+    from sim import load_profile
+    from sim.costs import CostModel
+    from sim.lowering.graph import Access, Builder
+
+    rows = _synthetic(7000, 1200, 380)
+    path = tmp_path / "collectives.csv"
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, ["op", "world_size", "bytes", "median_us", "note"])
+        writer.writeheader()
+        for r in rows:
+            writer.writerow({"op": r["op"], "world_size": r["world_size"], "bytes": int(r["bytes"]),
+                             "median_us": r["t_ns"] / 1e3, "note": "synthetic"})
+        writer.writerow({"op": "allreduce", "world_size": 1, "bytes": 8192, "median_us": 3.0, "note": "plumbing"})
+    fitted = link_fit.fit(link_fit.read_rows(path), source=str(path))
+    base = yaml.safe_load(validation.repo_path("hardware_profiles/h200-sxm-x8.yaml").read_text())
+    gap = base["host"]["kernel_gap_ns"]["value"]
+    base["system"]["links"] = yaml.safe_load("system:\n" + fitted.yaml_block(gap))["system"]["links"]
+    profile_path = tmp_path / "fitted.yaml"
+    profile_path.write_text(yaml.safe_dump(base))
+    hw = load_profile(str(profile_path))
+    costs = CostModel(hw)
+    size = 2 * 8 * 8192
+    b = Builder()
+    op = b.add("allreduce_ffn", 0, "collective", [Access("link", size, "link")], collective=("allreduce", size, 8),
+               parallelism=8, kernels=1)
+    cost = costs.cost(op)
+    simulated = cost.gap_ns + cost.fill_ns + cost.body_ns(costs.capacity) + cost.drain_ns
+    assert simulated == pytest.approx(fitted.predict_ns("allreduce", 8, size), rel=1e-3)
+
+
+def test_link_fit_bad_input_names_the_file(tmp_path):
+    bad = tmp_path / "c.csv"
+    bad.write_text("op,world_size,bytes\nallreduce,2,100\n")
+    with pytest.raises(validation_config_error()) as err:
+        link_fit.read_rows(bad)
+    assert "c.csv" in str(err.value) and "median_us" in str(err.value)
+
+
+def validation_config_error():
+    from sim.errors import ConfigError
+
+    return ConfigError

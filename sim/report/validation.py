@@ -356,7 +356,12 @@ def _section_tp() -> list[str]:
     if not data:
         return out + ["**Not measured.** No multi-GPU measurement (NCCL all-reduce / all-to-all, or a "
                       "tensor-parallel decode step) is committed under calibration/data/, so there is no measured "
-                      "row to compare with.", "", pred, ""]
+                      "row to compare with.", "", pred, "",
+                      "When a collectives CSV (columns op, world_size, bytes, median_us) lands, "
+                      "`python -m sim.report.link_fit CSV` fits the profile's per-message overhead, per-step latency "
+                      "and bandwidth to the simulator's own collective model and prints the `system.links` block "
+                      "with the CSV as its source (tested on synthetic data: it recovers the figures it was made "
+                      "from, and the engine then reproduces the measured times).", ""]
     listed = ", ".join(f"`{p.relative_to(bundled())}`" for p in data)
     return out + [f"Multi-GPU data found ({listed}), but no comparison for it is implemented in this report yet; "
                   "the row stays unvalidated.", "", pred, ""]
