@@ -34,9 +34,20 @@ class Flow:
     link: str
     bytes: int  # useful bytes moved
     weight: float  # link capacity consumed per useful byte (1 / efficiency)
-    cap: float  # max rate in useful bytes/ns
+    cap: float  # max rate of this access alone (the channels its addresses cover), bytes/ns
     category: str
     write: bool
+    tile_cap: float = math.inf  # max rate of all the op's accesses to this level together (its tiles)
+
+    @property
+    def rate_limit(self) -> float:
+        return min(self.cap, self.tile_cap)
+
+
+def merged_limit(flows) -> float:
+    """The rate limit of an op's accesses to one level at one efficiency, moving together:
+    their tiles' load bandwidth, or the sum of what each access's channels allow."""
+    return min(min(f.tile_cap for f in flows), sum(f.cap for f in flows))
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,12 +67,12 @@ class OpCost:
         """Uncontended body time: the slowest of the flows and the compute. Flows of one op
         on the same link with the same efficiency and cap move as one (as the engine does)."""
         per_link: dict[str, float] = {}
-        per_cap: dict[tuple, float] = {}
+        together: dict[tuple, list] = {}
         for f in self.flows:
             per_link[f.link] = per_link.get(f.link, 0.0) + f.bytes * f.weight / capacity[f.link]
-            key = (f.link, f.weight, f.cap)
-            per_cap[key] = per_cap.get(key, 0.0) + f.bytes / f.cap
-        return max([self.compute_ns, *per_link.values(), *per_cap.values()])
+            together.setdefault((f.link, f.weight), []).append(f)
+        capped = [sum(f.bytes for f in group) / merged_limit(group) for group in together.values()]
+        return max([self.compute_ns, *per_link.values(), *capped])
 
 
 class CostModel:
@@ -109,11 +120,11 @@ class CostModel:
         if level is None:  # link, pcie, noc
             return Flow(access.level, self._link_bytes(op, access), 1.0, math.inf, access.category, access.write)
         eff = level.efficiency(access.granule)
-        cap = tiles * self.tile_load
+        cap = math.inf
         if isinstance(level, HBM):
             covered = min(level.channels, math.ceil(access.bytes / level.interleave_bytes.value))
-            cap = min(cap, covered * level.channel_bandwidth_GBps.value * eff)
-        return Flow(level.name, access.bytes, 1.0 / eff, cap, access.category, access.write)
+            cap = covered * level.channel_bandwidth_GBps.value * eff
+        return Flow(level.name, access.bytes, 1.0 / eff, cap, access.category, access.write, tiles * self.tile_load)
 
     def _link_bytes(self, op: Op, access) -> int:
         if op.collective is None or access.level != "link":

@@ -57,7 +57,7 @@ def _ideal_rows(costs: CostModel, op, cost: OpCost) -> dict[str, float]:
     load_times = defaultdict(float)
     for f in cost.flows:
         load_times[CATEGORY_ROW.get(f.category, f.category)] += max(f.bytes * f.weight / costs.capacity[f.link],
-                                                                    f.bytes / f.cap)
+                                                                    f.bytes / f.rate_limit)
     longest_load = max(load_times.values(), default=0.0)
     if cost.compute_ns >= longest_load:
         _split_compute(rows, cost, body, compute_row)

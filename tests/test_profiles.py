@@ -127,13 +127,9 @@ def _bandwidth_path(path: Path) -> str:
     return f"hardware.{store.name}.{key}"
 
 
-# Known engine/cost-model bug, found by this test (sim/costs.py and the engine's flow merge,
-# not this file's to fix): an op's flows on one link that share a cap are merged into one
-# capped flow, while flows with different caps each get the full tile cap. On sambanova-sn40l
-# at 1x HBM bandwidth a small write is capped lower by the channels it covers (22.05 GB/s)
-# than the read (24.5), so they run side by side; at 4x both caps are 24.5 and they merge into
-# one 24.5 GB/s flow: attn_norm's body grows from 41.8 to 62.7 ns. strict: passes once fixed.
-MONOTONE_BUG = {"sambanova-sn40l"}
+# An op's accesses to one level move together, capped at min(their tiles' load bandwidth, the sum
+# of their channel caps) (sim.engine.flows.merge); this once broke monotonicity on sambanova-sn40l.
+MONOTONE_BUG: set[str] = set()
 
 
 @pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.xfail(

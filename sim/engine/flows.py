@@ -46,7 +46,7 @@ class _Group:
 
 
 class Merged:
-    """An op's flow specs merged by (link, weight, cap): built once, started many times."""
+    """An op's flow specs merged by (link, weight): built once, started many times."""
 
     __slots__ = ("flows", "distinct_links")
 
@@ -57,12 +57,17 @@ class Merged:
 
 
 def merge(specs) -> Merged:
+    """Merge specs (link, bytes, weight, cap, tile_cap, kind) by (link, weight): the merged
+    flow moves at most min(tile_cap, sum of caps), as the accesses would together."""
     merged: dict[tuple, list] = {}
-    for link, size, weight, cap, kind in specs:
-        if size > 0:
-            merged.setdefault((link, weight, cap), []).append((kind, size))
-    return Merged((link, weight, cap, sum(p[1] for p in parts), tuple(parts))
-                  for (link, weight, cap), parts in merged.items())
+    for spec in specs:
+        if spec[1] > 0:
+            merged.setdefault((spec[0], spec[2]), []).append(spec)
+    out = []
+    for (link, weight), group in merged.items():
+        cap = min(min(g[4] for g in group), sum(g[3] for g in group))
+        out.append((link, weight, cap, sum(g[1] for g in group), tuple((g[5], g[1]) for g in group)))
+    return Merged(out)
 
 
 class FlowNetwork:
@@ -79,10 +84,10 @@ class FlowNetwork:
         self.moved: dict[str, float] = {}
 
     def transfer(self, specs, meta) -> simpy.Event:
-        """Start flows ``specs`` = [(link, bytes, weight, cap, kind), ...]; the returned
-        event fires when all of them have finished. Specs on the same link with the same
-        weight and cap are merged into one flow (a read and a write of activations share the
-        level's bandwidth either way); the log keeps each part's kind and bytes."""
+        """Start flows ``specs`` = [(link, bytes, weight, cap, tile_cap, kind), ...]; the
+        returned event fires when all of them have finished. Specs on the same link with the
+        same weight are merged into one flow (see ``merge``); the log keeps each part's kind
+        and bytes."""
         return self.transfer_merged(merge(specs), meta)
 
     def transfer_merged(self, merged: "Merged", meta) -> simpy.Event:

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import math
+
 import simpy
 
 from sim.costs import COMPUTE, CostModel, OpCost
@@ -189,11 +191,11 @@ def _specs(cost: OpCost) -> Merged:
     specs = _SPECS.get(id(cost))
     if specs is not None and specs[0] is cost:
         return specs[1]
-    specs = [(f.link, f.bytes, f.weight, f.cap, ("write" if f.write else "read") + ":" + f.category)
+    specs = [(f.link, f.bytes, f.weight, f.cap, f.tile_cap, ("write" if f.write else "read") + ":" + f.category)
              for f in cost.flows]
     if cost.compute_ns > 0:
         share = cost.tiles_share
-        specs.append((COMPUTE, cost.compute_ns * share, 1.0, share, "tile.compute"))
+        specs.append((COMPUTE, cost.compute_ns * share, 1.0, share, math.inf, "tile.compute"))
     specs = merge(specs)
     if len(_SPECS) > 4096:
         _SPECS.clear()
