@@ -89,6 +89,13 @@ class KVSample:
     def rope(self, x: np.ndarray, inverse: bool = False) -> np.ndarray:
         return rope(x, self.head_dim, self.rope_theta, inverse=inverse)
 
+    def exact(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(K after RoPE, scores, probabilities, outputs) of the unquantized cache, computed once."""
+        if "_exact" not in self.__dict__:
+            k_post = self.rope(self.k_pre)
+            self.__dict__["_exact"] = (k_post, *attention(self.q, k_post, self.v, self.head_dim))
+        return self.__dict__["_exact"]
+
 
 def rope(x: np.ndarray, head_dim: int, theta: float, positions=None, inverse: bool = False) -> np.ndarray:
     """Rotate-half RoPE on [tokens x (heads x head_dim)] at positions 0..tokens-1."""
@@ -213,9 +220,8 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, head_dim: int) -> tup
 
 def measure(fmt, sample: KVSample, seed: int = 0) -> dict:
     """Fidelity of ``fmt`` on ``sample`` (see the module docstring for the metrics)."""
-    k_post = sample.rope(sample.k_pre)
+    k_post, s, p, o = sample.exact()
     k_hat, v_hat, stats = fake_quant_kv(fmt, sample.k_pre, sample.v, rope=sample.rope, seed=seed)
-    s, p, o = attention(sample.q, k_post, sample.v, sample.head_dim)
     s_hat, p_hat, o_hat = attention(sample.q, k_hat, v_hat, sample.head_dim)
     with np.errstate(divide="ignore", invalid="ignore"):
         kl = np.where(p > 0, p * (np.log(p) - np.log(np.maximum(p_hat, 1e-300))), 0.0).sum(axis=-1)
@@ -229,5 +235,4 @@ def measure(fmt, sample: KVSample, seed: int = 0) -> dict:
 def score_std(sample: KVSample) -> float:
     """The spread of the exact attention logits (a check that the sample is neither uniform
     nor one-hot attention)."""
-    s, _, _ = attention(sample.q, sample.rope(sample.k_pre), sample.v, sample.head_dim)
-    return float(s.std(axis=-1).mean())
+    return float(sample.exact()[1].std(axis=-1).mean())
