@@ -104,6 +104,17 @@ def _fmt(value) -> str:
     return str(value)
 
 
+def _key(value) -> str:
+    """One spelling per value, so 25 (from the study) and 25.0 (from the table) match."""
+    if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool):
+        return f"{float(value):.12g}"
+    return str(value)
+
+
+def _keys(column: pd.Series) -> pd.Series:
+    return column.map(_key)
+
+
 def _short(axis: str) -> str:
     return axis.split(".")[-1]
 
@@ -128,7 +139,7 @@ def breakdown(grid: pd.DataFrame, settings: dict, folder: Path) -> list[str]:
     if along and len(ok) > 24:  # keep the other axes at the detail point's values
         for axis in varying:
             if axis != along and axis in sel:
-                sub = sel[sel[axis].astype(str) == str(fixed.get(axis))]
+                sub = sel[_keys(sel[axis]) == _key(fixed.get(axis))]
                 if not sub.empty:
                     sel = sub
     label_axes = [a for a in varying if a in sel and sel[a].astype(str).nunique() > 1]
@@ -138,7 +149,11 @@ def breakdown(grid: pd.DataFrame, settings: dict, folder: Path) -> list[str]:
     data = _mean_over_seeds(sel.fillna({c: 0.0 for c in cols}), label_axes, cols + [LATENCY])
     data = data.head(40)
     sep = "\n" if len(data) <= 8 else ", "
-    labels = [sep.join(f"{_short(a)}={_fmt(r[a])}" for a in label_axes) or "base" for _, r in data.iterrows()]
+    if len(label_axes) == 1:
+        labels = [_fmt(r[label_axes[0]]) for _, r in data.iterrows()]
+    else:
+        labels = [sep.join(f"{_short(a)}={_fmt(r[a])}" for a in label_axes) or "base" for _, r in data.iterrows()]
+    tilt = max((max(len(p) for p in lab.split("\n")) for lab in labels), default=0) * len(data) > 70
     fig, ax = plt.subplots(figsize=(max(6.0, 0.55 * len(data) + 2), 4.8))
     bottom = np.zeros(len(data))
     cmap = plt.get_cmap("tab20")
@@ -151,10 +166,10 @@ def breakdown(grid: pd.DataFrame, settings: dict, folder: Path) -> list[str]:
     target = float(grid["target_ms"].dropna().iloc[0]) if "target_ms" in grid and grid["target_ms"].notna().any() else None
     if target:
         ax.axhline(target, color="crimson", lw=1.2, ls="--", label=f"target {target:g} ms")
-    ax.set_xticks(range(len(data)), labels, fontsize=7, rotation=0 if len(data) <= 8 else 60,
-                  ha="center" if len(data) <= 8 else "right")
+    ax.set_xticks(range(len(data)), labels, fontsize=7, rotation=45 if tilt else 0, ha="right" if tilt else "center")
     ax.set_ylabel("time per decode step (ms, mean over steps)")
-    ax.set_xlabel(", ".join(_short(a) for a in label_axes) or "point")
+    ax.set_xlabel(_axis_label(label_axes[0]) if len(label_axes) == 1 else ", ".join(_short(a) for a in label_axes)
+                  or "point")
     ax.set_title(f"{settings['name']}: per-token latency breakdown")
     ax.legend(fontsize=7, ncol=2, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.grid(axis="y", alpha=0.3)
@@ -186,7 +201,7 @@ def feasibility(grid: pd.DataFrame, settings: dict, folder: Path) -> list[str]:
     facets = [facet] if facet else [a for a in varying if a not in (x_axis, y_axis)]
     facets = [f for f in facets if f in grid]
     if facets:
-        combos = grid[facets].astype(str).drop_duplicates().values.tolist()
+        combos = grid[facets].map(_key).drop_duplicates().values.tolist()
     else:
         combos = [[]]
     combos = combos[:12]
@@ -208,16 +223,16 @@ def feasibility(grid: pd.DataFrame, settings: dict, folder: Path) -> list[str]:
         ax = panels[k // ncols][k % ncols]
         sel = grid
         for f, v in zip(facets, combo):
-            sel = sel[sel[f].astype(str) == v]
+            sel = sel[_keys(sel[f]) == v]
         for a in others:
-            sub = sel[sel[a].astype(str) == str(fixed.get(a))]
+            sub = sel[_keys(sel[a]) == _key(fixed.get(a))]
             sel = sub if not sub.empty else sel
         z = np.full((len(ys), len(xs)), np.nan)
         unfit = np.zeros_like(z, dtype=bool)
         failed = np.zeros_like(z, dtype=bool)
         for i, yv in enumerate(ys):
             for j, xv in enumerate(xs):
-                cell = sel[(sel[x_axis].astype(str) == str(xv)) & (sel[y_axis].astype(str) == str(yv))]
+                cell = sel[(_keys(sel[x_axis]) == _key(xv)) & (_keys(sel[y_axis]) == _key(yv))]
                 if cell.empty:
                     continue
                 good = cell[(cell["status"] == "ok") & pd.to_numeric(cell[LATENCY], errors="coerce").notna()]

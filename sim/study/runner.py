@@ -149,7 +149,7 @@ def run_study(study: Study, out_dir: str | Path | None = None, *, executor: str 
     start = time.perf_counter()
     out = Path(out_dir) if out_dir is not None else Path("reports") / study.spec.name
     runs_dir = out / "runs"
-    keys = [content_hash(p.spec) for p in study.points]
+    keys = study.hashes or [content_hash(p.spec) for p in study.points]
     todo: dict[str, Point] = {}
     for point, key in zip(study.points, keys):
         if key not in todo and not (runs_dir / f"{key}.json").is_file():

@@ -103,6 +103,7 @@ class Study:
     file: str
     axes: list[str]  # every swept dotted path, grid axes then zipped ones
     points: list[Point]
+    hashes: list[str] | None = None  # each point's content hash, once check_points has resolved it
 
     @property
     def grid_points(self) -> list[Point]:
@@ -283,25 +284,29 @@ def _point(spec: StudySpec, file, index, group, fixed, assigned, seed, knob=None
 
 
 def check_points(study: Study) -> None:
-    """Resolve every point; the first that fails is one ConfigError naming the study file."""
-    from sim.run import resolve
+    """Resolve every point (and key it by its content hash); the first that fails is one
+    ConfigError naming the study file and the study key it comes from."""
+    from sim.study.runner import content_hash
 
     seen: dict = {}
+    hashes = []
     for point in study.points:
         key = point.spec.model_dump_json()
         if key in seen:
+            hashes.append(seen[key])
             continue
-        seen[key] = True
         try:
-            resolve(point.spec)
+            seen[key] = content_hash(point.spec)  # resolves the point
+            hashes.append(seen[key])
         except ConfigError as err:
             where = ", ".join(f"{p}={v!r}" for p, v in point.assignments) or "the base point"
-            raise ConfigError(study.file, study_key(study.spec, err),
+            raise ConfigError(study.file, study_key(study.spec, err, point),
                               f"{err.expected} (from {err.file}{': ' + err.key_path if err.key_path else ''}; "
                               f"at {where})", err.got) from None
+    study.hashes = hashes
 
 
-def study_key(spec: StudySpec, err: ConfigError) -> str:
+def study_key(spec: StudySpec, err: ConfigError, point: Point | None = None) -> str:
     """The key in the study file that an error from resolving one of its points comes from."""
     keys = [(p, f"overrides.{p}") for p in spec.overrides]
     keys += [(p, f"sweep.grid.{p}") for p in spec.sweep.grid] + [(p, f"sweep.zip.{p}") for p in spec.sweep.zip]
@@ -311,9 +316,15 @@ def study_key(spec: StudySpec, err: ConfigError) -> str:
     for path, key in keys:
         if canonical(path) in guesses:
             return key
-    for path, key in keys:  # an error below the overridden path (e.g. into a quantity)
-        if any(g.startswith(canonical(path) + ".") or canonical(path).startswith(g + ".") for g in guesses if g):
-            return key
+    below = [(len(path), key) for path, key in keys  # an error below the overridden path (into a quantity)
+             if any(g.startswith(canonical(path) + ".") for g in guesses if g)]
+    if below:
+        return max(below)[1]
+    if point is not None:  # e.g. an unknown format name: the message quotes the value
+        text = f"{err.expected} {err.got!r}"
+        for path, value in reversed(point.assignments):
+            if isinstance(value, str) and repr(value) in text:
+                return next((key for p, key in keys if p == path), "base")
     if inner in RUN_FIELDS:
         return f"base.{inner}"
     return "base"
