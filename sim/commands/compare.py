@@ -2,8 +2,8 @@
 
 One simulated run per KV format (everything else fixed by the usual run options) and the
 format's fidelity on synthetic KV shaped like the model's cache: per-token latency, KV bytes
-per token (all layers, at the context), reduction against fp16, the share of the step spent
-reading KV, attention error, what bounds the step and the verdict.
+per token (all layers, at the context), reduction against fp16, the KV share of the bytes read
+(per step), attention error, what bounds the step and the verdict.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def render(spec, rows: list[dict]) -> str:
     where = f"trace {spec.trace}" if spec.trace else f"batch {spec.batch}, context {spec.context}"
     lines = [f"decodesim compare: {spec.model} on {spec.hardware}, weights {spec.weights}, {where}, "
              f"target {spec.target_ms:g} ms",
-             f"  {'KV format':<19}{'ms/token':>9}{'cut':>7}{'KV KiB/tok':>11}{'reduct.':>8}{'KV share':>9}"
+             f"  {'KV format':<19}{'ms/token':>9}{'cut':>7}{'KV KiB/tok':>11}{'reduct.':>8}{'KV bytes':>9}"
              f"{'dequant':>8}{'attn err':>9}{'KL':>9}  {'bound':<9}verdict"]
     for r in rows:
         if r["per_token_ms"] is None:
@@ -56,12 +56,13 @@ def render(spec, rows: list[dict]) -> str:
         else:
             ms = f"{r['per_token_ms']:.3f}"
             cut = f"{r['latency_cut_pct']:.1f}%" if r["latency_cut_pct"] is not None else "-"
-            share = f"{r['kv_share_pct']:.1f}%" if r["kv_share_pct"] is not None else "-"
+            share = f"{r['kv_bytes_share_pct']:.1f}%" if r["kv_bytes_share_pct"] is not None else "-"
             deq = f"{r['dequant_ms']:.2f}"
         lines.append(f"  {r['kv']:<19}{ms:>9}{cut:>7}{r['kv_bytes_per_token'] / 1024:>11.1f}"
                      f"{r['reduction_pct']:>7.1f}%{share:>9}{deq:>8}{r['attn_output_rel_error']:>9.4f}"
                      f"{r['attn_kl']:>9.5f}  {r['bound']:<9}{r['verdict']}")
-    lines.append(f"  KV share: kv + outlier read time as a share of the step; dequant: ms per step on the "
-                 f"vector units; attn err: attention-output relative error (KL: of the attention "
+    lines.append(f"  KV KiB/tok: KV stored per token over all layers at the context; KV bytes: KV (incl. "
+                 f"outliers) share of the bytes read from the backing store per step; dequant: ms per step "
+                 f"on the vector units; attn err: attention-output relative error (KL: of the attention "
                  f"probabilities) on {rows[0]['fidelity_tokens']} tokens of synthetic KV")
     return "\n".join(lines)

@@ -90,13 +90,17 @@ def compare_rows(spec, kv_formats: list[str], fidelity_tokens: int = 2048) -> li
         per_token_store /= context
         if base_kv is None and name == BASELINE:
             base_kv = per_token_store
+        steps = result.steps or [{}]
+        kv_read = sum(r.get("kv_bytes", 0) + r.get("outlier_bytes", 0) for r in steps) / len(steps)
+        store = sum(r.get("store_bytes", 0) for r in steps) / len(steps)
         breakdown = s.get("breakdown_ms") or {}
         step_ms = sum(breakdown.values()) or float("nan")
         kv_ms = breakdown.get("kv", 0.0) + breakdown.get("outliers", 0.0)
         rows.append({
             "kv": name, "per_token_ms": s.get("per_token_ms_p50"), "per_token_ms_p99": s.get("per_token_ms_p99"),
-            "kv_bytes_per_token": per_token_store, "kv_read_bytes_per_step": s.get("kv_bytes_per_token"),
-            "kv_ms": kv_ms, "kv_share_pct": 100 * kv_ms / step_ms if breakdown else None,
+            "kv_bytes_per_token": per_token_store, "kv_read_bytes_per_step": kv_read if result.steps else None,
+            "kv_bytes_share_pct": 100 * kv_read / store if store else None,
+            "kv_ms": kv_ms, "kv_time_share_pct": 100 * kv_ms / step_ms if breakdown else None,
             "dequant_ms": breakdown.get("dequant", 0.0), "bound": s.get("bound"), "verdict": s.get("verdict"),
             "attn_output_rel_error": fid["output_rel_error"], "attn_kl": fid["attn_kl"],
             "score_rel_error": fid["score_rel_error"], "fidelity_tokens": sample.k_pre.shape[0],
