@@ -128,13 +128,8 @@ def _bandwidth_path(path: Path) -> str:
 
 
 # An op's accesses to one level move together, capped at min(their tiles' load bandwidth, the sum
-# of their channel caps) (sim.engine.flows.merge); this once broke monotonicity on sambanova-sn40l.
-MONOTONE_BUG: set[str] = set()
-
-
-@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.xfail(
-    strict=True, reason="per-cap flow merging makes more bandwidth slower (see MONOTONE_BUG)"))
-    if p.stem in MONOTONE_BUG else p for p in PROFILES], ids=IDS)
+# of their channel caps) (sim.engine.flows.merge); per-cap merging once broke this on sambanova-sn40l.
+@pytest.mark.parametrize("path", PROFILES, ids=IDS)
 def test_more_store_bandwidth_never_slows_a_step(path: Path, tiny_model: str):
     knob = _bandwidth_path(path)
     times = [_run(path, tiny_model, overrides=[(knob, {"scale": s})]).summary["per_token_ms_p50"]
@@ -147,8 +142,6 @@ def test_more_store_bandwidth_never_slows_a_step(path: Path, tiny_model: str):
        context=st.integers(16, 2048))
 def test_bandwidth_monotone_over_profiles_batches_and_contexts(tiny_model, index, scale, batch, context):
     path = PROFILES[index]
-    if path.stem in MONOTONE_BUG:  # pinned by the strict xfail above
-        return
     knob = _bandwidth_path(path)
     base = simulate(hardware=str(path), model=tiny_model, steps=1, batch=batch, context=context)
     if base.summary["verdict"] == "does-not-fit":
