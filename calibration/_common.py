@@ -41,8 +41,9 @@ class Timer:
     On CPU: perf_counter around each call.
     """
 
-    def __init__(self, cuda: bool, batch: int = 48, sleep_cycles: int = 3_000_000):
+    def __init__(self, cuda: bool, batch: int = 48, sleep_cycles: int = 3_000_000, max_reps=None):
         self.cuda = cuda
+        self.max_reps = max_reps
         self.batch = batch
         self.sleep_cycles = sleep_cycles
 
@@ -52,6 +53,9 @@ class Timer:
 
     def time(self, fn, reps: int, warmup: int = 3, backlog: bool = True):
         """fn(i) is called once per repetition; returns list of microseconds."""
+        if self.max_reps:
+            reps = min(reps, self.max_reps)
+            warmup = min(warmup, 1)
         for w in range(warmup):
             fn(w)
         self.sync()

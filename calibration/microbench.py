@@ -87,7 +87,7 @@ class Ctx:
         self.cpu = args.cpu
         self.cuda = not args.cpu
         self.dev = torch.device("cuda" if self.cuda else "cpu")
-        self.timer = Timer(self.cuda)
+        self.timer = Timer(self.cuda, max_reps=args.max_reps)
         self.out = args.out
         self.nsm = torch.cuda.get_device_properties(0).multi_processor_count if self.cuda else 4
         self.l2 = (getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 60 * MiB)
@@ -115,14 +115,14 @@ def _triton_read(ctx, x, partial):
 
 def bench_hbm(ctx):
     cpu = ctx.cpu
-    pool_bytes = 64 * MiB if cpu else 4 * GiB
+    pool_bytes = ctx.args.cpu_pool_mib * MiB if cpu else 4 * GiB
     max_size = pool_bytes
     sizes = []
     s = 64 * KiB
     while s <= max_size:
         sizes.append(s)
         s *= 2
-    extra = [24 * MiB, 40 * MiB, 48 * MiB, 80 * MiB, 96 * MiB, 192 * MiB] if not cpu else [3 * MiB]
+    extra = [24 * MiB, 40 * MiB, 48 * MiB, 80 * MiB, 96 * MiB, 192 * MiB] if not cpu else [192 * KiB]
     sizes = sorted(set(sizes + [e for e in extra if e <= max_size]))
     # for CPU the "L2" is notional
     l2_limit = 48 * MiB if not cpu else 2 * MiB
@@ -130,7 +130,7 @@ def bench_hbm(ctx):
     nel_pool = pool_bytes // 4
     src = torch.randn(nel_pool, device=ctx.dev, dtype=torch.float32)
     dst = torch.empty_like(src)
-    partial = torch.empty(ctx.nsm * 4 + 1, device=ctx.dev, dtype=torch.float32)
+    partial = torch.empty(ctx.nsm * 16 + 1, device=ctx.dev, dtype=torch.float32)  # >= any grid used
     ctx.sync()
 
     out = CsvOut(os.path.join(ctx.out, "hbm_bandwidth.csv"),
@@ -215,7 +215,7 @@ def bench_hbm(ctx):
     if ctx.triton_ok:
         passes = 32 if ctx.cuda else 2
         l2_sizes = ([2 * MiB, 4 * MiB, 8 * MiB, 16 * MiB, 24 * MiB, 32 * MiB, 40 * MiB, 48 * MiB,
-                     64 * MiB, 128 * MiB] if ctx.cuda else [256 * KiB, 1 * MiB])
+                     64 * MiB, 128 * MiB] if ctx.cuda else [64 * KiB, 128 * KiB])
         BLOCK = 4096 if ctx.cuda else 64
         for S in l2_sizes:
             x = src[: S // 4]
@@ -249,7 +249,7 @@ def bench_gather(ctx, table_f32):
                   "n_reps", "check", "note"])
     table_bytes = table_f32.numel() * 4
     tab_i32 = table_f32.view(torch.int32)
-    gathered = 256 * MiB if ctx.cuda else 1 * MiB
+    gathered = 256 * MiB if ctx.cuda else min(1 * MiB, table_bytes // 8)
     for g in (16, 32, 64, 128, 256, 512, 1024, 4096):
         G = g // 4
         R = table_bytes // g
@@ -611,6 +611,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--cpu", action="store_true", help="plumbing check on CPU with tiny sizes")
+    ap.add_argument("--cpu-pool-mib", type=int, default=64, help="--cpu only: pool size")
+    ap.add_argument("--max-reps", type=int, default=None, help="cap repetitions (interpreter tests)")
     ap.add_argument("--only", default="hbm,gather,gemm,attention,overheads")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -638,7 +640,7 @@ def main():
                     ctx.notes["clocks_during_hbm"] = sampler.stop()
             elif name == "gather":
                 if src is None:
-                    pool = (64 * MiB if ctx.cpu else 4 * GiB) // 4
+                    pool = (ctx.args.cpu_pool_mib * MiB if ctx.cpu else 4 * GiB) // 4
                     src = torch.randn(pool, device=ctx.dev)
                 del dst
                 dst = None

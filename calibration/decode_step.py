@@ -1,0 +1,349 @@
+#!/usr/bin/env python3
+"""Minimal llama-3-8b-shape decode step (bf16, random weights) timed eagerly and as a CUDA graph.
+
+Model: 32 layers, hidden 4096, 32 q heads / 8 kv heads, head dim 128, SwiGLU FFN 14336, vocab
+128256, untied LM head. Per layer: rms_norm -> fused QKV linear [4096 -> 6144] -> RoPE (rotate-half)
+-> K,V written in place into a preallocated cache [B, 8, Lmax, 128] at a position tensor
+(index_copy_, so a captured graph can be replayed) -> SDPA (enable_gqa) over the first L positions ->
+O linear -> residual -> rms_norm -> fused gate/up linear [4096 -> 28672] -> silu(g)*u -> down linear
+[14336 -> 4096] -> residual. Then final rms_norm and LM head. Linear layers use F.linear (W [N, K]).
+
+Every sequence of the batch decodes its token at position L-1 and attends to L positions.
+Lmax = L per configuration (KV at B=32, L=16384 is 68.7 GB); memory is freed between configurations.
+
+Writes into --out: decode_steps.csv, decode_kernels.csv, machine_decode.json.
+Device:  python3 calibration/decode_step.py --out $OUT
+CPU plumbing check (tiny model, no graphs): python3 calibration/decode_step.py --cpu --out /tmp/ds
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import math
+import os
+import statistics
+import sys
+import time
+import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from _common import CsvOut, log, machine_facts, nvidia_smi_snapshot, pct, write_json  # noqa: E402
+
+LLAMA3_8B = dict(layers=32, hidden=4096, n_q=32, n_kv=8, head_dim=128, ffn=14336, vocab=128256,
+                 eps=1e-5, rope_theta=500000.0)
+TINY = dict(layers=2, hidden=256, n_q=4, n_kv=2, head_dim=64, ffn=512, vocab=1000, eps=1e-5,
+            rope_theta=500000.0)
+
+
+class Weights:
+    def __init__(self, cfg, dev, dt, std=0.02):
+        self.cfg = cfg
+        h, f, v = cfg["hidden"], cfg["ffn"], cfg["vocab"]
+        qkv = (cfg["n_q"] + 2 * cfg["n_kv"]) * cfg["head_dim"]
+
+        def w(*shape):
+            t = torch.empty(*shape, device=dev, dtype=dt)
+            t.normal_(0.0, std)
+            return t
+
+        def norm():
+            return (1.0 + 0.1 * torch.randn(h, device=dev)).to(dt)
+        self.emb = w(v, h)
+        self.layers = []
+        for _ in range(cfg["layers"]):
+            self.layers.append(dict(n1=norm(), wqkv=w(qkv, h), wo=w(h, cfg["n_q"] * cfg["head_dim"]),
+                                    n2=norm(), wgu=w(2 * f, h), wd=w(h, f)))
+        self.nf = norm()
+        self.head = w(v, h)
+        self.bytes = sum(t.numel() * t.element_size() for t in self.tensors())
+
+    def tensors(self):
+        yield self.emb
+        for lw in self.layers:
+            yield from lw.values()
+        yield self.nf
+        yield self.head
+
+
+def rope_tables(cfg, lmax, dev):
+    d = cfg["head_dim"]
+    inv = 1.0 / (cfg["rope_theta"] ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    t = torch.arange(lmax, dtype=torch.float64)
+    fr = torch.outer(t, inv)  # [lmax, d/2]
+    return fr.cos().to(torch.bfloat16).to(dev), fr.sin().to(torch.bfloat16).to(dev)
+
+
+def apply_rope(x, cos, sin):
+    # x [B, H, D]; cos/sin [1, D/2] (rotate-half convention)
+    d2 = x.shape[-1] // 2
+    x1, x2 = x[..., :d2], x[..., d2:]
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+class Decoder:
+    def __init__(self, W: Weights, B, L, dev, dt):
+        cfg = W.cfg
+        self.W, self.cfg, self.B, self.L = W, cfg, B, L
+        self.lmax = L
+        nkv, d = cfg["n_kv"], cfg["head_dim"]
+        self.kc, self.vc = [], []
+        for _ in range(cfg["layers"]):
+            k = torch.empty(B, nkv, self.lmax, d, device=dev, dtype=dt)
+            v = torch.empty(B, nkv, self.lmax, d, device=dev, dtype=dt)
+            k.normal_()
+            v.normal_()
+            self.kc.append(k)
+            self.vc.append(v)
+        self.kv_bytes = 2 * cfg["layers"] * B * nkv * self.lmax * d * 2
+        self.cos_t, self.sin_t = rope_tables(cfg, self.lmax, dev)
+        self.tokens = torch.randint(0, cfg["vocab"], (B,), device=dev)
+        self.pos = torch.full((1,), L - 1, device=dev, dtype=torch.long)
+
+    def layer(self, i, h, cos, sin):
+        cfg, lw = self.cfg, self.W.layers[i]
+        B, H, nq, nkv, d = self.B, cfg["hidden"], cfg["n_q"], cfg["n_kv"], cfg["head_dim"]
+        x = F.rms_norm(h, (H,), lw["n1"], cfg["eps"])
+        qkv = F.linear(x, lw["wqkv"])
+        q = qkv[:, : nq * d].view(B, nq, d)
+        k = qkv[:, nq * d: (nq + nkv) * d].view(B, nkv, d)
+        v = qkv[:, (nq + nkv) * d:].view(B, nkv, d)
+        q = apply_rope(q, cos, sin)
+        k = apply_rope(k, cos, sin)
+        self.kc[i].index_copy_(2, self.pos, k.unsqueeze(2))
+        self.vc[i].index_copy_(2, self.pos, v.unsqueeze(2))
+        kk = self.kc[i][:, :, : self.L]
+        vv = self.vc[i][:, :, : self.L]
+        o = F.scaled_dot_product_attention(q.unsqueeze(2), kk, vv, enable_gqa=True)  # [B, nq, 1, d]
+        h = h + F.linear(o.reshape(B, nq * d), lw["wo"])
+        x = F.rms_norm(h, (H,), lw["n2"], cfg["eps"])
+        gu = F.linear(x, lw["wgu"])
+        g, u = gu.chunk(2, dim=-1)
+        h = h + F.linear(F.silu(g) * u, lw["wd"])
+        return h
+
+    def rope_at_pos(self):
+        return self.cos_t.index_select(0, self.pos), self.sin_t.index_select(0, self.pos)
+
+    def step(self):
+        W, cfg = self.W, self.cfg
+        h = F.embedding(self.tokens, W.emb)
+        cos, sin = self.rope_at_pos()
+        for i in range(cfg["layers"]):
+            h = self.layer(i, h, cos, sin)
+        h = F.rms_norm(h, (cfg["hidden"],), W.nf, cfg["eps"])
+        return F.linear(h, W.head)
+
+    def free(self):
+        self.kc.clear()
+        self.vc.clear()
+
+
+def _is_dev_event(e, cuda):
+    dt = str(getattr(e, "device_type", ""))
+    return dt.endswith("CUDA") if cuda else (dt.endswith("CPU") and e.name.startswith("aten::"))
+
+
+def count_kernels(fn, cuda):
+    """Profile one call of fn; returns Counter of device-side kernel/memcpy/memset names."""
+    from torch.profiler import ProfilerActivity, profile
+    acts = [ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
+    with profile(activities=acts) as prof:
+        fn()
+        if cuda:
+            torch.cuda.synchronize()
+    c = collections.Counter()
+    evs = prof.events()
+    for e in evs:
+        if _is_dev_event(e, cuda):
+            c[e.name] += 1
+    if cuda and not c:  # older layouts: device kernels hang off the CPU-side events
+        for e in evs:
+            for k in getattr(e, "kernels", []) or []:
+                c[getattr(k, "name", str(k))] += 1
+    return c
+
+
+def is_kernel(name):
+    n = name.lower()
+    return not (n.startswith("memcpy") or n.startswith("memset"))
+
+
+def time_steps(fn, reps, cuda, warmup=3):
+    """Each step is synchronized (as a serving loop does after sampling). Returns (event_ms, wall_ms)."""
+    for _ in range(warmup):
+        fn()
+    if cuda:
+        torch.cuda.synchronize()
+    ev, wall = [], []
+    for _ in range(reps):
+        if cuda:
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            e0.record()
+            fn()
+            e1.record()
+            torch.cuda.synchronize()
+            wall.append((time.perf_counter() - t0) * 1e3)
+            ev.append(e0.elapsed_time(e1))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            wall.append((time.perf_counter() - t0) * 1e3)
+            ev.append(wall[-1])
+    return ev, wall
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--cpu", action="store_true")
+    ap.add_argument("--batches", default=None)
+    ap.add_argument("--contexts", default=None)
+    ap.add_argument("--graph-reps", type=int, default=30)
+    ap.add_argument("--eager-reps", type=int, default=20)
+    ap.add_argument("--eager-batches", default="1,8,32",
+                    help="batches also timed eagerly (the brief requires 1)")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    cuda = not args.cpu
+    dev = torch.device("cuda" if cuda else "cpu")
+    dt = torch.bfloat16
+    cfg = LLAMA3_8B if cuda else TINY
+    batches = [int(x) for x in (args.batches or ("1,8,32" if cuda else "1,2")).split(",")]
+    contexts = [int(x) for x in (args.contexts or ("1024,4096,16384" if cuda else "64,128")).split(",")]
+    eager_batches = {int(x) for x in args.eager_batches.split(",")} if cuda else set(batches)
+    t_start = time.time()
+
+    facts = machine_facts(cuda)
+    facts["model"] = cfg
+    facts["nvidia_smi_before"] = nvidia_smi_snapshot() if cuda else None
+    mpath = os.path.join(args.out, "machine_decode.json")
+    write_json(mpath, facts)
+
+    torch.manual_seed(0)
+    W = Weights(cfg, dev, dt)
+    if cuda:
+        torch.cuda.synchronize()
+    log(f"weights: {W.bytes / 1e9:.3f} GB, init {time.time() - t_start:.1f} s")
+    facts["weight_bytes"] = W.bytes
+
+    steps = CsvOut(os.path.join(args.out, "decode_steps.csv"),
+                   ["batch", "context", "graph", "median_ms", "p10_ms", "p90_ms", "wall_median_ms",
+                    "kernels_per_step", "n_reps", "weight_bytes", "kv_bytes", "bytes_per_step",
+                    "achieved_GBps", "check", "note"])
+    kern = CsvOut(os.path.join(args.out, "decode_kernels.csv"),
+                  ["batch", "context", "scope", "kernel_name", "count", "is_kernel"])
+    notes = {}
+    for B in batches:
+        for L in contexts:
+            tag = f"B{B}_L{L}"
+            dec = None
+            g = None
+            static_out = eager_out = ref = None
+            try:
+                t0 = time.time()
+                dec = Decoder(W, B, L, dev, dt)
+                bytes_step = W.bytes - W.emb.numel() * 2 + dec.kv_bytes  # embedding: only B rows read
+                # eager warm-up (also cuBLAS / SDPA handle creation)
+                ref = dec.step()
+                if cuda:
+                    torch.cuda.synchronize()
+                finite = bool(torch.isfinite(ref.float()).all())
+                # kernel counts from one eager step and one layer
+                c_step = count_kernels(dec.step, cuda)
+                cos, sin = dec.rope_at_pos()
+                h0 = torch.randn(B, cfg["hidden"], device=dev, dtype=dt)
+                c_layer = count_kernels(lambda: dec.layer(0, h0, cos, sin), cuda)
+                k_step = sum(v for n, v in c_step.items() if is_kernel(n))
+                k_layer = sum(v for n, v in c_layer.items() if is_kernel(n))
+                k_all = sum(c_step.values())
+                notes[tag] = {"kernels_per_step": k_step, "device_ops_per_step_incl_memcpy_memset": k_all,
+                              "kernels_per_layer": k_layer,
+                              "kernels_outside_layers": k_step - cfg["layers"] * k_layer}
+                for n, v in sorted(c_step.items(), key=lambda kv: -kv[1]):
+                    kern.row(batch=B, context=L, scope="step", kernel_name=n, count=v, is_kernel=is_kernel(n))
+                for n, v in sorted(c_layer.items(), key=lambda kv: -kv[1]):
+                    kern.row(batch=B, context=L, scope="layer", kernel_name=n, count=v, is_kernel=is_kernel(n))
+                if B in eager_batches:
+                    ev, wall = time_steps(dec.step, args.eager_reps if cuda else 3, cuda, warmup=2)
+                    med = statistics.median(ev)
+                    steps.row(batch=B, context=L, graph="false", median_ms=med, p10_ms=pct(ev, 10),
+                              p90_ms=pct(ev, 90), wall_median_ms=statistics.median(wall),
+                              kernels_per_step=k_step, n_reps=len(ev), weight_bytes=W.bytes,
+                              kv_bytes=dec.kv_bytes, bytes_per_step=bytes_step,
+                              achieved_GBps=bytes_step / (med * 1e-3) / 1e9, check=f"finite={finite}",
+                              note="eager; each step synchronized; CUDA events")
+                    log(f"{tag} eager : {med:8.3f} ms (wall {statistics.median(wall):8.3f}) "
+                        f"kernels/step {k_step} per layer {k_layer}")
+                if cuda:
+                    s = torch.cuda.Stream()
+                    s.wait_stream(torch.cuda.current_stream())
+                    with torch.cuda.stream(s):
+                        for _ in range(3):
+                            dec.step()
+                    torch.cuda.current_stream().wait_stream(s)
+                    torch.cuda.synchronize()
+                    g = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(g):
+                        static_out = dec.step()
+                    g.replay()
+                    torch.cuda.synchronize()
+                    eager_out = dec.step()
+                    torch.cuda.synchronize()
+                    diff = float((static_out.float() - eager_out.float()).abs().max())
+                    scale = float(eager_out.float().abs().max())
+                    try:
+                        c_graph = count_kernels(g.replay, cuda)
+                        k_graph = sum(v for n, v in c_graph.items() if is_kernel(n))
+                    except Exception as e:  # noqa: BLE001
+                        k_graph = -1
+                        notes[tag + "_graph_profile_error"] = repr(e)
+                    ev, wall = time_steps(g.replay, args.graph_reps, cuda, warmup=3)
+                    med = statistics.median(ev)
+                    steps.row(batch=B, context=L, graph="true", median_ms=med, p10_ms=pct(ev, 10),
+                              p90_ms=pct(ev, 90), wall_median_ms=statistics.median(wall),
+                              kernels_per_step=k_graph if k_graph > 0 else k_step, n_reps=len(ev),
+                              weight_bytes=W.bytes, kv_bytes=dec.kv_bytes, bytes_per_step=bytes_step,
+                              achieved_GBps=bytes_step / (med * 1e-3) / 1e9,
+                              check=f"finite={finite};graph_vs_eager_maxabs={diff:.3g};maxabs={scale:.3g}",
+                              note=("CUDA graph replay; each replay synchronized; CUDA events; "
+                                    + ("kernels counted by profiling a replay" if k_graph > 0
+                                       else "kernels = eager count (replay profile gave none)")))
+                    notes[tag]["kernels_in_graph_replay_profile"] = k_graph
+                    log(f"{tag} graph : {med:8.3f} ms (wall {statistics.median(wall):8.3f}) "
+                        f"{bytes_step / (med * 1e-3) / 1e9:7.1f} GB/s  diff {diff:.3g}  kernels(graph) {k_graph}")
+                notes[tag]["seconds"] = time.time() - t0
+            except Exception as e:  # noqa: BLE001
+                log(f"!! {tag} failed: {e!r}")
+                traceback.print_exc()
+                notes[tag + "_error"] = repr(e)
+                steps.row(batch=B, context=L, graph="error", note=f"failed: {e!r}"[:300])
+            finally:
+                del g, static_out, eager_out, ref
+                if dec is not None:
+                    dec.free()
+                del dec
+                if cuda:
+                    torch.cuda.synchronize()
+                    torch.cuda.empty_cache()
+            facts["notes"] = notes
+            facts["elapsed_s"] = time.time() - t_start
+            write_json(mpath, facts)
+    steps.close()
+    kern.close()
+    if cuda:
+        facts["nvidia_smi_after"] = nvidia_smi_snapshot()
+        facts["max_memory_allocated"] = torch.cuda.max_memory_allocated()
+    facts["notes"] = notes
+    facts["elapsed_s"] = time.time() - t_start
+    write_json(mpath, facts)
+    log("done in", round(time.time() - t_start, 1), "s")
+
+
+if __name__ == "__main__":
+    main()
