@@ -196,3 +196,24 @@ def test_uniform_active_experts_in_a_run_follow_the_closed_form():
     res = resolve(RunSpec(model="deepseek-v3", chips=8, weights="int8", batch=8, steps=4))
     active = res.plan.ffn.placement.active  # no EP: every chip holds a shard of every expert
     assert np.mean(active) == pytest.approx(256 * (1 - (1 - 8 / 256) ** 8), rel=0.03)
+
+
+@pytest.mark.slow
+def test_policy_table_of_the_report():
+    from sim.report.moe_report import policy_table
+
+    rows = {(r["routing"].split()[0], r["placement"]): r for r in policy_table()}
+    assert rows[("uniform", "all-hbm")]["hit"] == 0 == rows[("zipf", "all-hbm")]["hit"]
+    assert rows[("zipf", "static")]["hit"] > rows[("uniform", "static")]["hit"] > 0
+    assert rows[("uniform", "static")]["ms"] < rows[("uniform", "all-hbm")]["ms"]
+
+
+@pytest.mark.slow
+def test_moe_report_command(cli, tmp_path):
+    out = tmp_path / "moe.md"
+    code, _, err = cli("moe-report", "--out", str(out))
+    assert code == 0, err
+    text = out.read_text()
+    for needle in ("Mixtral-8x7B bf16, h200-sxm x1", "DeepSeek-V3 int8, h200-sxm x8", "groq-lpu",
+                   "Where the zero-copy claim holds", "does not fit"):
+        assert needle in text

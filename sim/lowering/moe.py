@@ -63,6 +63,14 @@ HOST_DISPATCH_NS = 3000.0
 ROUTING_BYTES_PER_PAIR = 8  # an int32 expert id and an fp32 gate per (token, expert)
 ROUTER_VEC_OPS = 5 + 3  # per (token, expert) score: softmax or sigmoid (5) + top-k compare/select (3)
 INDEX_OPS = 4  # per (token, expert) pair: histogram, prefix sum, scatter index, gate
+# Work unit of the MoE matmuls (router, experts, shared expert): a 64 x 1024 block of weights,
+# so that a skinny decode GEMV (an expert shard with few output columns) can still be split
+# over the reduction dimension and spread over the tiles (split-K). estimate.
+WEIGHT_TILE_ELEMS = 64 * 1024
+
+
+def _work_units(rows: int, cols: int) -> int:
+    return max(1, math.ceil(rows * cols / WEIGHT_TILE_ELEMS))
 
 
 @dataclass
@@ -115,6 +123,16 @@ class MoEFFN:
 
     # -- lowering -------------------------------------------------------------------------
     def lower(self, plan: Plan, b: Builder, layer: int, batch: int) -> None:
+        start = len(b.ops)
+        self._lower(plan, b, layer, batch)
+        # Every layer of an MoE model routes differently, so its ops carry their layer: the
+        # dense lowering copies layers 2.. from layer 1 when layers 0 and 1 lower to the same
+        # ops, which two dense leading layers (DeepSeek) or two equal routing counts would
+        # otherwise trigger.
+        for op in b.ops[start:]:
+            op.tags = {**op.tags, "ffn_layer": layer}
+
+    def _lower(self, plan: Plan, b: Builder, layer: int, batch: int) -> None:
         if layer not in self.moe_index:
             self.dense.lower(plan, b, layer, batch)
             return
@@ -144,7 +162,7 @@ class MoEFFN:
             vector_ops=batch * moe.experts * ROUTER_VEC_OPS + router.dequant_ops
             + (0 if self.dispatch == "host_sync" else batch * k * INDEX_OPS),
             dequant_ops=router.dequant_ops, dtype=plan.weights.matmul_dtype,
-            parallelism=max(1, batch), kernels=1, tags={"phase": "router"})
+            parallelism=_work_units(moe.experts, h), kernels=1, tags={"phase": "router"})
         if self.dispatch == "host_sync":
             launches = active if self.graph_mode else 0  # eager mode charges them at issue
             b.add("routing_to_host", layer, "host", [Access("pcie", batch * k * ROUTING_BYTES_PER_PAIR, "pcie")],
@@ -202,7 +220,7 @@ class MoEFFN:
               matrix_flops=2 * pairs * h * (up_rows + ffn), matrix_m=max(1, round(pairs / max(1, active))),
               vector_ops=pairs * ffn * VEC_OPS["silu_mul"] + active * (up.dequant_ops + down.dequant_ops),
               dequant_ops=active * (up.dequant_ops + down.dequant_ops), dtype=w.matmul_dtype,
-              parallelism=max(1, active * math.ceil(up_rows / 64)),
+              parallelism=active * _work_units(up_rows + ffn, h),
               kernels=active if self.dispatch == "host_sync" else 1,
               tags={"compute_row": "expert_compute", "active_experts": active, "resident_experts": resident})
 
@@ -221,7 +239,7 @@ class MoEFFN:
         ], matrix_flops=2 * batch * h * (up_rows + ffn), matrix_m=batch,
             vector_ops=batch * ffn * VEC_OPS["silu_mul"] + up.dequant_ops + down.dequant_ops,
             dequant_ops=up.dequant_ops + down.dequant_ops, dtype=w.matmul_dtype,
-            parallelism=max(1, math.ceil(up_rows / 64)), kernels=1, tags={"compute_row": "expert_compute"})
+            parallelism=_work_units(up_rows + ffn, h), kernels=1, tags={"compute_row": "expert_compute"})
 
 
 # -- building the block for a run ----------------------------------------------------------

@@ -1,0 +1,25 @@
+"""``decodesim moe-report``: regenerate reports/moe.md (sim/report/moe_report.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sim.commands.common import write_atomic
+
+
+def register(sub) -> None:
+    p = sub.add_parser("moe-report", help="write reports/moe.md: MoE dispatch paths on GPU and SRAM-centric chips",
+                       description="Run Mixtral-8x7B and DeepSeek-V3 on h200-sxm (1 and 8 chips) and groq-lpu "
+                                   "with every dispatch path at batch 1, 8 and 64, and write the Markdown report.")
+    p.add_argument("--out", type=Path, default=Path("reports/moe.md"), help="output file (default reports/moe.md)")
+    p.set_defaults(handler=handle)
+
+
+def handle(args) -> int:
+    from sim.report.moe_report import build_report
+
+    text = build_report("decodesim moe-report" + (f" --out {args.out}" if str(args.out) != "reports/moe.md" else ""))
+    write_atomic(args.out, text)
+    args.out.chmod(0o644)  # a report is for everyone to read (write_atomic's temp file is private)
+    print(f"wrote {args.out}")
+    return 0
