@@ -38,3 +38,30 @@ def test_kv_bound_regime_llama3_8b_h200_batch16_32k(cli):
     assert kivi["reduction_pct"] == pytest.approx(100 * (1 - 3.05 / 16), abs=0.5)  # anchors A2 at 32K
     assert kivi["latency_cut_pct"] > 25
     assert kivi["dequant_ms"] > kivi["kv_ms"]
+
+
+def test_formats_report_has_every_section(tmp_path):
+    from sim.formats.fidelity import SyntheticKV
+    from sim.report.formats_report import build_report
+
+    text = build_report(fidelity=SyntheticKV(tokens=256, kv_heads=2, queries=2),
+                        compare={"batch": 2, "context": 2048, "steps": 1}, compare_kv=["fp16", "int8", "kivi-2"])
+    for heading in ("## 1. KV bytes", "## 2. Weight formats", "## 3. Fidelity", "## 4. The article's footprint",
+                    "## 5. Latency"):
+        assert heading in text
+    assert "71.1% / 78.7% / 80.9%" in text  # KIVI-2 at 1K / 4K / 32K (anchors.md A2)
+    assert "| `kvquant-3-1pct` |" in text and "| `nf4` |" in text
+
+
+def test_formats_report_cli_writes_atomically(tmp_path, cli, monkeypatch):
+    import sim.report.formats_report as report
+
+    monkeypatch.setattr(report, "FIDELITY", report.SyntheticKV(tokens=128, kv_heads=1, queries=1))
+    monkeypatch.setattr(report, "COMPARE", {**report.COMPARE, "batch": 1, "context": 1024, "steps": 1})
+    monkeypatch.setattr(report, "COMPARE_KV", ["fp16", "int8", "kivi-2"])
+    monkeypatch.setattr(report.build_report, "__defaults__", ("llama-3-8b", report.FIDELITY, None, None))
+    out = tmp_path / "r" / "formats.md"
+    code, stdout, err = cli("formats", "--report", str(out))
+    assert code == 0, err
+    assert out.read_text().startswith("# KV-cache and weight formats")
+    assert not [p for p in out.parent.iterdir() if p.name.startswith(".")]  # no temp files left

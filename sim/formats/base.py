@@ -177,8 +177,8 @@ class Format:
         label = {"k": "K row width", "v": "V row width", "weight": "weight row length"}[tensor]
         if tensor != "weight" and q.per == "row" and q.group_size and width % q.group_size:
             raise ConfigError(self.file, self._key(tensor, "group_size"),
-                              f"must divide the {label} {width} (KV heads x head_dim on one chip), "
-                              "so that no group straddles a head", q.group_size)
+                              f"must divide the {label} {width} (one token's values in one layer on one "
+                              "chip), so that no group straddles a head", q.group_size)
         o = q.outliers
         if o is not None and o.fraction > 0 and 2 ** o.index_bits < width:
             raise ConfigError(self.file, self._key(tensor, "outliers.index_bits"),

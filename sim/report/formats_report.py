@@ -51,7 +51,12 @@ def _which(rows: list[dict], pct: float) -> str:
     return ("context " if len(hits) == 1 else "contexts ") + " and ".join(hits)
 
 
-def build_report(model: str = "llama-3-8b") -> str:
+def build_report(model: str = "llama-3-8b", fidelity: SyntheticKV = FIDELITY, compare: dict | None = None,
+                 compare_kv: list[str] | None = None) -> str:
+    """The report's Markdown. The defaults are the published report's settings; tests pass
+    smaller ones."""
+    compare = {**COMPARE, "model": model, **(compare or {})}
+    compare_kv = compare_kv or COMPARE_KV
     from sim.config.loader import load_yaml, validate
     from sim.config.model import ModelSpec
     from sim.paths import models_dir, resolve
@@ -102,14 +107,14 @@ def build_report(model: str = "llama-3-8b") -> str:
                    for r in (weight_row(f) for f in list_formats("weights"))]) + [""]
 
     # -- fidelity -------------------------------------------------------------------------------
-    sample = synthetic(FIDELITY)
-    fid = fidelity_rows(kv_formats, sample, seed=FIDELITY.seed)
-    params = ", ".join(f"{k}={v}" for k, v in asdict(FIDELITY).items())
+    sample = synthetic(fidelity)
+    fid = fidelity_rows(kv_formats, sample, seed=fidelity.seed)
+    params = ", ".join(f"{k}={v}" for k, v in asdict(fidelity).items())
     out += ["## 3. Fidelity on synthetic KV", "",
-            f"`decodesim fidelity --kv {','.join(f.name for f in kv_formats)} --synthetic tokens={FIDELITY.tokens}` "
+            f"`decodesim fidelity --kv {','.join(f.name for f in kv_formats)} --synthetic tokens={fidelity.tokens}` "
             f"(parameters: {params}; exact attention-logit std {score_std(sample):.2f}). K has "
-            f"{FIDELITY.k_outlier_channels} outlier channels per head at {FIDELITY.k_outlier_scale:g}x scale and "
-            f"Student-t({FIDELITY.k_dof:g}) entries; V is Student-t({FIDELITY.v_dof:g}) with a lognormal per-token "
+            f"{fidelity.k_outlier_channels} outlier channels per head at {fidelity.k_outlier_scale:g}x scale and "
+            f"Student-t({fidelity.k_dof:g}) entries; V is Student-t({fidelity.v_dof:g}) with a lognormal per-token "
             f"scale. Errors are relative Frobenius norms (K after RoPE); KL is KL(P || P_hat) of the attention "
             "probabilities in nats, averaged over queries. Random queries make the attention output a "
             "near-cancelling average of many V rows, so the output error is a stress figure: read the "
@@ -118,7 +123,7 @@ def build_report(model: str = "llama-3-8b") -> str:
                   [[f"`{r['format']}`", f"{r['k_rel_error']:.4f}", f"{r['v_rel_error']:.4f}",
                     f"{r['score_rel_error']:.4f}", f"{r['attn_kl']:.5f}", f"{r['output_rel_error']:.4f}",
                     f"{100 * r['k_outlier_fraction']:.2f}% / {100 * r['v_outlier_fraction']:.2f}%"] for r in fid]) + [""]
-    probe = fidelity_rows(_k_layout_formats(), sample, seed=FIDELITY.seed)
+    probe = fidelity_rows(_k_layout_formats(), sample, seed=fidelity.seed)
     out += ["The K-layout effect (V kept in fp16 so only K differs; same sample):", ""]
     out += _table(["K layout", "K error", "score error", "KL (nats)", "output error"],
                   [[r["format"], f"{r['k_rel_error']:.4f}", f"{r['score_rel_error']:.4f}", f"{r['attn_kl']:.5f}",
@@ -165,14 +170,14 @@ def build_report(model: str = "llama-3-8b") -> str:
             f"K-layout table).", ""]
 
     # -- the run ---------------------------------------------------------------------------------
-    run = RunSpec(**COMPARE)
-    cmp_rows = compare_rows(run, COMPARE_KV)
+    run = RunSpec(**compare)
+    cmp_rows = compare_rows(run, compare_kv)
     fast = compare_rows(run.model_copy(update={"overrides": (("hardware.compute.vector_flops_per_cycle.fp32", 512),)}),
                         ["fp16", "kivi-2"])
-    out += [f"## 5. Latency: {COMPARE['model']} on {COMPARE['hardware']}, batch {COMPARE['batch']}, "
-            f"context {COMPARE['context']}", "",
-            f"`decodesim compare --kv {','.join(COMPARE_KV)} --batch {COMPARE['batch']} --context "
-            f"{COMPARE['context']}` (bf16 weights, {COMPARE['steps']} steps, DES engine):", ""]
+    out += [f"## 5. Latency: {compare['model']} on {compare['hardware']}, batch {compare['batch']}, "
+            f"context {compare['context']}", "",
+            f"`decodesim compare --kv {','.join(compare_kv)} --batch {compare['batch']} --context "
+            f"{compare['context']}` (bf16 weights, {compare['steps']} steps, DES engine):", ""]
     out += _table(["KV format", "ms / token", "cut vs fp16", "KV KiB / token", "KV reduction", "KV share of bytes read",
                    "dequant ms", "attention output error", "KL", "bound", "verdict"],
                   [[f"`{r['kv']}`", f"{r['per_token_ms']:.3f}", f"{r['latency_cut_pct']:.1f}%",
