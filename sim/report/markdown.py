@@ -97,6 +97,78 @@ def answer(grid: pd.DataFrame, axes: dict) -> list[str]:
     return lines
 
 
+def _meets(frame: pd.DataFrame) -> pd.Series:
+    return (frame["status"] == "ok") & frame.get("meets_target", pd.Series(False, frame.index)).fillna(False).astype(bool)
+
+
+def compare(grid: pd.DataFrame, axes: dict, axis: str, baseline, by: list[str]) -> pd.DataFrame:
+    """Each value of ``axis`` against ``baseline`` at equal values of every other axis."""
+    others = [a for a, v in axes.items() if len(v) > 1 and a != axis and a in grid] + ["seed"]
+    frame = grid.copy()
+    frame["_meets"] = _meets(frame)
+    frame["_p99"] = pd.to_numeric(frame.get(LATENCY), errors="coerce")
+    base = frame[frame[axis].astype(str) == str(baseline)]
+    rows = []
+    groups = frame.groupby(by, sort=False, dropna=False) if by else [((), frame)]
+    for key, sel in groups:
+        key = key if isinstance(key, tuple) else (key,)
+        for value in [v for v in axes[axis] if str(v) != str(baseline)]:
+            mine = sel[sel[axis].astype(str) == str(value)]
+            pairs = mine.merge(base, on=others, suffixes=("", "_base"))
+            both = pairs[pairs["_p99"].notna() & pairs["_p99_base"].notna()]
+            row = dict(zip(by, key))
+            row[axis] = value
+            row["pairs"] = len(pairs)
+            if not both.empty:
+                row["median p99 change %"] = float((100 * (both["_p99"] / both["_p99_base"] - 1)).median())
+                row["median p99 change ms"] = float((both["_p99"] - both["_p99_base"]).median())
+                if "kv_bytes_per_token" in both:
+                    kv = both[both["kv_bytes_per_token_base"] > 0]
+                    if not kv.empty:
+                        row["median KV bytes cut %"] = float(
+                            (100 * (1 - kv["kv_bytes_per_token"] / kv["kv_bytes_per_token_base"])).median())
+                for label, cols in (("dispatch ms", ["ms_dispatch"]), ("launch+sync ms", ["ms_launch_sync"])):
+                    if all(c in both for c in cols):
+                        was = sum(both[f"{c}_base"].fillna(0) for c in cols).median()
+                        now = sum(both[c].fillna(0) for c in cols).median()
+                        row[f"median {label} (base -> this)"] = f"{was:.3f} -> {now:.3f}"
+            row["newly meet"] = int((pairs["_meets"] & ~pairs["_meets_base"]).sum())
+            row["newly miss"] = int((~pairs["_meets"] & pairs["_meets_base"]).sum())
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def summary_by(grid: pd.DataFrame, axes: dict, by: list[str]) -> pd.DataFrame:
+    """Per value of ``by``: how many points meet, the best setting, and the heaviest load that meets."""
+    varying = [a for a, v in axes.items() if len(v) > 1 and a in grid and a not in by]
+    frame = grid.copy()
+    frame["_meets"] = _meets(frame)
+    frame["_p99"] = pd.to_numeric(frame.get(LATENCY), errors="coerce")
+    rows = []
+    for key, sel in frame.groupby(by, sort=False, dropna=False):
+        key = key if isinstance(key, tuple) else (key,)
+        row = dict(zip(by, key))
+        row["meet / points"] = f"{int(sel['_meets'].sum())}/{len(sel)}"
+        row["do not fit"] = int((sel.get("verdict") == "does-not-fit").sum())
+        row["failed"] = int((sel["status"] != "ok").sum())
+        if sel["_p99"].notna().any():
+            best = sel.loc[sel["_p99"].idxmin()]
+            row["best p99 ms"] = float(best["_p99"])
+            row["best setting"] = ", ".join(f"{_short(a)}={_fmt(best[a])}" for a in varying)
+        meets = sel[sel["_meets"]]
+        if not meets.empty and {"batch", "context"} <= set(meets.columns):
+            load = pd.to_numeric(meets["batch"], errors="coerce") * pd.to_numeric(meets["context"], errors="coerce")
+            top = meets.loc[load.idxmax()]
+            row["heaviest load meeting"] = (", ".join(f"{_short(a)}={_fmt(top[a])}" for a in varying)
+                                            + f" ({top['_p99']:.2f} ms)")
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _short(axis: str) -> str:
+    return axis.split(".")[-1]
+
+
 def write_report(out_dir: str | Path) -> Path:
     out_dir = Path(out_dir)
     table, settings = load(out_dir)
@@ -110,10 +182,21 @@ def write_report(out_dir: str | Path) -> Path:
     if settings.get("question"):
         lines += [f"**Question.** {settings['question'].strip()}", ""]
     lines += ["## Answer", ""] + answer(grid, axes) + [""]
+    study = settings["study"]
+    if study.get("summary_by"):
+        table_by = summary_by(grid, axes, study["summary_by"])
+        lines += [f"### By {', '.join(study['summary_by'])}", ""] + _table(table_by, list(table_by.columns)) + [""]
+    for comp in study.get("compare", []):
+        frame = compare(grid, axes, comp["axis"], comp["baseline"], comp.get("by", []))
+        if not frame.empty:
+            lines += [f"### `{comp['axis']}` against `{comp['baseline']}` (every other axis equal)", ""]
+            lines += _table(frame, list(frame.columns)) + [""]
     x, front = frontier(grid, axes)
-    if x is not None and not front.empty:
+    if x is not None and not front.empty and len(front) <= 60:
         lines += [f"### Where the target holds, along `{x}`", ""]
         lines += _table(front, list(front.columns)) + [""]
+    elif x is not None and not front.empty:
+        lines += [f"(The frontier along `{x}` has {len(front)} rows: see results.csv.)", ""]
     plots = out_dir / "plots"
     pictures = [("feasibility", "Feasibility map: p99 latency over two swept axes, target contour in red"),
                 ("breakdown", "Per-token latency breakdown"),

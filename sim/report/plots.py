@@ -100,7 +100,7 @@ def _detail_values(settings: dict) -> dict:
 
 def _fmt(value) -> str:
     if isinstance(value, float):
-        return f"{value:g}"
+        return f"{value:.4g}"
     return str(value)
 
 
@@ -198,13 +198,14 @@ def feasibility(grid: pd.DataFrame, settings: dict, folder: Path) -> list[str]:
     if grid.empty or x_axis not in grid or y_axis not in grid:
         return []
     facet = settings["study"].get("plots", {}).get("facet")
-    facets = [facet] if facet else [a for a in varying if a not in (x_axis, y_axis)]
+    facets = ([facet] if isinstance(facet, str) else list(facet)) if facet else [
+        a for a in varying if a not in (x_axis, y_axis)]
     facets = [f for f in facets if f in grid]
     if facets:
         combos = grid[facets].map(_key).drop_duplicates().values.tolist()
     else:
         combos = [[]]
-    combos = combos[:12]
+    combos = combos[:16]
     fixed = _detail_values(settings)
     others = [a for a in varying if a not in (x_axis, y_axis, *facets)]
     xs, ys = axes[x_axis], axes[y_axis]
@@ -215,9 +216,10 @@ def feasibility(grid: pd.DataFrame, settings: dict, folder: Path) -> list[str]:
         return []
     norm = LogNorm(vmin=max(ok_vals.min(), 1e-3), vmax=max(ok_vals.max(), target * 1.01, ok_vals.min() * 1.01))
     n = len(combos)
-    ncols = min(n, 3)
+    ncols = min(n, 3 if n <= 9 else 4)
     nrows = math.ceil(n / ncols)
-    fig, panels = plt.subplots(nrows, ncols, figsize=(4.6 * ncols + 1.2, 3.9 * nrows), squeeze=False)
+    fig, panels = plt.subplots(nrows, ncols, figsize=(4.6 * ncols + 1.2, 3.9 * nrows), squeeze=False,
+                               layout="constrained")
     image = None
     for k, combo in enumerate(combos):
         ax = panels[k // ncols][k % ncols]
@@ -269,8 +271,9 @@ def feasibility(grid: pd.DataFrame, settings: dict, folder: Path) -> list[str]:
     if image is not None:
         bar = fig.colorbar(image, ax=panels.ravel().tolist(), shrink=0.85)
         bar.set_label("p99 per-token latency (ms, log scale)")
-    fig.suptitle(f"{settings['name']}: feasibility (red contour: {target:g} ms target; hatched: does not fit)",
-                 fontsize=10)
+    held = ", ".join(f"{_short(a)}={_fmt(fixed.get(a))}" for a in others)
+    fig.suptitle(f"{settings['name']}: feasibility (red contour: {target:g} ms target; hatched: does not fit)"
+                 + (f"\nother axes held at {held} (where swept)" if held else ""), fontsize=10)
     return _save(fig, folder, "feasibility")
 
 

@@ -50,9 +50,18 @@ class Sensitivity(Strict):
 
 class Plots(Strict):
     feasibility: tuple[str, str] | None = None  # (x axis, y axis) of the heatmap
-    facet: str | None = None  # one heatmap panel per value of this axis
+    facet: str | list[str] | None = None  # one heatmap panel per value (combination) of these axes
     breakdown: str | None = None  # the axis the stacked bars run along (default: every point)
     detail: dict[str, Any] = Field(default_factory=dict)  # assignments of the point whose DES log is plotted
+
+
+class Compare(Strict):
+    """Report how each value of one axis changes latency, KV bytes and verdicts against a
+    baseline value, matching every other axis (optionally per group of ``by`` axes)."""
+
+    axis: str
+    baseline: Any
+    by: list[str] = Field(default_factory=list)
 
 
 class Sweep(Strict):
@@ -70,6 +79,8 @@ class StudySpec(Strict):
     sensitivity: Sensitivity | None = None
     plots: Plots = Field(default_factory=Plots)
     question: str = ""  # what the report must answer, shown at its top
+    compare: list[Compare] = Field(default_factory=list)
+    summary_by: list[str] = Field(default_factory=list)  # report: one answer row per value of these axes
 
     @field_validator("base")
     @classmethod
@@ -166,8 +177,8 @@ def axis_values(value: Any, file: str, where: str) -> list[Any]:
             raise ConfigError(file, where, "a log range needs from and to > 0", value)
         if n == 1:
             out = [lo]
-        elif spacing == "log":
-            out = [lo * (hi / lo) ** (i / (n - 1)) for i in range(n)]
+        elif spacing == "log":  # four significant figures, so the values read well in tables
+            out = [float(f"{lo * (hi / lo) ** (i / (n - 1)):.4g}") for i in range(n)]
         else:
             out = [lo + (hi - lo) * i / (n - 1) for i in range(n)]
         out = [round(v, 12) for v in out]
@@ -210,6 +221,13 @@ def expand(spec: StudySpec, file: str) -> Study:
     dup = [s for s in spec.seeds if spec.seeds.count(s) > 1]
     if dup:
         raise ConfigError(file, "seeds", "duplicate seed", dup[0])
+    for i, comp in enumerate(spec.compare):
+        for axis in [comp.axis, *comp.by]:
+            if axis not in names:
+                raise ConfigError(file, f"compare.{i}.axis", f"{axis!r} is not a swept axis; axes: {', '.join(names)}")
+    for axis in spec.summary_by:
+        if axis not in names:
+            raise ConfigError(file, "summary_by", f"{axis!r} is not a swept axis; axes: {', '.join(names)}")
     fixed = tuple(spec.overrides.items())
     points: list[Point] = []
     grid_lists = [vals for _, vals in axes]
@@ -256,6 +274,8 @@ def _detail_assignments(spec: StudySpec, axes, zipped, file) -> tuple[tuple[str,
             raise ConfigError(file, f"plots.detail.{key}", f"not a swept axis; axes: {', '.join(sorted(swept))}")
     out = []
     for path, values in axes:
+        if path in chosen and chosen[path] not in values:
+            raise ConfigError(file, f"plots.detail.{path}", f"must be one of the axis values {values}", chosen[path])
         out.append((path, chosen.get(path, values[(len(values) - 1) // 2])))
     if zipped:
         n = len(next(iter(zipped.values())))
