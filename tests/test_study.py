@@ -240,3 +240,12 @@ def test_dask_local_cluster_gives_the_local_table(tmp_path):
     assert code == 0, stderr
     assert "8 simulated, 0 cached, 0 failed" in stdout
     assert stable(results(tmp_path / "dask")).equals(stable(local.table))
+
+
+def test_the_documented_example_study_is_valid(tmp_path):
+    text = (ROOT / "docs" / "studies.md").read_text()
+    example = text.split("```yaml\n", 1)[1].split("```", 1)[0]
+    path = write(tmp_path, example, "example.yaml")
+    study = load_study(path)
+    assert len(study.grid_points) == 4 * 4 * 2
+    assert {p.labels["batch"] for p in study.grid_points} == {1, 4, 16, 64}
