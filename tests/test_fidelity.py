@@ -138,3 +138,20 @@ def test_fidelity_cli_on_synthetic(cli):
     assert [r["format"] for r in data["rows"]] == ["fp16", "int2-asym-outlier"]
     assert data["params"]["tokens"] == 256
     assert data["rows"][1]["k_outlier_fraction"] == pytest.approx(13 / 256)  # ceil(5% of 256) channels
+
+
+def test_threshold_outliers_keep_only_far_values_within_the_slot_budget():
+    q = Quant(bits=2, symmetric=False, per="column", scale_dtype="fp16", zero_dtype="fp16",
+              outliers={"select": "threshold", "threshold": 6.0, "fraction": 0.05})
+    x = np.random.default_rng(3).standard_normal((512, 256))
+    x[7, 9] = 40.0  # one far value
+    xhat, stats = fake_quant(q, x)
+    assert 0 < stats["outlier_fraction"] < 0.05  # fewer than the 13 slots per row are used
+    assert xhat[7, 9] == pytest.approx(40.0)  # kept in fp16
+    dense_only = Quant(bits=2, symmetric=False, per="column", scale_dtype="fp16", zero_dtype="fp16")
+    assert np.abs(fake_quant(dense_only, x)[0] - x).mean() > np.abs(xhat - x).mean()
+    # the bytes count the fixed slot capacity (13 slots of value + index, a row pointer per
+    # token), whatever the data; per-channel scales without a group are per-layer constants
+    f = build_format({"name": "t", "description": "t", **q.model_dump()})
+    assert f.k_bytes(512, 256) == 512 * 256 * 2 // 8 + 512 * 13 * 4 + 512 * 4
+    assert f.constant_bytes("k", 256) == 256 * 4
