@@ -31,7 +31,7 @@ def _fmt(v) -> str:
     if v is None or (isinstance(v, float) and v != v):
         return ""
     if isinstance(v, float):
-        return f"{v:.3f}" if abs(v) < 1000 else f"{v:.4g}"
+        return f"{v:.3f}" if abs(v) < 100 else f"{v:,.0f}" if abs(v) < 1e9 else f"{v:.4g}"
     return str(v)
 
 
