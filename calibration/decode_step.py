@@ -198,6 +198,70 @@ def time_steps(fn, reps, cuda, warmup=3):
     return ev, wall
 
 
+def host_profile(W, cfg, dev, dt, cuda, outdir, facts):
+    """Diagnostic (not a validation point): where the host time of an eager step goes, and eager
+    step time with the SDPA backend forced. Writes decode_host_ops.csv, decode_eager_variants.csv."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.profiler import ProfilerActivity, profile
+    L = 4096 if cuda else 64
+    ops = CsvOut(os.path.join(outdir, "decode_host_ops.csv"),
+                 ["batch", "context", "op", "count", "self_cpu_us_total", "cpu_us_total", "self_device_us_total"])
+    var = CsvOut(os.path.join(outdir, "decode_eager_variants.csv"),
+                 ["batch", "context", "variant", "median_ms", "p10_ms", "p90_ms", "wall_median_ms", "n_reps"])
+    backends = [("default", None), ("flash", [SDPBackend.FLASH_ATTENTION]),
+                ("cudnn", [SDPBackend.CUDNN_ATTENTION])] if cuda else [("default", None),
+                                                                      ("math", [SDPBackend.MATH])]
+    for B in ((1, 8) if cuda else (1, 2)):
+        dec = Decoder(W, B, L, dev, dt)
+        for _ in range(3):
+            dec.step()
+        if cuda:
+            torch.cuda.synchronize()
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        with profile(activities=acts) as prof:
+            dec.step()
+            if cuda:
+                torch.cuda.synchronize()
+        ka = sorted(prof.key_averages(), key=lambda k: -k.self_cpu_time_total)
+        for k in ka[:60]:
+            ops.row(batch=B, context=L, op=k.key[:160], count=k.count, self_cpu_us_total=float(k.self_cpu_time_total),
+                    cpu_us_total=float(k.cpu_time_total),
+                    self_device_us_total=float(getattr(k, "self_device_time_total", 0.0) or 0.0))
+        for name, bl in backends:
+            try:
+                if bl is None:
+                    ev, wall = time_steps(dec.step, 15 if cuda else 2, cuda, warmup=2)
+                else:
+                    with sdpa_kernel(bl):
+                        ev, wall = time_steps(dec.step, 15 if cuda else 2, cuda, warmup=2)
+                var.row(batch=B, context=L, variant=f"eager_sdpa_{name}", median_ms=statistics.median(ev),
+                        p10_ms=pct(ev, 10), p90_ms=pct(ev, 90), wall_median_ms=statistics.median(wall),
+                        n_reps=len(ev))
+                log(f"host-profile B={B} eager sdpa={name}: {statistics.median(ev):.3f} ms")
+            except Exception as e:  # noqa: BLE001
+                var.row(batch=B, context=L, variant=f"eager_sdpa_{name}: failed {e!r}"[:200])
+        # host-only cost of one layer's Python+dispatch with the GPU kept busy (ops enqueue only)
+        cos, sin = dec.rope_at_pos()
+        h0 = torch.randn(B, cfg["hidden"], device=dev, dtype=dt)
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU busy: host enqueue is then not throttled
+        t0 = time.perf_counter()
+        for _ in range(20):
+            dec.layer(0, h0, cos, sin)
+        t1 = time.perf_counter()
+        if cuda:
+            torch.cuda.synchronize()
+        var.row(batch=B, context=L, variant="host_enqueue_per_layer_gpu_busy", median_ms=(t1 - t0) / 20 * 1e3, n_reps=20)
+        log(f"host-profile B={B} host enqueue per layer (GPU busy): {(t1 - t0) / 20 * 1e3:.3f} ms")
+        dec.free()
+        del dec
+        if cuda:
+            torch.cuda.empty_cache()
+    ops.close()
+    var.close()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -208,6 +272,7 @@ def main():
     ap.add_argument("--eager-reps", type=int, default=20)
     ap.add_argument("--eager-batches", default="1,8,32",
                     help="batches also timed eagerly (the brief requires 1)")
+    ap.add_argument("--host-profile", action="store_true", help="also write host-time diagnostics")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     cuda = not args.cpu
@@ -336,6 +401,13 @@ def main():
             write_json(mpath, facts)
     steps.close()
     kern.close()
+    if args.host_profile:
+        try:
+            host_profile(W, cfg, dev, dt, cuda, args.out, facts)
+        except Exception as e:  # noqa: BLE001
+            log(f"!! host profile failed: {e!r}")
+            traceback.print_exc()
+            facts["host_profile_error"] = repr(e)
     if cuda:
         facts["nvidia_smi_after"] = nvidia_smi_snapshot()
         facts["max_memory_allocated"] = torch.cuda.max_memory_allocated()

@@ -377,6 +377,29 @@ def bench_gemm(ctx):
         del A, B, C
     if sampler:
         ctx.notes["clocks_during_large_gemm"] = sampler.stop()
+    # sustained: ~2 s of back-to-back 8192^3 products, timed in windows, with clock samples
+    if ctx.cuda and ctx.args.gemm_sustain_s > 0:
+        n = 8192
+        A = torch.randn(n, n, device=ctx.dev, dtype=dt)
+        B = torch.randn(n, n, device=ctx.dev, dtype=dt)
+        C = torch.empty(n, n, device=ctx.dev, dtype=dt)
+        flops = 2 * n ** 3
+        sampler = ClockSampler(0.02).start()
+        win = 20
+        t_end = time.time() + ctx.args.gemm_sustain_s
+        w = 0
+        while time.time() < t_end:
+            us = ctx.timer.time(lambda i: torch.matmul(A, B, out=C), win, warmup=0, backlog=False)
+            sm = summarize(us)
+            t = sm["median_us"] * 1e-6
+            out.row(kind=f"large_square_sustained_w{w:03d}", layout="KN", M=n, K=n, N=n, weight_bytes=n * n * 2,
+                    flops=flops, achieved_GBps=n * n * 2 / t / GB, achieved_TFLOPs=flops / t / 1e12,
+                    weight_copies=1, **sm)
+            w += 1
+        ctx.notes["clocks_during_sustained_gemm"] = sampler.stop()
+        log(f"gemm sustained: {w} windows of {win}; last {flops / t / 1e12:.1f} TF/s; "
+            f"clocks {ctx.notes['clocks_during_sustained_gemm']}")
+        del A, B, C
     out.close()
 
 
@@ -613,6 +636,7 @@ def main():
     ap.add_argument("--cpu", action="store_true", help="plumbing check on CPU with tiny sizes")
     ap.add_argument("--cpu-pool-mib", type=int, default=64, help="--cpu only: pool size")
     ap.add_argument("--max-reps", type=int, default=None, help="cap repetitions (interpreter tests)")
+    ap.add_argument("--gemm-sustain-s", type=float, default=0.0, help="seconds of sustained 8192^3 GEMM")
     ap.add_argument("--only", default="hbm,gather,gemm,attention,overheads")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
