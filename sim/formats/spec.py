@@ -108,7 +108,7 @@ class Quant(Strict):
                 table = self.levels
                 if len(table) != 2 ** self.bits:
                     raise ValueError(f"levels must list 2^bits = {2 ** self.bits} values, got {len(table)}")
-                if any(b <= a for a, b in zip(table, table[1:])) or min(table) < -1 or max(table) > 1:
+                if any(b <= a for a, b in zip(table[:-1], table[1:], strict=True)) or min(table) < -1 or max(table) > 1:
                     raise ValueError("levels must be strictly increasing values in [-1, 1]")
         elif self.levels is not None:
             raise ValueError("levels are only used with encoding: codebook")
