@@ -212,3 +212,18 @@ def test_run_accepts_kivi2_with_int4_weights(cli):
     code, out, err = cli("run", "--kv", "kivi-2", "--weights", "int4-g128", "--steps", "1")
     assert code == 0, err
     assert "weights int4-g128, KV kivi-2" in out and "dequant" in out
+
+
+@pytest.mark.parametrize("kv", ["kivi-2", "kvquant-3-1pct", "int2-asym-outlier", "fp8-e4m3"])
+def test_the_step_reads_exactly_the_formats_bytes(kv):
+    from sim.run import simulate
+
+    r = simulate(kv=kv, batch=3, context=5000, steps=1)
+    fmt, plan = get_format(kv), r.resolved.plan
+    t = fmt.kv_read(5000, plan.k_width, plan.v_width)
+    step = r.steps[0]
+    assert step["kv_bytes"] == 3 * 32 * t.stream_bytes + 3 * 32 * fmt.kv_append(plan.k_width, plan.v_width).stream_bytes
+    assert step["outlier_bytes"] == 3 * 32 * t.gather_bytes
+    des = r.summary["per_token_ms_p50"]
+    analytic = simulate(kv=kv, batch=3, context=5000, steps=1, engine="analytic").summary["per_token_ms_p50"]
+    assert des >= analytic * 0.999 and des == pytest.approx(analytic, rel=0.05)
