@@ -170,7 +170,10 @@ def breakdown(grid: pd.DataFrame, settings: dict, folder: Path) -> list[str]:
     ax.set_ylabel("time per decode step (ms, mean over steps)")
     ax.set_xlabel(_axis_label(label_axes[0]) if len(label_axes) == 1 else ", ".join(_short(a) for a in label_axes)
                   or "point")
-    ax.set_title(f"{settings['name']}: per-token latency breakdown")
+    held = [a for a in varying if a not in label_axes and a in sel and _keys(sel[a]).nunique() == 1]
+    note = ", ".join(f"{_short(a)}={_fmt(sel[a].iloc[0])}" for a in held)
+    ax.set_title(f"{settings['name']}: per-token latency breakdown" + (f"\n(at {note})" if note else ""),
+                 fontsize=10)
     ax.legend(fontsize=7, ncol=2, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.grid(axis="y", alpha=0.3)
     return _save(fig, folder, "breakdown")
