@@ -373,7 +373,7 @@ def _section_fit_applied(predicted: list[dict], csv_path) -> list[str]:
                    f"{r['predicted_ms']:.3f} | {_pct(r['error_pct'])} | "
                    + ", ".join(f"{k} {v:.2f}" for k, v in top) + " |")
     out += ["", _why(fitted, dict((p, v) for p, v, _ in overrides)), ""]
-    return out
+    return out + _kernel_table()
 
 
 def _profile_has(path: str, value: float) -> bool:
@@ -385,6 +385,78 @@ def _profile_has(path: str, value: float) -> bool:
         node = profile.level(part) if node is profile and part in {lv.name for lv in profile.memory} \
             else getattr(node, part)
     return abs(node.value - value) <= 1e-9 * max(1.0, abs(value))
+
+
+KERNEL_CLASSES = (  # (class, substrings of the CUDA kernel name), first match wins
+    ("matmul (GEMV/GEMM)", ("nvjet", "gemm", "cutlass", "gemv")),
+    ("matmul split-K reduce", ("splitkreduce",)),
+    ("attention", ("sdpa", "flash", "fmha", "lean_reduction")),
+    ("norm", ("layer_norm", "rms_norm", "rmsnorm")),
+    ("RoPE / cache copy (cat, index_copy)", ("catarray", "index_copy", "index_elementwise")),
+    ("element-wise (mul, add, silu)", ("elementwise", "silu", "functor")),
+)
+KERNELS_CSV = Path("calibration/data/h200/decode_kernels.csv")
+
+
+def kernel_classes(batch: int = 1, context: int = 1024) -> dict[str, int] | None:
+    """Measured kernels per layer by class, from the profiler's decode_kernels.csv."""
+    path = repo_path(KERNELS_CSV)
+    if not path.is_file():
+        return None
+    counts: dict[str, int] = {}
+    with open(path, newline="") as handle:
+        for row in csv.DictReader(handle):
+            if row.get("scope") != "layer" or int(row["batch"]) != batch or int(row["context"]) != context:
+                continue
+            if str(row.get("is_kernel", "True")).lower() != "true":
+                continue
+            name = row["kernel_name"].lower()
+            cls = next((c for c, keys in KERNEL_CLASSES if any(k in name for k in keys)), "other")
+            counts[cls] = counts.get(cls, 0) + int(row["count"])
+    return counts or None
+
+
+def simulated_kernel_classes(batch: int = 1, context: int = 1024) -> dict[str, int]:
+    from sim.lowering.decode import lower_step
+    from sim.run import RunSpec, resolve
+
+    res = resolve(RunSpec(model="llama-3-8b", weights="bf16", kv="bf16", batch=batch, context=context, steps=1,
+                          software="torch-eager"))
+    graph = lower_step(res.plan, res.steps[0].contexts)
+    by_op = {"matmul": "matmul (GEMV/GEMM)", "attention": "attention"}
+    counts: dict[str, int] = {}
+    for op in graph.ops:
+        if op.layer != 0:
+            continue
+        if op.kind in by_op:
+            cls = by_op[op.kind]
+            main = 1 if op.kind == "matmul" else op.kernels
+            counts[cls] = counts.get(cls, 0) + main
+            if op.kernels > main:  # the fused residual add of o_proj / down
+                counts["element-wise (mul, add, silu)"] = counts.get("element-wise (mul, add, silu)", 0) + op.kernels - main
+        elif "norm" in op.name:
+            counts["norm"] = counts.get("norm", 0) + op.kernels
+        elif op.name == "rope_append":
+            counts["RoPE / cache copy (cat, index_copy)"] = counts.get("RoPE / cache copy (cat, index_copy)", 0) + op.kernels
+        else:
+            counts["element-wise (mul, add, silu)"] = counts.get("element-wise (mul, add, silu)", 0) + op.kernels
+    return counts
+
+
+def _kernel_table() -> list[str]:
+    measured = kernel_classes()
+    if not measured:
+        return []
+    simulated = simulated_kernel_classes()
+    classes = [c for c, _ in KERNEL_CLASSES] + (["other"] if "other" in measured else [])
+    out = ["Kernels per layer by class (batch 1, context 1024): the profiler's count "
+           f"(`{KERNELS_CSV}`) against the lowering's `torch-eager` table (sim/lowering/decode.py KERNELS; "
+           "the simulator books the RoPE element-wise kernels under rope_append).", "",
+           "| class | measured | simulated |", "|---|---:|---:|"]
+    for c in classes:
+        out.append(f"| {c} | {measured.get(c, 0)} | {simulated.get(c, 0)} |")
+    out.append(f"| **total** | **{sum(measured.values())}** | **{sum(simulated.values())}** |")
+    return out + [""]
 
 
 def _why(fitted: list[dict], fit: dict) -> str:
