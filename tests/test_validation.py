@@ -165,3 +165,26 @@ def validation_config_error():
     from sim.errors import ConfigError
 
     return ConfigError
+
+
+def test_tp_section_fits_a_multi_gpu_collectives_csv(tmp_path):
+    """The calibration script's CSV layout (op all_reduce/all_to_all, eager and graph rows, the max
+    over ranks): graph rows only, fitted figures shown beside the profile's."""
+    rows = _synthetic(6000, 900, 360)
+    path = tmp_path / "collectives_ws8.csv"
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, ["op", "mode", "world_size", "plumbing_check", "bytes", "median_us",
+                                         "median_us_max_over_ranks"])
+        writer.writeheader()
+        for r in rows:
+            op = {"allreduce": "all_reduce", "alltoall": "all_to_all"}[r["op"]]
+            us = r["t_ns"] / 1e3
+            writer.writerow({"op": op, "mode": "graph", "world_size": r["world_size"], "plumbing_check": False,
+                             "bytes": int(r["bytes"]), "median_us": 0.9 * us, "median_us_max_over_ranks": us})
+            writer.writerow({"op": op, "mode": "eager", "world_size": r["world_size"], "plumbing_check": False,
+                             "bytes": int(r["bytes"]), "median_us": 3 * us, "median_us_max_over_ranks": 3 * us})
+    fitted = link_fit.fit(link_fit.read_rows(path))
+    assert fitted.latency_ns == pytest.approx(900, rel=1e-4) and fitted.bandwidth_GBps == pytest.approx(360, rel=1e-4)
+    text = "\n".join(validation._collectives_rows([path]))
+    assert "| latency per algorithm step (ns) |" in text and "| 900 |" in text and "| 360 |" in text
+    assert validation._max_world_size(path) == 8

@@ -68,7 +68,10 @@ class LinkFit:
         ])
 
 
-def read_rows(path: Path | str) -> list[dict]:
+def read_rows(path: Path | str, mode: str | None = "graph", min_rows: int = 3) -> list[dict]:
+    """Rows with world_size >= 2. With a ``mode`` column (calibration/collectives.py writes eager and
+    graph rows), only rows of ``mode`` (decode steps run as graphs); ``median_us_max_over_ranks``
+    (the collective ends when its slowest rank does) is preferred over ``median_us``."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(str(path), None, "collectives CSV not found")
@@ -79,19 +82,26 @@ def read_rows(path: Path | str) -> list[dict]:
         if missing:
             raise ConfigError(str(path), None, f"missing columns {sorted(missing)}; expected op, world_size, bytes, "
                                                "median_us")
+        has_mode = "mode" in (reader.fieldnames or ())
+        time_key = "median_us_max_over_ranks" if "median_us_max_over_ranks" in (reader.fieldnames or ()) else "median_us"
         for i, row in enumerate(reader, start=2):
+            if has_mode and mode is not None and row["mode"].strip().lower() != mode:
+                continue
+            if not (row.get(time_key) or "").strip() or row[time_key].strip().lower() == "nan":
+                continue
             op = row["op"].strip().lower().replace("_", "").replace("-", "")
             if op not in STEPS:
                 raise ConfigError(str(path), f"line {i}.op", f"expected allreduce or alltoall, got {row['op']!r}")
             try:
-                n, size, us = int(row["world_size"]), float(row["bytes"]), float(row["median_us"])
+                n, size, us = int(row["world_size"]), float(row["bytes"]), float(row[time_key])
             except ValueError as err:
                 raise ConfigError(str(path), f"line {i}", f"expected numbers ({err})") from None
             if n < 2 or size <= 0 or us <= 0:
                 continue  # a world size of 1 checks plumbing only; it says nothing about links
             rows.append({"op": op, "world_size": n, "bytes": size, "t_ns": us * 1e3})
-    if len(rows) < 3:
-        raise ConfigError(str(path), None, f"need at least 3 rows with world_size >= 2 to fit 3 figures, got {len(rows)}")
+    if len(rows) < min_rows:
+        raise ConfigError(str(path), None, f"need at least {min_rows} rows with world_size >= 2"
+                                           f"{f' in mode {mode}' if mode else ''} to fit 3 figures, got {len(rows)}")
     return rows
 
 
@@ -133,12 +143,13 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="fit system.links figures from a collectives CSV")
     parser.add_argument("csv", help="CSV with op, world_size, bytes, median_us")
     parser.add_argument("--profile", default="h200-sxm-x8", help="profile whose host.kernel_gap_ns to subtract")
+    parser.add_argument("--mode", default="graph", help="rows of this mode column value (default graph; 'any': all)")
     args = parser.parse_args(argv)
     try:
         from sim import load_profile
 
         gap = load_profile(args.profile).host.kernel_gap_ns.value
-        result = fit(read_rows(args.csv), source=args.csv)
+        result = fit(read_rows(args.csv, None if args.mode == "any" else args.mode), source=args.csv)
     except ConfigError as err:
         print(f"link_fit: {err}")
         return 2
