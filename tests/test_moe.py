@@ -215,8 +215,9 @@ def test_moe_report_command(cli, tmp_path):
     assert code == 0, err
     text = out.read_text()
     for needle in ("Mixtral-8x7B bf16, h200-sxm x1", "DeepSeek-V3 int8, h200-sxm x8", "groq-lpu",
-                   "Where the zero-copy claim holds", "does not fit"):
+                   "Where the zero-copy claim holds", "does not fit", "![breakdown](moe-breakdown-b8.png)"):
         assert needle in text
+    assert (tmp_path / "moe-breakdown-b8.png").stat().st_size > 10_000
 
 
 def test_every_moe_layer_is_lowered_from_its_own_routing():

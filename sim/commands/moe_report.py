@@ -16,10 +16,11 @@ def register(sub) -> None:
 
 
 def handle(args) -> int:
-    from sim.report.moe_report import build_report
+    from sim.report.moe_report import PLOT_NAME, build_report
 
-    text = build_report("decodesim moe-report" + (f" --out {args.out}" if str(args.out) != "reports/moe.md" else ""))
+    command = "decodesim moe-report" + (f" --out {args.out}" if str(args.out) != "reports/moe.md" else "")
+    text = build_report(command, plot_path=args.out.parent / PLOT_NAME)
     write_atomic(args.out, text)
     args.out.chmod(0o644)  # a report is for everyone to read (write_atomic's temp file is private)
-    print(f"wrote {args.out}")
+    print(f"wrote {args.out} and {args.out.parent / PLOT_NAME}")
     return 0

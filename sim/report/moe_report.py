@@ -13,6 +13,7 @@ paragraphs are computed from the same results (no number in them is typed in).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from sim.lowering.moe import DISPATCHES, HOST_DISPATCH_NS, MoEFFN, sram_budget
 from sim.moe.routing import expected_distinct
@@ -298,5 +299,59 @@ def policy_table() -> list[dict]:
     return rows
 
 
-def build_report(command: str = "decodesim moe-report") -> str:
-    return render(collect(), policy_table(), command, scale_check())
+PLOT_SETUPS = ("Mixtral-8x7B bf16, h200-sxm x8, experts TP-sharded", "DeepSeek-V3 int8, h200-sxm x8, experts TP-sharded",
+               "Mixtral-8x7B bf16, groq-lpu x576 (tp 18 x pp 32)")
+PLOT_BATCH = 8
+PLOT_NAME = "moe-breakdown-b8.png"
+
+
+def plot_breakdown(results: list[dict], path: Path) -> None:
+    """Stacked latency breakdown, one panel per setup, one bar per dispatch path (PNG, atomic)."""
+    import os
+    import tempfile
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from sim.report.plots import ROW_ORDER
+
+    by = {(r["setup"], r["dispatch"]): r["summary"] for r in results if r["batch"] == PLOT_BATCH}
+    fig, axes = plt.subplots(1, len(PLOT_SETUPS), figsize=(4.2 * len(PLOT_SETUPS), 4.6))
+    rows = [row for row in ROW_ORDER if any(row in by[(st, d)].get("breakdown_ms", {})
+                                             for st in PLOT_SETUPS for d in DISPATCHES)]
+    colours = plt.get_cmap("tab20")(range(len(rows)))
+    for ax, setup in zip(axes, PLOT_SETUPS, strict=True):
+        bottom = [0.0] * len(DISPATCHES)
+        for row, colour in zip(rows, colours, strict=True):
+            heights = [by[(setup, d)]["breakdown_ms"].get(row, 0.0) for d in DISPATCHES]
+            ax.bar(range(len(DISPATCHES)), heights, bottom=bottom, color=colour, label=row)
+            bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
+        target = by[(setup, DISPATCHES[0])]["target_ms"]
+        if max(bottom) >= 0.5 * target:
+            ax.axhline(target, color="black", linestyle="--", linewidth=1)
+            ax.text(len(DISPATCHES) - 0.5, target, f"{target:g} ms target", ha="right", va="bottom", fontsize=8)
+        ax.set_xticks(range(len(DISPATCHES)), [d.replace("_", " ") for d in DISPATCHES])
+        ax.set_ylabel("per-token latency (ms)")
+        ax.set_title(setup.replace(", ", "\n", 1), fontsize=9)
+    axes[-1].legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, title="breakdown row")
+    fig.suptitle(f"MoE dispatch paths at batch {PLOT_BATCH}, context {CONTEXT}", fontsize=11)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
+    os.close(fd)
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
+def build_report(command: str = "decodesim moe-report", plot_path: Path | None = None) -> str:
+    results = collect()
+    if plot_path is not None:
+        plot_breakdown(results, plot_path)
+    text = render(results, policy_table(), command, scale_check())
+    if plot_path is not None:
+        text = text.replace("## Every run", f"![breakdown]({plot_path.name})\n\n## Every run", 1)
+    return text
