@@ -177,8 +177,11 @@ class CostModel:
         if op.collective is not None:
             fill = self.collective_latency_ns(op)
         else:
-            fill = max((self.levels[f.link].latency_ns.value for f in flows if f.link in self.levels and not f.write),
-                       default=0.0)
+            # first-byte latency of the slowest source, and for an op implemented as several
+            # kernels, each further kernel's start-up on the nearest level it touches
+            latencies = [self.levels[f.link].latency_ns.value for f in flows if f.link in self.levels]
+            reads = [self.levels[f.link].latency_ns.value for f in flows if f.link in self.levels and not f.write]
+            fill = max(reads, default=0.0) + (op.kernels - 1) * min(latencies, default=0.0)
         read_bytes = sum(f.bytes for f in flows if not f.write)
         chunks = max(1.0, read_bytes / (tiles * self.buffer_bytes))  # buffer loads per tile (fractional: no wave steps)
         # double buffering: only the last chunk's compute trails the loads
