@@ -116,3 +116,29 @@ def compare_rows(spec, kv_formats: list[str], fidelity_tokens: int = 2048) -> li
         r["latency_cut_pct"] = (100 * (1 - r["per_token_ms"] / base_ms)
                                 if base_ms and r["per_token_ms"] is not None else None)
     return rows
+
+
+def attention_costs(spec) -> dict:
+    """Uncontended cost of the attention ops of the first step, summed over layers (ms):
+    the matrix part (score and value products), the dequantization and other vector work,
+    and the time to read K, V and outliers from the backing store alone."""
+    from sim.costs import CostModel
+    from sim.lowering.decode import lower_step
+    from sim.run import resolve
+
+    res = resolve(spec)
+    graph = lower_step(res.plan, res.steps[0].contexts, res.steps[0].index)
+    costs = CostModel(res.hardware)
+    out = {"matrix_ms": 0.0, "dequant_ms": 0.0, "other_vector_ms": 0.0, "kv_read_ms": 0.0}
+    for op in graph.ops:
+        if op.kind != "attention":
+            continue
+        c = costs.cost(op)
+        out["matrix_ms"] += c.matrix_ns / 1e6
+        out["dequant_ms"] += c.dequant_ns / 1e6
+        out["other_vector_ms"] += (c.vector_ns - c.dequant_ns) / 1e6
+        out["kv_read_ms"] += sum(f.bytes * f.weight / costs.capacity[f.link] for f in c.flows
+                                 if f.category in ("kv", "outliers")) / 1e6
+    out["matrix_m"] = next(op.matrix_m for op in graph.ops if op.kind == "attention")
+    out["matrix_tile_m"] = costs.tile_m
+    return out
