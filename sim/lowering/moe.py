@@ -178,12 +178,19 @@ class MoEFFN:
             parallelism=max(1, local * k), kernels=1, tags={"phase": "dispatch"})
         a2a_size = local * k * row
         if self.ep > 1:
-            b.add("dispatch_all_to_all", layer, "collective", [Access("link", a2a_size, "link")],
-                  collective=("alltoall", a2a_size, self.ep), parallelism=self.ep, kernels=1)
+            # the rows this chip receives land in its experts' input buffers (the store), or,
+            # with zero-copy, in the tiles of its resident experts
+            b.add("dispatch_all_to_all", layer, "collective", [
+                Access("link", a2a_size, "link"),
+                Access(store, store_pairs * row, "act", write=True),
+                Access("noc", noc_pairs * row, "act"),
+            ], collective=("alltoall", a2a_size, self.ep), parallelism=self.ep, kernels=1)
         self._experts(plan, b, layer, active, resident, fetched, pairs, noc_pairs, store, act, sram)
         if self.ep > 1:
-            b.add("combine_all_to_all", layer, "collective", [Access("link", a2a_size, "link")],
-                  collective=("alltoall", a2a_size, self.ep), parallelism=self.ep, kernels=1)
+            b.add("combine_all_to_all", layer, "collective", [
+                Access("link", a2a_size, "link"),
+                Access(store, local * k * row, "act", write=True),  # each token's k outputs, for the combine
+            ], collective=("alltoall", a2a_size, self.ep), parallelism=self.ep, kernels=1)
         # combine: gate-weighted sum of each token's k expert outputs, plus the residual
         combine_store = store_pairs if self.ep == 1 else local * k
         combine_act = noc_pairs if self.ep == 1 else 0
