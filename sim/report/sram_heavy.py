@@ -2,7 +2,9 @@
 bandwidth) would let one chip decode llama-3-70b in bf16 under 10 ms per token?
 
 The design keeps everything of ``h200-sxm`` (132 SMs, their clocks and peaks, L2, shared
-memory, host and launch costs) and replaces the HBM with on-chip SRAM as the backing store.
+memory, host and launch costs) and replaces the HBM with on-chip SRAM as the backing store;
+the store's stream efficiency is h200-sxm's HBM figure and its latency (the start-up a kernel
+sees) is h200-sxm's L2 figure, both measured on the H200 (calibration/).
 Two numbers are then derived with the simulator, nothing is tuned by hand:
 
 1. capacity: the bytes the run needs per chip (weights + KV + activations, as
@@ -44,6 +46,8 @@ def design(bandwidth_GBps: float, capacity_GB: float, base: str = "h200-sxm") ->
     """The raw profile: ``base`` with its HBM replaced by an SRAM store of this size and rate."""
     raw = copy.deepcopy(load_yaml(hardware_dir() / f"{base}.yaml"))
     tiles = raw["compute"]["tiles"]["value"]
+    hbm = raw["memory"][0]
+    l2 = next(level for level in raw["memory"][1:] if level.get("scope") == "chip")
     store = {
         "kind": "sram", "name": "sram", "scope": "chip",
         "count": {"value": 1, "source": "one chip-wide SRAM backing store (hypothetical design)"},
@@ -53,11 +57,12 @@ def design(bandwidth_GBps: float, capacity_GB: float, base: str = "h200-sxm") ->
         "bandwidth_GBps": {"value": bandwidth_GBps, "estimate": True,
                            "source": f"{DERIVED}: bisection for <= {TARGET_MS:g} ms per token on that run "
                                      "(DES engine), rounded up to 100 GB/s"},
-        "latency_ns": {"value": 200, "estimate": True,
-                       "source": "as the h200-sxm L2 hit latency (~150 ns on B200, hardware_facts.md N6)"},
+        "latency_ns": {"value": l2["latency_ns"]["value"], "estimate": True,
+                       "source": f"what a kernel reading on-chip SRAM sees on {base}: its {l2['name']} latency "
+                                 f"({l2['latency_ns']['source']})"},
         "resident_fraction": {"value": 1.0, "source": "the store itself: everything in it is resident"},
-        "stream_efficiency": {"value": 0.9, "estimate": True,
-                              "source": "as the h200-sxm HBM stream efficiency (FlashMLA 90%, anchors.md D3)"},
+        "stream_efficiency": {"value": hbm["stream_efficiency"]["value"], "estimate": True,
+                              "source": f"as the {base} HBM stream efficiency ({hbm['stream_efficiency']['source']})"},
         "gather_efficiency": {"points": [[32, 1.0]], "estimate": True,
                               "source": "SRAM has no row activations: gathers at the stream rate"},
     }
