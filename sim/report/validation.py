@@ -525,7 +525,10 @@ def _why(fitted: list[dict], fit: dict) -> str:
                 f"Eager rows take {per_kernel * 1e3:.0f} us of wall time per kernel against a measured "
                 f"{launch / 1e3:.1f} us launch of one small kernel: a plain PyTorch step pays Python and dispatcher "
                 "time per aten op (views and slices for RoPE, index_copy_, SDPA set-up) that a launch microbenchmark "
-                "does not contain, so the eager rows stay launch-bound far above the prediction.")
+                "does not contain, so the eager rows stay launch-bound far above the prediction. calibration/README.md "
+                "measures about 1 ms of host time per layer (30 kernel launches plus about 100 ATen calls that launch "
+                "nothing) and a spread of up to 2x between processes (bimodal, ~17 or ~30 ms); the simulator's "
+                "host model charges one launch_overhead_ns per kernel and has no term for the calls in between.")
             by_batch = {}
             for x in eager_rows:
                 by_batch.setdefault(x["batch"], []).append(x["measured_ms"])
