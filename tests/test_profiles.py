@@ -185,3 +185,27 @@ def test_sram_heavy_design_meets_10ms_and_needs_its_bandwidth():
     assert slower["per_token_ms_p99"] > sram_heavy.TARGET_MS
     profile = load_profile("sram-heavy-10ms")
     assert profile.store.kind == "sram" and profile.store.capacity_bytes >= s["capacity"]["needed_bytes"]
+
+
+@pytest.mark.parametrize("system", [s.name for s in __import__("sim.report.multichip", fromlist=["SYSTEMS"]).SYSTEMS])
+def test_multi_chip_profiles_carry_their_base_chip_figures(system):
+    """h200-sxm-x8 and groq-lpu-576 copy their single-chip bases; re-run
+    `python -m sim.report.multichip` when a base changes."""
+    from sim.report.multichip import PER_CHIP, SYSTEMS
+
+    spec = next(s for s in SYSTEMS if s.name == system)
+    many, one = load_profile(system), load_profile(spec.base)
+    for section in PER_CHIP:
+        assert getattr(many, section) == getattr(one, section), (
+            f"{system}.{section} differs from {spec.base}: run `python -m sim.report.multichip`")
+    assert many.chips == spec.chips and many.system.links == one.system.links
+
+
+def test_h100_is_the_calibrated_h200_die_with_its_own_memory():
+    """h100-sxm is generated from h200-sxm (same GH100 die and software stack, whose per-kernel
+    overheads were measured on the H200) with the H100's own HBM3 and L2 capacity."""
+    h100, h200 = load_profile("h100-sxm"), load_profile("h200-sxm")
+    assert h100.compute == h200.compute and h100.host == h200.host and h100.noc == h200.noc
+    assert h100.store.peak_GBps == pytest.approx(3350, rel=1e-3) and h100.store.capacity_GB.value == 80
+    assert h100.store.latency_ns == h200.store.latency_ns
+    assert h100.level("l2").capacity_MB.value == 50

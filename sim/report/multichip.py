@@ -1,4 +1,9 @@
-"""Multi-chip profiles built from their single-chip bases, so the per-chip figures stay in step.
+"""Profiles built from a base profile, so shared figures stay in step.
+
+Multi-chip systems copy their single-chip base. ``h100-sxm`` is derived from ``h200-sxm``:
+the same GH100 die, clocks, SMs, host stack and per-kernel overheads (measured on the H200 by
+calibration/), with the H100's own memory system (5 HBM3 stacks at 3.35 TB/s, 80 GB, 50 MB
+L2 from the datasheet and the H800 FlashMLA stream efficiency).
 
 ``h200-sxm-x8`` is eight ``h200-sxm`` GPUs on one HGX board (NVLink4 through NVSwitch);
 ``groq-lpu-576`` is 576 ``groq-lpu`` chips (72 GroqNodes of 8). Each is the base file's text
@@ -67,16 +72,48 @@ def render(system: System, base_text: str | None = None) -> str:
     return system.header + body
 
 
+H100_HBM = {  # the H100 SXM5's own memory system (hardware_facts.md 1, N3/N9/N5; anchors.md D3)
+    "stacks": {"value": 5, "source": "5 of 6 HBM3 stacks active, 10 x 512-bit MCs of 12 (hardware_facts.md 1, N3/N9)"},
+    "channel_bandwidth_GBps": {"value": 20.94, "estimate": True,
+                               "source": "3350 GB/s (H100 SXM datasheet, N3/N5) / 160 pseudo-channels"},
+    "capacity_GB": {"value": 80, "source": "H100 SXM5 80 GB HBM3 (hardware_facts.md 1, N3/N9)"},
+    "stream_efficiency": {"value": 0.914, "estimate": True,
+                          "source": "FlashMLA 3000 of 3350 GB/s on H800, the H100 SXM memory system (anchors.md D3) "
+                                    "= 0.8955, / (1 - refresh 0.02)"},
+}
+H100_L2 = {"capacity_MB": {"value": 50, "source": "H100 L2 50 MB (hardware_facts.md 1, N9)"}}
+
+
+def render_h100() -> str:
+    raw = yaml.safe_load((hardware_dir() / "h200-sxm.yaml").read_text())
+    raw["name"] = "h100-sxm"
+    raw["description"] = "NVIDIA H100 SXM5, one GPU: 80 GB HBM3 at 3.35 TB/s, 132 SMs, 50 MB L2"
+    hbm = raw["memory"][0]
+    hbm.update(H100_HBM)
+    next(level for level in raw["memory"] if level["name"] == "l2").update(H100_L2)
+    header = ("# NVIDIA H100 SXM5 (80 GB HBM3, GH100 die with 132 SMs), generated from h200-sxm.yaml by\n"
+              "# `python -m sim.report.multichip`: the H200's die, clocks, host stack and per-kernel overheads\n"
+              "# (measured on a real H200, calibration/; the same GH100 die and software), with the H100's own\n"
+              "# HBM3 stacks, capacity, stream efficiency and 50 MB L2. Do not edit by hand.\n")
+    return header + yaml.safe_dump(raw, sort_keys=False, default_flow_style=None, width=200)
+
+
+def _write(path: Path, text: str) -> None:
+    validate(HardwareProfile, yaml.safe_load(text), path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with open(fd, "w") as handle:
+        handle.write(text)
+    Path(tmp).replace(path)
+
+
 def write_all() -> list[Path]:
     out = []
+    h100 = hardware_dir() / "h100-sxm.yaml"
+    _write(h100, render_h100())
+    out.append(h100)
     for system in SYSTEMS:
-        text = render(system)
         path = hardware_dir() / f"{system.name}.yaml"
-        validate(HardwareProfile, yaml.safe_load(text), path)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-        with open(fd, "w") as handle:
-            handle.write(text)
-        Path(tmp).replace(path)
+        _write(path, render(system))
         out.append(path)
     return out
 
