@@ -230,6 +230,9 @@ def _findings(results: list[dict], policy_rows: list[dict]) -> list[str]:
               and r["summary"]["verdict"] == "does-not-fit"]
     sram_ran = [r for r in ran if r["fit"]["sram_store"] and r["dispatch"] == "device"]
     sram_all_meet = all(r["summary"]["meets_target"] for r in sram_ran)
+    sram_zc_us = max(1e3 * (by[(r["setup"], r["batch"], "device")]["per_token_ms_p99"]
+                            - by[(r["setup"], r["batch"], "sram_zero_copy")]["per_token_ms_p99"]) for r in sram_ran)
+    sram_largest = sorted({max(r["summary"]["breakdown_ms"], key=r["summary"]["breakdown_ms"].get) for r in sram_ran})
     active64 = expected_distinct(256, 8, 64)
     lru = {r["routing"]: r["hit"] for r in policy_rows if r["placement"] == "lru"}
     static = {r["routing"]: r["hit"] for r in policy_rows if r["placement"] == "static"}
@@ -262,8 +265,9 @@ def _findings(results: list[dict], policy_rows: list[dict]) -> list[str]:
            "decode is fast but not under the target in every setup that fits")
         + f", because expert weights stream from {sram[0]['store_GBps'] / 1e3:.0f} TB/s SRAM and the device "
         "path has no host syncs, not because of zero-copy dispatch: there the device path's activations already "
-        "go through SRAM, and the two paths differ by less than a microsecond. The cost moves to chip-to-chip "
-        "links (the largest row at batch 1 and 8) and, for DeepSeek-V3, to capacity"
+        f"go through SRAM, and the two paths differ by at most {sram_zc_us:.2f} us per token. The cost moves "
+        f"elsewhere (the largest breakdown rows of the device path there: {', '.join(sram_largest)}) and, for "
+        "DeepSeek-V3, to capacity"
         + (f": at batch {', '.join(sorted({str(r['batch']) for r in ds_dnf}))} its MLA cache, replicated on every "
            f"tensor-parallel chip, does not fit even on {ds_big['chips']} chips" if ds_dnf else "") + ".",
         "",
