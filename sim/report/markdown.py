@@ -63,7 +63,7 @@ def frontier(grid: pd.DataFrame, axes: dict[str, list]) -> tuple[str | None, pd.
     for key, sel in groups:
         key = key if isinstance(key, tuple) else (key,)
         meets = sel[sel["meets"]]
-        row = dict(zip(others, key))
+        row = dict(zip(others, key, strict=False))
         row[f"{x} meeting"] = (f"{_fmt(meets[x].min())} .. {_fmt(meets[x].max())}" if not meets.empty else "none")
         row["points meeting"] = f"{len(meets)}/{len(sel)}"
         best = sel.loc[pd.to_numeric(sel[LATENCY], errors="coerce").idxmin()] if sel[LATENCY].notna().any() else None
@@ -116,7 +116,7 @@ def compare(grid: pd.DataFrame, axes: dict, axis: str, baseline, by: list[str]) 
             mine = sel[sel[axis].astype(str) == str(value)]
             pairs = mine.merge(base, on=others, suffixes=("", "_base"))
             both = pairs[pairs["_p99"].notna() & pairs["_p99_base"].notna()]
-            row = dict(zip(by, key))
+            row = dict(zip(by, key, strict=False))
             row[axis] = value
             row["pairs"] = len(pairs)
             if not both.empty:
@@ -147,7 +147,7 @@ def summary_by(grid: pd.DataFrame, axes: dict, by: list[str]) -> pd.DataFrame:
     rows = []
     for key, sel in frame.groupby(by, sort=False, dropna=False):
         key = key if isinstance(key, tuple) else (key,)
-        row = dict(zip(by, key))
+        row = dict(zip(by, key, strict=False))
         row["meet / points"] = f"{int(sel['_meets'].sum())}/{len(sel)}"
         row["do not fit"] = int((sel.get("verdict") == "does-not-fit").sum())
         row["failed"] = int((sel["status"] != "ok").sum())

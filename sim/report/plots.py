@@ -157,7 +157,7 @@ def breakdown(grid: pd.DataFrame, settings: dict, folder: Path) -> list[str]:
     fig, ax = plt.subplots(figsize=(max(6.0, 0.55 * len(data) + 2), 4.8))
     bottom = np.zeros(len(data))
     cmap = plt.get_cmap("tab20")
-    for i, (row, col) in enumerate(zip(rows, cols)):
+    for i, (row, col) in enumerate(zip(rows, cols, strict=False)):
         values = data[col].to_numpy(dtype=float)
         if not values.any():
             continue
@@ -227,7 +227,7 @@ def feasibility(grid: pd.DataFrame, settings: dict, folder: Path) -> list[str]:
     for k, combo in enumerate(combos):
         ax = panels[k // ncols][k % ncols]
         sel = grid
-        for f, v in zip(facets, combo):
+        for f, v in zip(facets, combo, strict=False):
             sel = sel[_keys(sel[f]) == v]
         for a in others:
             sub = sel[_keys(sel[a]) == _key(fixed.get(a))]
@@ -267,7 +267,7 @@ def feasibility(grid: pd.DataFrame, settings: dict, folder: Path) -> list[str]:
         ax.set_yticks(range(len(ys)), [_fmt(v) for v in ys], fontsize=7)
         ax.set_xlabel(_axis_label(x_axis))
         ax.set_ylabel(_axis_label(y_axis))
-        title = ", ".join(f"{_short(f)}={v}" for f, v in zip(facets, combo))
+        title = ", ".join(f"{_short(f)}={v}" for f, v in zip(facets, combo, strict=False))
         ax.set_title(title or settings["name"], fontsize=9)
     for k in range(n, nrows * ncols):
         panels[k // ncols][k % ncols].axis("off")
@@ -317,7 +317,7 @@ def tornado(sens: pd.DataFrame, settings: dict, folder: Path) -> list[str]:
         return []
     bars.sort(key=lambda b: abs(b[2] - b[1]))
     fig, ax = plt.subplots(figsize=(7.5, 0.55 * len(bars) + 1.6))
-    for i, (knob, lo, hi) in enumerate(bars):
+    for i, (_knob, lo, hi) in enumerate(bars):
         ax.barh(i, lo - base_ms, left=base_ms, color="tab:blue", height=0.6, label=f"-{pct:g}%" if i == 0 else None)
         ax.barh(i, hi - base_ms, left=base_ms, color="tab:orange", height=0.6, label=f"+{pct:g}%" if i == 0 else None)
         ax.text(max(lo, hi), i, f"  {lo - base_ms:+.2f} / {hi - base_ms:+.2f} ms", va="center", fontsize=7)
@@ -362,11 +362,11 @@ def bandwidth(detail: Path, folder: Path, bins: int = 400) -> list[str]:
     order = [r for r in [meta["store"], *meta["levels"], "noc", "link", "pcie"] if r in set(moving["resource"])]
     order = list(dict.fromkeys(order))
     fig, axes = plt.subplots(len(order), 1, figsize=(10, 1.7 * len(order) + 1), sharex=True, squeeze=False)
-    for ax, resource in zip(axes[:, 0], order):
+    for ax, resource in zip(axes[:, 0], order, strict=False):
         rows = moving[moving["resource"] == resource]
         util = np.zeros(bins)
         t0, t1, nbytes = rows["t_start_ns"].to_numpy(), rows["t_end_ns"].to_numpy(), rows["bytes"].to_numpy()
-        for a, b, n in zip(t0, t1, nbytes):
+        for a, b, n in zip(t0, t1, nbytes, strict=False):
             if b <= a:
                 continue
             rate = n / (b - a)  # bytes per ns == GB/s

@@ -151,7 +151,7 @@ def run_study(study: Study, out_dir: str | Path | None = None, *, executor: str 
     runs_dir = out / "runs"
     keys = study.hashes or [content_hash(p.spec) for p in study.points]
     todo: dict[str, Point] = {}
-    for point, key in zip(study.points, keys):
+    for point, key in zip(study.points, keys, strict=False):
         if key not in todo and not (runs_dir / f"{key}.json").is_file():
             todo[key] = point
     cached = len(set(keys)) - len(todo)
@@ -223,14 +223,15 @@ def _outcome(future) -> dict:
 
 
 def _execute_dask(todo, payloads, runs_dir: Path, address, bar) -> None:
-    from dask.distributed import Client, as_completed as dask_completed
+    from dask.distributed import Client
+    from dask.distributed import as_completed as dask_completed
 
     own = not isinstance(address, Client)
     client = Client(address) if own else address
     try:
         keys = list(todo)
         futures = client.map(run_point, [payloads[k] for k in keys], key=[f"decodesim-{k}" for k in keys], pure=False)
-        which = {f.key: k for f, k in zip(futures, keys)}
+        which = {f.key: k for f, k in zip(futures, keys, strict=False)}
         for future in dask_completed(futures):
             key = which[future.key]
             _store(runs_dir, key, todo[key], _outcome(future))
@@ -249,7 +250,7 @@ def _label(value):
 def build_table(study: Study, keys: list[str], runs_dir: Path) -> pd.DataFrame:
     rows = []
     cache: dict[str, dict] = {}
-    for point, key in zip(study.points, keys):
+    for point, key in zip(study.points, keys, strict=False):
         if key not in cache:
             cache[key] = json.loads((runs_dir / f"{key}.json").read_text())["result"]
         result = cache[key]

@@ -204,7 +204,7 @@ def expand(spec: StudySpec, file: str) -> Study:
     axes: list[tuple[str, list]] = []  # grid axes; the zip group is one axis of tuples
     names: list[str] = []
     for section in ("grid", "zip"):
-        for path, value in getattr(spec.sweep, section).items():
+        for path in getattr(spec.sweep, section):
             key = canonical(path)
             if key in where:
                 raise ConfigError(file, f"sweep.{section}.{path}", f"duplicate axis: already set by {where[key]}")
@@ -231,10 +231,10 @@ def expand(spec: StudySpec, file: str) -> Study:
     fixed = tuple(spec.overrides.items())
     points: list[Point] = []
     grid_lists = [vals for _, vals in axes]
-    zip_rows = list(zip(*zipped.values())) if zipped else [()]
+    zip_rows = list(zip(*zipped.values(), strict=False)) if zipped else [()]
     for combo in itertools.product(*grid_lists):
         for zrow in zip_rows:
-            assigned = tuple(zip([p for p, _ in axes], combo)) + tuple(zip(zipped, zrow))
+            assigned = tuple(zip([p for p, _ in axes], combo, strict=False)) + tuple(zip(zipped, zrow, strict=False))
             for seed in spec.seeds:
                 points.append(_point(spec, file, len(points), "grid", fixed, assigned, seed))
     if spec.sensitivity:
