@@ -126,6 +126,12 @@ def fit_overrides(hardware: str = "h200-sxm") -> list[tuple[str, float, str]]:
     return out
 
 
+def issue_set(predicted: list[dict]) -> list[dict]:
+    """The rows issue 6 asks to validate: every CUDA-graph row, and the eager rows at batch 1
+    (decode_step.py also measures eager steps at larger batches; they are shown, not guarded)."""
+    return [r for r in predicted if r["graph"] or r["batch"] == 1]
+
+
 def error_stats(predicted: list[dict]) -> dict:
     errors = [abs(r["error_pct"]) for r in predicted]
     if not errors:
@@ -331,16 +337,22 @@ def _section_measured(csv_path) -> list[str]:
         return out + [f"No measurements yet: `{csv_path}` is not committed. The section appears when "
                       "calibration/decode_step.py's CSV lands.", ""]
     predicted = predict_measured(read_measured(csv_path))
-    stats = error_stats(predicted)
+    stats = error_stats(issue_set(predicted))
+    every = error_stats(predicted)
+    graph = error_stats([r for r in predicted if r["graph"]])
     verdict = ("meets" if stats["median_abs_pct"] <= MEDIAN_BOUND_PCT and stats["worst_abs_pct"] <= WORST_BOUND_PCT
                else "MISSES")
     out += [f"Source: `{csv_path}` (calibration/decode_step.py on the H200; CUDA-event medians). Simulated on "
             "`h200-sxm` with `--software torch-eager` (the plain step's kernel decomposition) and the row's graph "
             "mode; bf16 weights and KV.", "",
-            f"**Median absolute error {stats['median_abs_pct']:.1f}%, worst {stats['worst_abs_pct']:.1f}% "
-            f"(batch {stats['worst_row'][0]}, context {stats['worst_row'][1]}, graph {stats['worst_row'][2]}); "
-            f"mean signed error {stats['mean_signed_pct']:+.1f}%.** Aim: median <= {MEDIAN_BOUND_PCT:g}%, worst <= "
+            f"**The issue's validation set (every CUDA-graph row, and the eager rows at batch 1): median absolute "
+            f"error {stats['median_abs_pct']:.1f}%, worst {stats['worst_abs_pct']:.1f}% (batch {stats['worst_row'][0]}, "
+            f"context {stats['worst_row'][1]}, graph {stats['worst_row'][2]}); mean signed error "
+            f"{stats['mean_signed_pct']:+.1f}%.** Aim: median <= {MEDIAN_BOUND_PCT:g}%, worst <= "
             f"{WORST_BOUND_PCT:g}%: this {verdict} it (guarded by tests/test_validation.py).", "",
+            f"Graph rows alone: median {graph['median_abs_pct']:.1f}%, worst {graph['worst_abs_pct']:.1f}%. All "
+            f"{every['n']} rows, including the extra eager rows at batch 8 and 32: median "
+            f"{every['median_abs_pct']:.1f}%, worst {every['worst_abs_pct']:.1f}%.", "",
             "| batch | context | graph | measured ms | predicted ms | error | byte floor ms | bound | "
             "kernels (sim / measured) | predicted breakdown (ms) |",
             "|---:|---:|:---:|---:|---:|---:|---:|---|---|---|"]
