@@ -165,6 +165,32 @@ def summary_by(grid: pd.DataFrame, axes: dict, by: list[str]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def focus(grid: pd.DataFrame, axes: dict, where: dict, by: list[str]) -> tuple[int, int, pd.DataFrame]:
+    """The points matching ``where``; per ``by`` group, which settings of the other axes meet."""
+    sel = grid
+    for axis, wanted in where.items():
+        wanted = wanted if isinstance(wanted, list) else [wanted]
+        sel = sel[sel[axis].astype(str).isin([str(w) for w in wanted])]
+    sel = sel.copy()
+    sel["_meets"] = _meets(sel)
+    sel["_p99"] = pd.to_numeric(sel.get(LATENCY), errors="coerce")
+    rest = [a for a, v in axes.items() if len(v) > 1 and a in grid and a not in by
+            and not (a in where and not isinstance(where[a], list))]
+    rows = []
+    groups = sel.groupby(by, sort=False, dropna=False) if by else [((), sel)]
+    for key, part in groups:
+        key = key if isinstance(key, tuple) else (key,)
+        row = dict(zip(by, key, strict=False))
+        row["meet / points"] = f"{int(part['_meets'].sum())}/{len(part)}"
+        meets = part[part["_meets"]].sort_values("_p99")
+        shown = [", ".join(f"{_short(a)}={_fmt(r[a])}" for a in rest) + f" ({r['_p99']:.2f})"
+                 for _, r in meets.head(12).iterrows()]
+        row["settings that meet (p99 ms), fastest first"] = "; ".join(shown) + (
+            f"; ... {len(meets) - 12} more" if len(meets) > 12 else "") if shown else "none"
+        rows.append(row)
+    return int(sel["_meets"].sum()), len(sel), pd.DataFrame(rows)
+
+
 def _short(axis: str) -> str:
     return axis.split(".")[-1]
 
@@ -186,6 +212,12 @@ def write_report(out_dir: str | Path) -> Path:
     if study.get("summary_by"):
         table_by = summary_by(grid, axes, study["summary_by"])
         lines += [f"### By {', '.join(study['summary_by'])}", ""] + _table(table_by, list(table_by.columns)) + [""]
+    for item in study.get("focus", []):
+        met, total, frame = focus(grid, axes, item["where"], item.get("by", []))
+        cond = ", ".join(f"{a} in {v}" if isinstance(v, list) else f"{a}={v}" for a, v in item["where"].items())
+        lines += [f"### {item['title']}", "", f"Points with {cond}: {met} of {total} meet the target.", ""]
+        if not frame.empty:
+            lines += _table(frame, list(frame.columns)) + [""]
     for comp in study.get("compare", []):
         frame = compare(grid, axes, comp["axis"], comp["baseline"], comp.get("by", []))
         if not frame.empty:

@@ -64,6 +64,15 @@ class Compare(Strict):
     by: list[str] = Field(default_factory=list)
 
 
+class Focus(Strict):
+    """Report: the points matching ``where`` (axis -> value or list of values), e.g. the
+    settings a claim names, with the (batch, context) at which each group meets the target."""
+
+    title: str
+    where: dict[str, Any]
+    by: list[str] = Field(default_factory=list)
+
+
 class Sweep(Strict):
     grid: dict[str, Any] = Field(default_factory=dict)
     zip: dict[str, Any] = Field(default_factory=dict)
@@ -81,6 +90,7 @@ class StudySpec(Strict):
     question: str = ""  # what the report must answer, shown at its top
     compare: list[Compare] = Field(default_factory=list)
     summary_by: list[str] = Field(default_factory=list)  # report: one answer row per value of these axes
+    focus: list[Focus] = Field(default_factory=list)
 
     @field_validator("base")
     @classmethod
@@ -225,6 +235,10 @@ def expand(spec: StudySpec, file: str) -> Study:
         for axis in [comp.axis, *comp.by]:
             if axis not in names:
                 raise ConfigError(file, f"compare.{i}.axis", f"{axis!r} is not a swept axis; axes: {', '.join(names)}")
+    for i, focus in enumerate(spec.focus):
+        for axis in [*focus.where, *focus.by]:
+            if axis not in names:
+                raise ConfigError(file, f"focus.{i}", f"{axis!r} is not a swept axis; axes: {', '.join(names)}")
     for axis in spec.summary_by:
         if axis not in names:
             raise ConfigError(file, "summary_by", f"{axis!r} is not a swept axis; axes: {', '.join(names)}")
