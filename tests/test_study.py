@@ -254,3 +254,15 @@ def test_the_documented_example_study_is_valid(tmp_path):
     study = load_study(path)
     assert len(study.grid_points) == 4 * 4 * 2
     assert {p.labels["batch"] for p in study.grid_points} == {1, 4, 16, 64}
+
+
+def test_detail_point_follows_every_zipped_value(tmp_path):
+    from sim.study.spec import detail_assignments
+
+    body = SMALL + "plots: {detail: {kv: int8, weights: int8, batch: 4}}\n"
+    study = load_study(write(tmp_path, body))
+    assert dict(detail_assignments(study)) == {"batch": 4, "hardware.hbm.channel_bandwidth_GBps": 20,
+                                               "kv": "int8", "weights": "int8"}
+    bad = write(tmp_path, SMALL + "plots: {detail: {kv: int8, weights: bf16}}\n", "bad.yaml")
+    with pytest.raises(ConfigError, match="plots.detail: no zipped row"):
+        load_study(bad)

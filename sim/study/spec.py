@@ -251,13 +251,14 @@ def expand(spec: StudySpec, file: str) -> Study:
             assigned = tuple(zip([p for p, _ in axes], combo, strict=False)) + tuple(zip(zipped, zrow, strict=False))
             for seed in spec.seeds:
                 points.append(_point(spec, file, len(points), "grid", fixed, assigned, seed))
+    detail = _detail_assignments(spec, axes, zipped, file)  # checks plots.detail
     if spec.sensitivity:
         knobs = spec.sensitivity.knobs
         for knob in knobs:
             if knob in spec.sweep.zip:
                 raise ConfigError(file, f"sensitivity.knobs.{knob}", "a sensitivity knob cannot be a zipped axis")
         pct = spec.sensitivity.percent
-        base_assigned = _detail_assignments(spec, axes, zipped, file)
+        base_assigned = detail
         seed = spec.seeds[0]
         points.append(_point(spec, file, len(points), "sensitivity", fixed, base_assigned, seed, knob=None))
         for knob in knobs:
@@ -293,10 +294,12 @@ def _detail_assignments(spec: StudySpec, axes, zipped, file) -> tuple[tuple[str,
         out.append((path, chosen.get(path, values[(len(values) - 1) // 2])))
     if zipped:
         n = len(next(iter(zipped.values())))
-        row = (n - 1) // 2
-        for path, values in zipped.items():
-            if path in chosen:
-                row = values.index(chosen[path]) if chosen[path] in values else row
+        rows = [r for r in range(n) if all(values[r] == chosen[path] for path, values in zipped.items()
+                                           if path in chosen)]
+        if not rows:
+            named = {p: chosen[p] for p in zipped if p in chosen}
+            raise ConfigError(file, "plots.detail", f"no zipped row has {named}")
+        row = rows[0] if any(p in chosen for p in zipped) else (n - 1) // 2
         out.extend((path, values[row]) for path, values in zipped.items())
     return tuple(out)
 
