@@ -107,7 +107,12 @@ class CostModel:
             return 0.0
         m = max(1, op.matrix_m)
         padded = op.matrix_flops * (math.ceil(m / self.tile_m) * self.tile_m) / m
-        tensor = padded / (tiles * self.hw.compute.matrix_rate(op.dtype) * self.clock * self.matrix_eff)
+        rate = tiles * self.hw.compute.matrix_rate(op.dtype) * self.clock * self.matrix_eff
+        tensor = padded / rate
+        small = self.hw.compute.small_tile_m
+        if small is not None:
+            narrow = op.matrix_flops * (math.ceil(m / small.value) * small.value) / m
+            tensor = min(tensor, narrow / (rate * self.hw.compute.small_tile_efficiency.value))
         lanes = op.matrix_flops / (tiles * self.vector_rate * self.clock * self.vector_eff)
         return min(tensor, lanes)
 

@@ -61,7 +61,17 @@ def write_atomic(path: Path, text: str) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     with os.fdopen(fd, "w") as out:
         out.write(text)
+    os.chmod(tmp, _FILE_MODE)
     os.replace(tmp, path)
+
+
+def _umask_mode() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+_FILE_MODE = _umask_mode()
 
 
 def write_frame(frame, path: Path) -> None:
@@ -74,6 +84,7 @@ def write_frame(frame, path: Path) -> None:
             frame.to_parquet(tmp, index=False)
         else:
             frame.to_csv(tmp, index=False)
+        os.chmod(tmp, _FILE_MODE)
         os.replace(tmp, target)
 
 

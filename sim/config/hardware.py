@@ -122,7 +122,10 @@ class Compute(Strict):
     FLOPs (2 per multiply-add) per cycle per tile, by dtype. A matrix unit works on M
     (rows, i.e. tokens) in multiples of ``matrix_tile_m``: a batch of 1 costs as much as
     ``matrix_tile_m`` rows. ``tile_load_GBps`` caps what one tile can pull from memory
-    (outstanding requests / latency), so a kernel on few tiles cannot reach full HBM rate."""
+    (outstanding requests / latency), so a kernel on few tiles cannot reach full HBM rate.
+    ``small_tile_m`` and ``small_tile_efficiency`` describe a second, narrower matrix path
+    where the chip has one (Hopper's mma.sync at M = 16 beside wgmma at M = 64): an op with
+    few rows (decode attention's query heads per KV head) takes the cheaper of the two."""
 
     tiles: Count
     clock_GHz: Pos
@@ -130,8 +133,16 @@ class Compute(Strict):
     vector_flops_per_cycle: dict[str, Pos]
     matrix_tile_m: Count
     matrix_efficiency: Frac
+    small_tile_m: Count | None = None
+    small_tile_efficiency: Frac | None = None
     vector_efficiency: Frac
     tile_load_GBps: Pos
+
+    @model_validator(mode="after")
+    def _small_path(self):
+        if (self.small_tile_m is None) != (self.small_tile_efficiency is None):
+            raise ValueError("small_tile_m and small_tile_efficiency go together")
+        return self
 
     @field_validator("matrix_flops_per_cycle", "vector_flops_per_cycle")
     @classmethod

@@ -122,6 +122,8 @@ class Plan:
 class DenseFFN:
     """SwiGLU (or GELU) FFN: gate+up projection, activation, down projection."""
 
+    layer_invariant = True  # every layer lowers to the same ops (the lowering may copy them)
+
     def weight_bytes_per_chip(self, plan: Plan, layer: int) -> int:
         m, w = plan.model, plan.weights
         ffn = math.ceil(m.ffn / plan.tp)
@@ -225,7 +227,8 @@ def lower_step(plan: Plan, contexts: tuple[int, ...], step: int = 0) -> OpGraph:
         b.ops = ops
         if stage == 0:
             b.add("embed", -1, "vector", [
-                Access(plan.store, batch * m.hidden * plan.weights.bits // 8, "weights", granule=m.hidden * plan.weights.bits // 8),
+                Access(plan.store, batch * plan.weights.weight_bytes(1, m.hidden), "weights",
+                       granule=plan.weights.weight_bytes(1, m.hidden)),
                 Access(plan.act_level, act_row, "act", write=True),
             ], vector_ops=batch * m.hidden, parallelism=batch, kernels=plan.kernels["embed"])
         else:
@@ -243,12 +246,16 @@ def lower_step(plan: Plan, contexts: tuple[int, ...], step: int = 0) -> OpGraph:
 
 
 def _lower_layers(plan: Plan, b: Builder, layers: range, contexts: tuple[int, ...]) -> None:
-    """Lower ``layers``. When the first two layers lower to the same ops (a dense model:
-    every layer asks the same of the hardware), the rest are copies with shifted indices
-    rather than lowered again; anything layer-dependent (MoE routing, sliding windows)
-    makes the two differ and every layer is lowered."""
+    """Lower ``layers``. When the FFN block says its layers are alike (``layer_invariant``)
+    and the first two layers indeed lower to the same ops, the rest are copies with shifted
+    indices rather than lowered again; otherwise (MoE routing, dense-then-MoE stacks) every
+    layer is lowered."""
     ops = b.ops
     layers = list(layers)
+    if not getattr(plan.ffn, "layer_invariant", False):  # e.g. MoE: routing differs per layer
+        for layer in layers:
+            lower_layer(plan, b, layer, contexts)
+        return
     spans = []
     for layer in layers[:2]:
         start = len(ops)
