@@ -187,19 +187,19 @@ def test_resume_after_kill_loses_and_redoes_nothing(tmp_path):
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        done = list((out / "runs").glob("*.json")) if (out / "runs").is_dir() else []
+        done = list((out / "cache").glob("*.json")) if (out / "cache").is_dir() else []
         if len(done) >= 3:
             break
         time.sleep(0.005)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    finished = {p.name: p.stat().st_mtime_ns for p in (out / "runs").glob("*.json")}
+    finished = {p.name: p.stat().st_mtime_ns for p in (out / "cache").glob("*.json")}
     assert 3 <= len(finished) < 60, "the kill should land mid-study"
     assert not (out / "results.parquet").exists()
     resumed = run_study(load_study(path), out, jobs=1, progress=False, report=False, detail=False)
     assert resumed.cached == len(finished) and resumed.simulated == 60 - len(finished)
     for name, mtime in finished.items():  # finished runs were not rewritten
-        assert (out / "runs" / name).stat().st_mtime_ns == mtime
+        assert (out / "cache" / name).stat().st_mtime_ns == mtime
     clean = run_study(load_study(path), tmp_path / "clean", jobs=2, progress=False, report=False, detail=False)
     assert stable(resumed.table).equals(stable(clean.table))
 

@@ -4,7 +4,7 @@ Each point's key is the SHA-256 of its resolved configuration: the normalised Ru
 validated hardware profile and model after overrides, the bytes of the format and trace
 files it reads, and the simulator version (the package version plus a digest of the
 simulator's own source, so a change to the engine invalidates the cache). A finished run is
-written to ``<out>/runs/<hash>.json`` atomically (temp file, then ``os.replace``), so a
+written to ``<out>/cache/<hash>.json`` atomically (temp file, then ``os.replace``), so a
 killed study loses at most the runs in flight and a re-run computes only missing keys.
 
 Executors: ``local`` (a process pool, ``jobs`` workers; ``jobs=1`` runs in this process)
@@ -148,7 +148,7 @@ def run_study(study: Study, out_dir: str | Path | None = None, *, executor: str 
     """Run every point not yet in the cache, then write the table (and the plots and report)."""
     start = time.perf_counter()
     out = Path(out_dir) if out_dir is not None else Path("reports") / study.spec.name
-    runs_dir = out / "runs"
+    runs_dir = out / "cache"
     keys = study.hashes or [content_hash(p.spec) for p in study.points]
     todo: dict[str, Point] = {}
     for point, key in zip(study.points, keys, strict=False):
