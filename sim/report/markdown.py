@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
@@ -35,11 +36,20 @@ def _fmt(v) -> str:
     return str(v)
 
 
-def _table(frame: pd.DataFrame, columns: list[str]) -> list[str]:
+def _val(v) -> str:
+    """An axis value as written in a study (25, 12.5, 1.583e+03)."""
+    if isinstance(v, float) and v == v:
+        return f"{v:.6g}"
+    return _fmt(v)
+
+
+def _table(frame: pd.DataFrame, columns: list[str], exact=frozenset()) -> list[str]:
+    """A Markdown table; the ``exact`` columns (swept axes) show their values as written."""
     cols = [c for c in columns if c in frame]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for _, row in frame[cols].iterrows():
-        lines.append("| " + " | ".join(_fmt(row[c]).replace("|", "/") for c in cols) + " |")
+        lines.append("| " + " | ".join((_val if c in exact or c.endswith(" at best") else _fmt)(row[c])
+                                       .replace("|", "/") for c in cols) + " |")
     return lines
 
 
@@ -64,7 +74,7 @@ def frontier(grid: pd.DataFrame, axes: dict[str, list]) -> tuple[str | None, pd.
         key = key if isinstance(key, tuple) else (key,)
         meets = sel[sel["meets"]]
         row = dict(zip(others, key, strict=False))
-        row[f"{x} meeting"] = (f"{_fmt(meets[x].min())} .. {_fmt(meets[x].max())}" if not meets.empty else "none")
+        row[f"{x} meeting"] = (f"{_val(meets[x].min())} .. {_val(meets[x].max())}" if not meets.empty else "none")
         row["points meeting"] = f"{len(meets)}/{len(sel)}"
         best = sel.loc[pd.to_numeric(sel[LATENCY], errors="coerce").idxmin()] if sel[LATENCY].notna().any() else None
         row["best p99 ms"] = float(best[LATENCY]) if best is not None else None
@@ -87,7 +97,7 @@ def answer(grid: pd.DataFrame, axes: dict) -> list[str]:
         varying = [a for a, v in axes.items() if len(v) > 1 and a in grid]
 
         def where(row):
-            return ", ".join(f"{a}={_fmt(row[a])}" for a in varying) or "the base point"
+            return ", ".join(f"{a}={_val(row[a])}" for a in varying) or "the base point"
 
         lines.append(f"- Fastest: {best[LATENCY]:.3f} ms at {where(best)} (bound: {best.get('bound')}).")
         lines.append(f"- Slowest that fits: {worst[LATENCY]:.3f} ms at {where(worst)} (bound: {worst.get('bound')}).")
@@ -154,12 +164,12 @@ def summary_by(grid: pd.DataFrame, axes: dict, by: list[str]) -> pd.DataFrame:
         if sel["_p99"].notna().any():
             best = sel.loc[sel["_p99"].idxmin()]
             row["best p99 ms"] = float(best["_p99"])
-            row["best setting"] = ", ".join(f"{_short(a)}={_fmt(best[a])}" for a in varying)
+            row["best setting"] = ", ".join(f"{_short(a)}={_val(best[a])}" for a in varying)
         meets = sel[sel["_meets"]]
         if not meets.empty and {"batch", "context"} <= set(meets.columns):
             load = pd.to_numeric(meets["batch"], errors="coerce") * pd.to_numeric(meets["context"], errors="coerce")
             top = meets.loc[load.idxmax()]
-            row["heaviest load meeting"] = (", ".join(f"{_short(a)}={_fmt(top[a])}" for a in varying)
+            row["heaviest load meeting"] = (", ".join(f"{_short(a)}={_val(top[a])}" for a in varying)
                                             + f" ({top['_p99']:.2f} ms)")
         rows.append(row)
     return pd.DataFrame(rows)
@@ -183,7 +193,7 @@ def focus(grid: pd.DataFrame, axes: dict, where: dict, by: list[str]) -> tuple[i
         row = dict(zip(by, key, strict=False))
         row["meet / points"] = f"{int(part['_meets'].sum())}/{len(part)}"
         meets = part[part["_meets"]].sort_values("_p99")
-        shown = [", ".join(f"{_short(a)}={_fmt(r[a])}" for a in rest) + f" ({r['_p99']:.2f})"
+        shown = [", ".join(f"{_short(a)}={_val(r[a])}" for a in rest) + f" ({r['_p99']:.2f})"
                  for _, r in meets.head(12).iterrows()]
         row["settings that meet (p99 ms), fastest first"] = "; ".join(shown) + (
             f"; ... {len(meets) - 12} more" if len(meets) > 12 else "") if shown else "none"
@@ -201,6 +211,7 @@ def write_report(out_dir: str | Path) -> Path:
     grid = table[table["group"] == "grid"]
     sens = table[table["group"] == "sensitivity"]
     axes = settings.get("axes", {})
+    md_table = partial(_table, exact=frozenset(axes))
     timing = json.loads((out_dir / "timing.json").read_text()) if (out_dir / "timing.json").is_file() else {}
     lines = [f"# Study: {settings['name']}", ""]
     if settings.get("description"):
@@ -211,22 +222,22 @@ def write_report(out_dir: str | Path) -> Path:
     study = settings["study"]
     if study.get("summary_by"):
         table_by = summary_by(grid, axes, study["summary_by"])
-        lines += [f"### By {', '.join(study['summary_by'])}", ""] + _table(table_by, list(table_by.columns)) + [""]
+        lines += [f"### By {', '.join(study['summary_by'])}", ""] + md_table(table_by, list(table_by.columns)) + [""]
     for item in study.get("focus", []):
         met, total, frame = focus(grid, axes, item["where"], item.get("by", []))
         cond = ", ".join(f"{a} in {v}" if isinstance(v, list) else f"{a}={v}" for a, v in item["where"].items())
         lines += [f"### {item['title']}", "", f"Points with {cond}: {met} of {total} meet the target.", ""]
         if not frame.empty:
-            lines += _table(frame, list(frame.columns)) + [""]
+            lines += md_table(frame, list(frame.columns)) + [""]
     for comp in study.get("compare", []):
         frame = compare(grid, axes, comp["axis"], comp["baseline"], comp.get("by", []))
         if not frame.empty:
             lines += [f"### `{comp['axis']}` against `{comp['baseline']}` (every other axis equal)", ""]
-            lines += _table(frame, list(frame.columns)) + [""]
+            lines += md_table(frame, list(frame.columns)) + [""]
     x, front = frontier(grid, axes)
     if x is not None and not front.empty and len(front) <= 60:
         lines += [f"### Where the target holds, along `{x}`", ""]
-        lines += _table(front, list(front.columns)) + [""]
+        lines += md_table(front, list(front.columns)) + [""]
     elif x is not None and not front.empty:
         lines += [f"(The frontier along `{x}` has {len(front)} rows: see results.csv.)", ""]
     plots = out_dir / "plots"
@@ -250,7 +261,7 @@ def write_report(out_dir: str | Path) -> Path:
         view["capacity_needed_bytes"] = view["capacity_needed_bytes"] / 1e9
         view = view.rename(columns={"capacity_needed_bytes": "memory GB/chip"})
         cols = [c if c != "capacity_needed_bytes" else "memory GB/chip" for c in cols]
-    lines += _table(view, cols)
+    lines += md_table(view, cols)
     if len(grid) > MAX_ROWS:
         lines += ["", f"({len(grid) - MAX_ROWS} more rows in [results.csv](results.csv).)"]
     lines.append("")
@@ -272,14 +283,14 @@ def write_report(out_dir: str | Path) -> Path:
         lines.append("")
     failed = table[table["status"] != "ok"]
     if not failed.empty:
-        lines += ["## Failed points", ""] + _table(failed, ["point", *varying, "error"]) + [""]
+        lines += ["## Failed points", ""] + md_table(failed, ["point", *varying, "error"]) + [""]
     lines += ["## Resolved settings", "", f"- Study file: `{settings['file']}`",
               f"- Simulator: `{settings['simulator']}`",
               f"- Hardware file (base): `{settings['hardware_file']}`; model file: `{settings['model_file']}`",
               "- Base run spec (overrides applied to every point included):", "", "```json",
               json.dumps(settings["base_spec"], indent=1), "```", "", "- Swept axes:", ""]
     for axis, values in axes.items():
-        lines.append(f"  - `{axis}`: {', '.join(_fmt(v) for v in values)}")
+        lines.append(f"  - `{axis}`: {', '.join(_val(v) for v in values)}")
     if timing:
         lines += ["", f"- Runs: {timing['points']} points ({settings.get('unique_runs')} unique), "
                       f"{timing['simulated']} simulated now, {timing['cached']} from the cache, "
