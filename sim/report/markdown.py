@@ -9,8 +9,6 @@ overrides, axes, hardware headline and every hardware number with its source).
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from functools import partial
 from pathlib import Path
 
@@ -22,10 +20,9 @@ MAX_ROWS = 80
 
 
 def _write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as out:
-        out.write(text)
-    os.replace(tmp, path)
+    from sim.commands.common import write_atomic
+
+    write_atomic(path, text)
 
 
 def _fmt(v) -> str:

@@ -30,6 +30,10 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.colors import LogNorm  # noqa: E402
 
+_MASK = os.umask(0)
+os.umask(_MASK)
+_FILE_MODE = 0o666 & ~_MASK
+
 ROW_ORDER = ["weights", "expert_weights", "kv", "outliers", "activations", "combine", "compute", "expert_compute",
              "router", "dequant", "dispatch", "links", "host_link", "latency", "launch_sync", "contention"]
 LATENCY = "per_token_ms_p99"
@@ -42,6 +46,7 @@ def _save(fig, folder: Path, name: str) -> list[str]:
         target = folder / f"{name}.{ext}"
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=f".{ext}")
         os.close(fd)
+        os.chmod(tmp, _FILE_MODE)  # mkstemp makes the file private; a plot is for everyone to read
         fig.savefig(tmp, dpi=130 if ext == "png" else None, bbox_inches="tight", format=ext,
                     metadata={"Date": None} if ext == "svg" else None)
         os.replace(tmp, target)

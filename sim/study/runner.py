@@ -19,7 +19,6 @@ import hashlib
 import json
 import os
 import sys
-import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -113,11 +112,10 @@ def run_point(spec_json: str) -> dict:
 
 
 def write_json_atomic(path: Path, obj) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as out:
-        json.dump(obj, out, indent=1, default=_plain, allow_nan=True)
-    os.replace(tmp, path)
+    """JSON written to a temp file, then renamed (``write_atomic``: umask file modes)."""
+    from sim.commands.common import write_atomic
+
+    write_atomic(path, json.dumps(obj, indent=1, default=_plain, allow_nan=True))
 
 
 def _plain(value):
