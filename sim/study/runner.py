@@ -225,7 +225,16 @@ def _execute_dask(todo, payloads, runs_dir: Path, address, bar) -> None:
     from dask.distributed import as_completed as dask_completed
 
     own = not isinstance(address, Client)
-    client = Client(address) if own else address
+    if own:
+        try:
+            client = Client(address, timeout="15s")
+        except (OSError, TimeoutError, ValueError) as err:
+            from sim.errors import ConfigError
+
+            raise ConfigError("--address", "address", f"cannot reach a Dask scheduler there ({type(err).__name__})",
+                              address) from None
+    else:
+        client = address
     try:
         keys = list(todo)
         futures = client.map(run_point, [payloads[k] for k in keys], key=[f"decodesim-{k}" for k in keys], pure=False)
