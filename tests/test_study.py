@@ -266,3 +266,16 @@ def test_detail_point_follows_every_zipped_value(tmp_path):
     bad = write(tmp_path, SMALL + "plots: {detail: {kv: int8, weights: bf16}}\n", "bad.yaml")
     with pytest.raises(ConfigError, match="plots.detail: no zipped row"):
         load_study(bad)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.floats(1, 200), st.floats(1, 200), st.integers(1, 64))
+def test_hash_separates_exactly_the_runs_that_differ(a, b, batch):
+    from sim.run import RunSpec
+
+    def key(bw, n):
+        return content_hash(RunSpec(steps=1, overrides=[("hardware.hbm.channel_bandwidth_GBps", bw), ("batch", n)]))
+
+    assert key(a, batch) == key(a, batch)
+    assert (key(a, batch) == key(b, batch)) == (a == b)
+    assert key(a, batch) != key(a, batch + 1)
