@@ -387,7 +387,8 @@ def bandwidth(detail: Path, folder: Path, bins: int = 400) -> list[str]:
         ax.set_ylabel(f"{resource}\n(fraction of\n{peaks[resource]:g} GB/s)", fontsize=7)
         ax.set_ylim(0, max(1.05, util.max() * 1.05))
         ax.axhline(1.0, color="0.4", lw=0.6, ls=":")
-        ax.text(0.995, 0.9, f"step mean {100 * mean:.1f}%, peak {100 * util.max():.1f}%", transform=ax.transAxes, ha="right", va="top", fontsize=7)
+        ax.text(0.995, 0.9, f"step mean {100 * mean:.1f}%, peak {100 * util.max():.1f}%", transform=ax.transAxes, ha="right", va="top", fontsize=7,
+                bbox={"fc": "white", "ec": "0.7", "alpha": 0.85, "pad": 2})
         ax.grid(alpha=0.25)
     axes[-1, 0].set_xlabel("time within the decode step (µs)")
     where = ", ".join(f"{_short(p)}={_fmt(v)}" for p, v in meta.get("assignments", []))
