@@ -103,6 +103,19 @@ def test_report_has_verdicts_plots_and_settings(study_dir):
     assert (study_dir / "detail" / "trace.json").is_file()
 
 
+def test_study_trace_out_writes_a_chrome_trace(study_dir, tmp_path):
+    import json
+
+    code, out, err = run_cli("study", str(study_dir.parent / "plots.yaml"), "--out", str(study_dir), "--no-progress",
+                             "--no-report", "--trace-out", str(tmp_path / "step.json"))
+    assert code == 0, err
+    assert "0 simulated" in out  # cached: the trace comes from the saved detail run
+    events = json.loads((tmp_path / "step.json").read_text())["traceEvents"]
+    tracks = {e["args"]["name"] for e in events if e["ph"] == "M"}
+    assert {"hbm", "compute"} <= tracks
+    assert all(e["dur"] >= 0 for e in events if e["ph"] == "X")
+
+
 def test_plot_of_a_folder_without_results_is_a_config_error(tmp_path):
     code, out, err = run_cli("plot", str(tmp_path))
     assert code == 2 and "results.parquet" in err and err.count("\n") == 1

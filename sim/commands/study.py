@@ -20,6 +20,8 @@ def register(sub) -> None:
     p.add_argument("--check", action="store_true", help="validate every point and print the plan; run nothing")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-report", action="store_true", help="write the table only (no plots or report)")
+    p.add_argument("--trace-out", type=Path, default=None,
+                   help="also write the detail point's Chrome/Perfetto trace JSON (one step) here")
     p.set_defaults(handler=handle)
 
 
@@ -43,4 +45,12 @@ def handle(args) -> int:
     print(f"{result.simulated} simulated, {result.cached} cached, {result.failed} failed; "
           f"{result.wall_s:.1f} s, {result.points_per_s:.1f} points/s")
     print(f"wrote {result.out_dir}/results.parquet, results.csv" + ("" if args.no_report else ", report.md, plots/"))
+    trace = result.out_dir / "detail" / "trace.json"
+    if args.trace_out is not None:
+        if not trace.is_file():
+            raise ConfigError("--trace-out", "trace_out", "the detail point produced no trace (see detail/meta.json)")
+        from sim.commands.common import write_atomic
+
+        write_atomic(args.trace_out, trace.read_text())
+        print(f"wrote {args.trace_out} (Chrome/Perfetto trace of one step of the detail point)")
     return 0
