@@ -621,7 +621,8 @@ def _section_tp() -> list[str]:
                       "`python -m sim.report.link_fit CSV` fits the profile's per-message overhead, per-step latency "
                       "and bandwidth to the simulator's own collective model and prints the `system.links` block "
                       "with the CSV as its source (tested on synthetic data: it recovers the figures it was made "
-                      "from, and the engine then reproduces the measured times).", ""]
+                      "from, and the engine then reproduces the measured times). calibration/fit_links.py does the "
+                      "same fit on the calibration side and can write the profiles.", ""]
     return out + _collectives_rows(data) + [pred, ""]
 
 
