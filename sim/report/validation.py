@@ -349,8 +349,9 @@ def _section_measured(csv_path) -> list[str]:
             f"error {stats['median_abs_pct']:.1f}%, worst {stats['worst_abs_pct']:.1f}% (batch {stats['worst_row'][0]}, "
             f"context {stats['worst_row'][1]}, graph {stats['worst_row'][2]}); mean signed error "
             f"{stats['mean_signed_pct']:+.1f}%.** Aim: median <= {MEDIAN_BOUND_PCT:g}%, worst <= "
-            f"{WORST_BOUND_PCT:g}%: this {verdict} it (guarded by tests/test_validation.py).", "",
-            f"Graph rows alone: median {graph['median_abs_pct']:.1f}%, worst {graph['worst_abs_pct']:.1f}%. All "
+            f"{WORST_BOUND_PCT:g}%: this {verdict} it, because of the eager rows (why: below).", "",
+            f"**Graph rows alone (the guard in tests/test_validation.py): median {graph['median_abs_pct']:.1f}%, "
+            f"worst {graph['worst_abs_pct']:.1f}%, within the aim.** The eager rows are reported, not guarded. All "
             f"{every['n']} rows, including the extra eager rows at batch 8 and 32: median "
             f"{every['median_abs_pct']:.1f}%, worst {every['worst_abs_pct']:.1f}%.", "",
             "| batch | context | graph | measured ms | predicted ms | error | byte floor ms | bound | "
