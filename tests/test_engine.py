@@ -189,3 +189,11 @@ def test_layer_replication_equals_full_lowering(monkeypatch):
     full = lower_step(res.plan, (1000, 2000, 10, 77))
     assert [decode._signature(op, 0) + (op.layer,) for op in fast.ops] == \
         [decode._signature(op, 0) + (op.layer,) for op in full.ops]
+
+
+def test_pipeline_stages_split_layers_evenly():
+    res = resolve(RunSpec(model="llama-3-70b", weights="int8", steps=1, tp=8, pp=9,
+                          overrides=[("hardware.system.chips", 72)]))
+    sizes = [len(res.plan.stage_layers(s)) for s in range(9)]
+    assert sum(sizes) == 80 and max(sizes) - min(sizes) <= 1
+    assert [res.plan.stage_of(layer) for layer in res.plan.stage_layers(4)] == [4] * sizes[4]

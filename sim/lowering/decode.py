@@ -80,14 +80,16 @@ class Plan:
         self.k_width = self.kv_heads * m.head_dim * m.k_width // (m.kv_heads * m.head_dim)
         self.v_width = self.kv_heads * m.head_dim * m.v_width // (m.kv_heads * m.head_dim)
         self.vocab = math.ceil(m.vocab / self.tp)
-        self.layers_per_stage = math.ceil(m.layers / self.pp)
+        self.layers_per_stage = math.ceil(m.layers / self.pp)  # the fullest stage
         self.kernels = KERNELS[self.software]
 
     def stage_of(self, layer: int) -> int:
-        return min(layer // self.layers_per_stage, self.pp - 1)
+        return next(s for s in range(self.pp) if layer in self.stage_layers(s))
 
     def stage_layers(self, stage: int) -> range:
-        return range(stage * self.layers_per_stage, min(self.model.layers, (stage + 1) * self.layers_per_stage))
+        """Layers of ``stage``: split as evenly as possible (sizes differ by at most one)."""
+        layers = self.model.layers
+        return range(stage * layers // self.pp, (stage + 1) * layers // self.pp)
 
     # -- per-chip weight bytes -------------------------------------------------------------
     def attention_weight_bytes(self) -> int:
