@@ -158,7 +158,7 @@ def matmul(plan: Plan, b: Builder, name: str, layer: int, batch: int, k: int, n:
         accesses.append(Access(weights_level or plan.store, w.gather_bytes, "outliers", granule=w.gather_granule_bytes))
     return b.add(name, layer, "matmul", accesses, matrix_flops=2 * batch * k * n, matrix_m=batch,
                  vector_ops=w.dequant_ops + (batch * n if residual else 0), dequant_ops=w.dequant_ops,
-                 dtype=plan.weights.matmul_dtype, parallelism=max(1, math.ceil(n / 64)),
+                 dtype=plan.weights.matmul_dtype, parallelism=math.ceil(n / 64) * math.ceil(k / 512),  # split-K
                  kernels=plan.kernels["matmul"] + (plan.kernels["residual"] if residual else 0))
 
 
