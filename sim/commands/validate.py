@@ -17,6 +17,10 @@ def handle(args) -> int:
     from sim.report import validation
 
     csv_path = args.csv or validation.DECODE_CSV
+    if not args.csv and not validation.repo_path(csv_path).is_file():
+        raise ConfigError(str(validation.repo_path(csv_path)), None,
+                          "the committed H200 measurements are not here: run `decodesim validate` from a checkout "
+                          "(calibration/ is not installed with the package) or pass --csv FILE and --out FILE")
     if args.csv and not validation.repo_path(csv_path).is_file():
         raise ConfigError(str(csv_path), None, "measured decode-step CSV not found")
     try:
