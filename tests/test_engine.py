@@ -198,3 +198,16 @@ def test_pipeline_stages_split_layers_evenly():
     sizes = [len(res.plan.stage_layers(s)) for s in range(9)]
     assert sum(sizes) == 80 and max(sizes) - min(sizes) <= 1
     assert [res.plan.stage_of(layer) for layer in res.plan.stage_layers(4)] == [4] * sizes[4]
+
+
+def test_reused_step_graph_equals_full_lowering(monkeypatch):
+    import sim.lowering.decode as decode
+
+    res = resolve(RunSpec(batch=3, context=1000, steps=1))
+    lower_step(res.plan, (1000, 5, 300))  # primes the reuse
+    reused = lower_step(res.plan, (1001, 6, 9000), step=1)
+    monkeypatch.setattr(decode, "_same_ops", lambda a, b: False)
+    res.plan.extra.clear()
+    full = lower_step(res.plan, (1001, 6, 9000), step=1)
+    assert [decode._signature(op, 0) + (op.layer,) for op in reused.ops] == \
+        [decode._signature(op, 0) + (op.layer,) for op in full.ops]

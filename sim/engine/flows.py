@@ -183,9 +183,18 @@ class FlowNetwork:
     def _wake(self, generation: int) -> None:
         if generation != self._generation:
             return
-        self._advance()
         now = self.env.now
         horizon = now + _EPS * max(1.0, now)
+        groups = self.groups
+        if len(groups) == 1 and all(f.t_end <= horizon for f in groups[0].flows):
+            # the common case: one op alone in the network, all of its flows done
+            self.flows.clear()
+            self._updated = now
+            for f in sorted(groups[0].flows, key=lambda f: f.t_end):
+                self._finish(f)
+            self._generation += 1
+            return
+        self._advance()
         for link in list(self.flows):
             flows = self.flows[link]
             done = [f for f in flows if f.t_end <= horizon]
