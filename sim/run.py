@@ -13,7 +13,6 @@ profile (a memory level can be named directly: ``hardware.hbm.channel_bandwidth_
 from __future__ import annotations
 
 import copy
-import math
 import time
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -29,7 +28,7 @@ from sim.config.quantity import Strict
 from sim.costs import CostModel
 from sim.errors import ConfigError
 from sim.formats import get_format
-from sim.lowering.decode import KERNELS, Plan, lower_step
+from sim.lowering.decode import Plan, lower_step
 from sim.paths import bundled, hardware_dir, models_dir
 from sim.paths import resolve as resolve_path
 from sim.results import bound_of, op_table_rows, percentile, step_breakdown
@@ -345,8 +344,4 @@ def _moe_summary(res: Resolved) -> dict:
     }}
 
 
-def default_kernels() -> dict:
-    return copy.deepcopy(KERNELS)
-
-
-__all__ = ["RunSpec", "RunResult", "simulate", "resolve", "capacity", "math"]
+__all__ = ["RunSpec", "RunResult", "simulate", "resolve", "capacity"]

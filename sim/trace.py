@@ -90,7 +90,7 @@ def synthetic_requests(n: int, rate_per_s: float, prompt_median: int, output_med
     arrivals = np.cumsum(rng.exponential(1.0 / rate_per_s, n))
     prompts = np.maximum(1, rng.lognormal(math.log(prompt_median), sigma, n).astype(int))
     outputs = np.maximum(1, rng.lognormal(math.log(output_median), sigma, n).astype(int))
-    return [Request(float(a), int(p), int(o)) for a, p, o in zip(arrivals, prompts, outputs)]
+    return [Request(float(a), int(p), int(o)) for a, p, o in zip(arrivals, prompts, outputs, strict=True)]
 
 
 def azure_requests(path: str | Path, limit: int | None = None) -> list[Request]:
@@ -103,7 +103,7 @@ def azure_requests(path: str | Path, limit: int | None = None) -> list[Request]:
     times = pd.to_datetime(frame["TIMESTAMP"], format="mixed")
     seconds = (times - times.iloc[0]).dt.total_seconds().to_numpy()
     return [Request(float(t), int(p), int(o)) for t, p, o in
-            zip(seconds, frame["ContextTokens"], frame["GeneratedTokens"])]
+            zip(seconds, frame["ContextTokens"], frame["GeneratedTokens"], strict=True)]
 
 
 # -- files -------------------------------------------------------------------------------
@@ -119,14 +119,14 @@ def write(steps: list[Step], path: str | Path) -> None:
     else:
         with open(tmp, "w") as out:
             for s in steps:
-                out.write(json.dumps({"step": s.index, "seqs": [list(p) for p in zip(s.seq_ids, s.contexts)]}) + "\n")
+                out.write(json.dumps({"step": s.index, "seqs": [list(p) for p in zip(s.seq_ids, s.contexts, strict=True)]}) + "\n")
     tmp.replace(path)
 
 
 def _frame(steps):
     import pandas as pd
 
-    rows = [(s.index, sid, ctx) for s in steps for sid, ctx in zip(s.seq_ids, s.contexts)]
+    rows = [(s.index, sid, ctx) for s in steps for sid, ctx in zip(s.seq_ids, s.contexts, strict=True)]
     return pd.DataFrame(rows, columns=["step", "seq_id", "context"])
 
 
@@ -183,7 +183,7 @@ def _read_table(path: Path) -> list[Step]:
     if (frame["context"] < 1).any():
         raise ConfigError(str(path), "context", "every context must be >= 1")
     steps = []
-    for index, (step, group) in enumerate(frame.groupby("step", sort=True)):
+    for step, group in frame.groupby("step", sort=True):
         steps.append(Step(int(step), tuple(int(v) for v in group["seq_id"]), tuple(int(v) for v in group["context"])))
     if not steps:
         raise ConfigError(str(path), None, "trace has no steps")

@@ -105,12 +105,12 @@ class Table(_Sourced):
         xs = [p[0] for p in self.points]
         if not xs:
             raise ValueError("points must not be empty")
-        if any(b <= a for a, b in zip(xs, xs[1:])):
+        if any(b <= a for a, b in zip(xs, xs[1:], strict=False)):
             raise ValueError("points must have increasing x")
         if any(not (0 < p[1] <= 1) for p in self.points):
             raise ValueError("every y must be a fraction in (0, 1]")
         return self
 
     def at(self, x: float) -> float:
-        xs, ys = zip(*self.points)
+        xs, ys = zip(*self.points, strict=True)
         return float(np.interp(x, xs, ys))

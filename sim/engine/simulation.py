@@ -19,9 +19,8 @@ sync starts a new segment. The step ends when the host holds the step's tokens.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import math
+from dataclasses import dataclass
 
 import simpy
 

@@ -318,7 +318,7 @@ def _signature(op: Op, base: int) -> tuple:
 def _same_ops(first: list[Op], second: list[Op]) -> bool:
     if len(first) != len(second) or not first:
         return False
-    return all(_signature(a, first[0].idx) == _signature(b, second[0].idx) for a, b in zip(first, second))
+    return all(_signature(a, first[0].idx) == _signature(b, second[0].idx) for a, b in zip(first, second, strict=True))
 
 
 def lower_layer(plan: Plan, b: Builder, layer: int, contexts: tuple[int, ...]) -> None:
