@@ -21,11 +21,11 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
 from sim.config.hardware import HardwareProfile
 from sim.config.loader import validate
 from sim.paths import hardware_dir
-
-import yaml
 
 
 @dataclass(frozen=True)
