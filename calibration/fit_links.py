@@ -256,11 +256,9 @@ def document(result: LinkFit, profile: str) -> dict:
 
 # -- output --------------------------------------------------------------------------------
 def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as out:
-        out.write(text)
-    os.replace(tmp, path)
+    from sim.commands.common import write_atomic  # the project's one atomic writer
+
+    write_atomic(path, text)
 
 
 def profile_values(result: LinkFit) -> dict[str, float | int]:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from sim.report.plots import LATENCY, load
+from sim.report.plots import LATENCY, load, sensitivity_swings
 
 MAX_ROWS = 80
 
@@ -262,19 +262,13 @@ def write_report(out_dir: str | Path) -> Path:
     if len(grid) > MAX_ROWS:
         lines += ["", f"({len(grid) - MAX_ROWS} more rows in [results.csv](results.csv).)"]
     lines.append("")
-    ok_sens = sens[(sens["status"] == "ok") & sens[LATENCY].notna()] if not sens.empty else sens
-    if not ok_sens.empty and ok_sens["knob"].isna().any():
-        base = float(ok_sens[ok_sens["knob"].isna()][LATENCY].iloc[0])
+    swings = sensitivity_swings(sens)
+    if swings is not None:
+        base, bars = swings
         pct = settings["study"].get("sensitivity", {}).get("percent")
         lines += [f"## Sensitivity (each knob -{pct:g}% / +{pct:g}%, base p99 {base:.3f} ms)", "",
                   "| knob | p99 at -X% (ms) | p99 at +X% (ms) | swing (ms) |", "|---|---|---|---|"]
-        rows = []
-        for knob, sel in ok_sens[ok_sens["knob"].notna()].groupby("knob"):
-            lo = sel[sel["delta_percent"] < 0][LATENCY]
-            hi = sel[sel["delta_percent"] > 0][LATENCY]
-            lo_v = float(lo.iloc[0]) if not lo.empty else base
-            hi_v = float(hi.iloc[0]) if not hi.empty else base
-            rows.append((abs(hi_v - lo_v), knob, lo_v, hi_v))
+        rows = [(abs(hi_v - lo_v), knob, lo_v, hi_v) for knob, lo_v, hi_v in bars]
         for swing, knob, lo_v, hi_v in sorted(rows, reverse=True):
             lines.append(f"| `{knob}` | {lo_v:.3f} | {hi_v:.3f} | {swing:.3f} |")
         lines.append("")

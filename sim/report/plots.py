@@ -304,13 +304,14 @@ def _axis_label(axis: str) -> str:
 # -- tornado --------------------------------------------------------------------------------
 
 
-def tornado(sens: pd.DataFrame, settings: dict, folder: Path) -> list[str]:
+def sensitivity_swings(sens: pd.DataFrame) -> tuple[float, list[tuple[str, float, float]]] | None:
+    """(base p99 ms, [(knob, p99 at -X%, p99 at +X%), ...]) from the sensitivity runs, or None
+    when the base point did not run. Shared by the tornado plot and the report's table."""
     ok = _ok(sens)
-    base = ok[ok["knob"].isna()]
+    base = ok[ok["knob"].isna()] if not ok.empty else ok
     if base.empty:
-        return []
+        return None
     base_ms = float(base[LATENCY].iloc[0])
-    pct = settings["study"].get("sensitivity", {}).get("percent", 10)
     bars = []
     for knob, rows in ok[ok["knob"].notna()].groupby("knob"):
         low = rows[rows["delta_percent"] < 0][LATENCY]
@@ -318,8 +319,15 @@ def tornado(sens: pd.DataFrame, settings: dict, folder: Path) -> list[str]:
         lo = float(low.iloc[0]) if not low.empty else base_ms
         hi = float(high.iloc[0]) if not high.empty else base_ms
         bars.append((knob, lo, hi))
-    if not bars:
+    return base_ms, bars
+
+
+def tornado(sens: pd.DataFrame, settings: dict, folder: Path) -> list[str]:
+    swings = sensitivity_swings(sens)
+    if swings is None or not swings[1]:
         return []
+    base_ms, bars = swings
+    pct = settings["study"].get("sensitivity", {}).get("percent", 10)
     bars.sort(key=lambda b: abs(b[2] - b[1]))
     fig, ax = plt.subplots(figsize=(7.5, 0.55 * len(bars) + 1.6))
     for i, (_knob, lo, hi) in enumerate(bars):
