@@ -3,32 +3,29 @@
 Each op takes ``gap + fill + max(per-link bytes / (capacity x efficiency), per-flow bytes /
 cap, compute) + drain`` with nothing shared (a roofline per op); ops start when their
 dependencies are done and the host has issued them, by the same launch and sync rules as
-the engine. No contention is modelled, so the DES can only be slower; with one stream and
-nothing overlapping they agree to rounding.
+the engine. No contention is modelled, so the DES can only be slower; with one stream per
+stage they agree to rounding.
 """
 
 from __future__ import annotations
 
-from sim.costs import CostModel, OpCost
-from sim.engine.simulation import OpTiming, StepOutcome
+from sim.costs import HostTimes, OpCost
+from sim.engine.records import OpTiming, StepOutcome
 from sim.lowering.graph import OpGraph
 
 
-def analyse(costs: CostModel, graph: OpGraph, op_costs: list[OpCost], graph_mode: bool) -> StepOutcome:
-    host = costs.hw.host
-    launch, graph_launch, sync = (host.launch_overhead_ns.value, host.graph_launch_ns.value,
-                                  host.sync_round_trip_ns.value)
+def analyse(graph: OpGraph, op_costs: list[OpCost], host: HostTimes, graph_mode: bool) -> StepOutcome:
+    """The step's timeline in closed form (no events, no contention)."""
     timings = [OpTiming() for _ in graph.ops]
     stream_end: dict[tuple[int, str], float] = {}
     t_host = 0.0
     new_segment = True
-    sync_total = 0.0
-    end_all = 0.0
+    sync_total = wait_total = end_all = 0.0
     for op in graph.ops:
         if graph_mode:
-            t_host += graph_launch if new_segment else 0.0
+            t_host += host.graph_launch_ns if new_segment else 0.0
         else:
-            t_host += launch * op.kernels
+            t_host += host.launch_ns * op.work.kernels
         new_segment = False
         timing = timings[op.idx]
         ready = max((timings[d].end for d in op.deps), default=0.0)
@@ -36,6 +33,7 @@ def analyse(costs: CostModel, graph: OpGraph, op_costs: list[OpCost], graph_mode
         timing.ready = ready
         timing.issued = t_host
         timing.start = max(ready, t_host)
+        wait_total += timing.start - ready
         cost = op_costs[op.idx]
         timing.body_start = timing.start + cost.gap_ns + cost.fill_ns
         timing.body_end = timing.body_start + cost.ideal_body_ns
@@ -44,7 +42,7 @@ def analyse(costs: CostModel, graph: OpGraph, op_costs: list[OpCost], graph_mode
         end_all = max(end_all, timing.end)
         if op.host_sync:
             before = t_host
-            t_host = max(t_host, timing.end) + sync + op.host_ns
+            t_host = max(t_host, timing.end) + host.sync_ns + cost.host_ns
             sync_total += t_host - max(before, timing.end)
             new_segment = True
-    return StepOutcome(graph.step, max(end_all, t_host), timings, [], 0, sync_total)
+    return StepOutcome(graph.step, max(end_all, t_host), timings, [], 0, sync_total, wait_total)

@@ -13,8 +13,12 @@ form. Conventions (all times in ns, rates in bytes/ns = GB/s):
   batch 1); vector operations (element-wise, softmax, dequantization) on the vector units.
   Dequantization therefore competes with the matrix work for the op's time.
 * ``fill`` is paid before the body (first-byte latency of the slowest source, or the
-  latency steps of a collective), ``drain`` after it (the last chunk's compute), and
-  ``gap`` (kernel boundaries) before everything.
+  latency steps of a collective, plus the on-chip network's latency for each NoC hop and
+  the host link's latency for each message to the host), ``drain`` after it (the last
+  chunk's compute), and ``gap`` (kernel boundaries) before everything.
+
+Costs are keyed by the op's ``Work`` (sim.lowering.graph), so the op of every layer that
+asks the same shares one ``OpCost``; the memo belongs to the CostModel instance.
 """
 
 from __future__ import annotations
@@ -22,9 +26,10 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from sim.config.hardware import HBM, HardwareProfile
-from sim.lowering.graph import Op
+from sim.lowering.graph import Work
 
 COMPUTE = "compute"
 
@@ -50,6 +55,14 @@ def merged_limit(flows) -> float:
     return min(min(f.tile_cap for f in flows), sum(f.cap for f in flows))
 
 
+class HostTimes(NamedTuple):
+    """The host's costs the engine charges: per eager kernel launch, per graph launch, per sync."""
+
+    launch_ns: float
+    graph_launch_ns: float
+    sync_ns: float
+
+
 @dataclass(frozen=True, slots=True)
 class OpCost:
     flows: tuple[Flow, ...]
@@ -62,6 +75,14 @@ class OpCost:
     drain_ns: float
     gap_ns: float
     ideal_body_ns: float = 0.0  # body_ns(capacity) of the cost model that made it
+    host_ns: float = 0.0  # host work after the op when the host waits for it (sync dispatch)
+    merged: tuple = ()  # the body's flows merged by (link, weight): see ``merge``
+
+
+    @property
+    def total_ns(self) -> float:
+        """The op's time alone on the chip: gap, fill, body and drain."""
+        return self.gap_ns + self.fill_ns + self.ideal_body_ns + self.drain_ns
 
     def body_ns(self, capacity: dict[str, float]) -> float:
         """Uncontended body time: the slowest of the flows and the compute. Flows of one op
@@ -96,13 +117,18 @@ class CostModel:
         self.capacity["pcie"] = hw.host.pcie_bandwidth_GBps.value
         self.capacity["link"] = links.bandwidth_GBps.value if links else 1.0
         self.kernel_gap = hw.host.kernel_gap_ns.value
-        self._memo: dict[tuple, OpCost] = {}
+        self.noc_latency = hw.noc.latency_ns.value
+        self.pcie_latency = hw.host.pcie_latency_ns.value
+        host = hw.host
+        self.host = HostTimes(host.launch_overhead_ns.value, host.graph_launch_ns.value,
+                              host.sync_round_trip_ns.value)
+        self._memo: dict[Work, OpCost] = {}
 
     # -- compute ------------------------------------------------------------------------
-    def tiles_for(self, op: Op) -> float:
+    def tiles_for(self, op: Work) -> float:
         return max(1.0, min(self.tiles, op.parallelism))
 
-    def matrix_ns(self, op: Op, tiles: int) -> float:
+    def matrix_ns(self, op: Work, tiles: int) -> float:
         if not op.matrix_flops:
             return 0.0
         m = max(1, op.matrix_m)
@@ -120,7 +146,7 @@ class CostModel:
         return ops / (tiles * self.vector_rate * self.clock * self.vector_eff) if ops else 0.0
 
     # -- flows --------------------------------------------------------------------------
-    def flow(self, op: Op, access, tiles: int) -> Flow:
+    def flow(self, op: Work, access, tiles: int) -> Flow:
         level = self.levels.get(access.level)
         if level is None:  # link, pcie, noc
             return Flow(access.level, self._link_bytes(op, access), 1.0, math.inf, access.category, access.write)
@@ -131,7 +157,7 @@ class CostModel:
             cap = covered * level.channel_bandwidth_GBps.value * eff
         return Flow(level.name, access.bytes, 1.0 / eff, cap, access.category, access.write, tiles * self.tile_load)
 
-    def _link_bytes(self, op: Op, access) -> int:
+    def _link_bytes(self, op: Work, access) -> int:
         if op.collective is None or access.level != "link":
             return access.bytes
         kind, size, n = op.collective
@@ -141,7 +167,7 @@ class CostModel:
             return math.ceil((n - 1) * size / n) if kind == "alltoall" else (n - 1) * size
         return size  # p2p
 
-    def collective_latency_ns(self, op: Op) -> float:
+    def collective_latency_ns(self, op: Work) -> float:
         links = self.hw.system.links
         kind, _size, n = op.collective
         if links is None or n <= 1:
@@ -161,17 +187,15 @@ class CostModel:
         return math.ceil(ns * self.clock - 1e-9) / self.clock if ns > 0 else 0.0
 
     # -- the op ---------------------------------------------------------------------------
-    def cost(self, op: Op) -> OpCost:
-        """The op's cost; ops that ask the same of the hardware (the same op in every layer)
-        share one OpCost."""
-        key = (op.kind, op.accesses, op.matrix_flops, op.matrix_m, op.vector_ops, op.dequant_ops, op.dtype,
-               op.parallelism, op.kernels, op.collective)
-        cost = self._memo.get(key)
+    def cost(self, work: Work) -> OpCost:
+        """The cost of ``work``; ops that ask the same of the hardware (the same op in every
+        layer) share one OpCost."""
+        cost = self._memo.get(work)
         if cost is None:
-            cost = self._memo[key] = self._cost(op)
+            cost = self._memo[work] = self._cost(work)
         return cost
 
-    def _cost(self, op: Op) -> OpCost:
+    def _cost(self, op: Work) -> OpCost:
         tiles = self.tiles_for(op)
         flows = tuple(self.flow(op, a, tiles) for a in op.accesses)
         matrix = self.matrix_ns(op, tiles)
@@ -187,11 +211,30 @@ class CostModel:
             latencies = [self.levels[f.link].latency_ns.value for f in flows if f.link in self.levels]
             reads = [self.levels[f.link].latency_ns.value for f in flows if f.link in self.levels and not f.write]
             fill = max(reads, default=0.0) + (op.kernels - 1) * min(latencies, default=0.0)
+        fill += op.noc_hops * self.noc_latency + op.pcie_messages * self.pcie_latency
         read_bytes = sum(f.bytes for f in flows if not f.write)
         chunks = max(1.0, read_bytes / (tiles * self.buffer_bytes))  # buffer loads per tile (fractional: no wave steps)
         # double buffering: only the last chunk's compute trails the loads
         drain = min(compute, self._to_cycles(exact / chunks))
         body_compute = compute - drain
         cost = OpCost(flows, body_compute, tiles / self.tiles, matrix, vector, dequant, fill, drain,
-                      op.kernels * self.kernel_gap)
-        return dataclasses.replace(cost, ideal_body_ns=cost.body_ns(self.capacity))
+                      op.kernels * self.kernel_gap, host_ns=op.host_ns + op.host_launches * self.host.launch_ns)
+        return dataclasses.replace(cost, ideal_body_ns=cost.body_ns(self.capacity), merged=merge(cost))
+
+
+def merge(cost: OpCost) -> tuple:
+    """The body of ``cost`` as flows ``(link, weight, cap, bytes, parts)``: accesses on the same
+    link at the same efficiency move as one flow, at most min(tile cap, sum of caps); the
+    compute is a flow on the ``compute`` link of ``compute_ns x share`` units capped at its
+    tile share. ``parts`` keeps each access's log kind and bytes."""
+    specs = [(f.link, f.bytes, f.weight, f.cap, f.tile_cap, ("write" if f.write else "read") + ":" + f.category)
+             for f in cost.flows]
+    if cost.compute_ns > 0:
+        share = cost.tiles_share
+        specs.append((COMPUTE, cost.compute_ns * share, 1.0, share, math.inf, "tile.compute"))
+    groups: dict[tuple, list] = {}
+    for spec in specs:
+        if spec[1] > 0:
+            groups.setdefault((spec[0], spec[2]), []).append(spec)
+    return tuple((link, weight, min(min(g[4] for g in group), sum(g[3] for g in group)), sum(g[1] for g in group),
+                  tuple((g[5], g[1]) for g in group)) for (link, weight), group in groups.items())

@@ -7,21 +7,27 @@ The breakdown assigns every nanosecond of a step to one row:
 * memory rows by what the bytes are (``weights``, ``kv``, ``activations``, ``outliers``,
   ``expert_weights``), ``links`` (chip-to-chip, incl. collective latency), ``host_link``;
 * ``compute`` (matrix and element-wise work) and ``dequant`` (dequantization on the
-  vector units), or the op's own compute row (e.g. ``expert_compute``, ``router``);
+  vector units), or the op's own compute row (e.g. ``expert_compute``);
+* an op that belongs to one phase as a whole (``router``, ``dispatch``, ``combine``) gives
+  all but its launch time to that row;
 * ``contention``: time an op's body took beyond its uncontended time (shared bandwidth).
 
 An op's body is given to whichever of its loads or its compute is longest when alone,
 split between the loads in proportion to their time. Rows sum to the step time; where
 streams overlap, rows are scaled down to the step time.
+
+``Ledger`` owns the memo of each distinct op's rows and byte totals (keyed by its Work and
+its row names), so a step costs work proportional to its distinct ops, not to all of them.
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 
 from sim.costs import CostModel, OpCost
-from sim.engine.simulation import StepOutcome
-from sim.lowering.graph import OpGraph
+from sim.engine.records import StepOutcome
+from sim.lowering.graph import Op, OpGraph
 
 CATEGORY_ROW = {"weights": "weights", "kv": "kv", "act": "activations", "outliers": "outliers",
                 "expert": "expert_weights", "link": "links", "pcie": "host_link"}
@@ -33,28 +39,117 @@ BOUND_OF = {
 }
 
 
-def op_rows(costs: CostModel, op, cost: OpCost, timing) -> dict[str, float]:
-    rows = dict(_ideal_rows(costs, op, cost))
-    rows["launch_sync"] = rows.get("launch_sync", 0.0) + max(0.0, timing.start - timing.ready)
-    extra = (timing.body_end - timing.body_start) - cost.ideal_body_ns
-    if extra > 1e-9 * max(1.0, cost.ideal_body_ns):
-        rows["contention"] = rows.get("contention", 0.0) + extra
-    return rows
+def op_key(op: Op) -> tuple:
+    """What an op's rows and byte totals depend on."""
+    return (op.work, op.row, op.compute_row)
 
 
-def _ideal_rows(costs: CostModel, op, cost: OpCost) -> dict[str, float]:
-    """The op's rows when it runs alone (memoised per cost and tags: every layer shares them)."""
-    key = (id(cost), op.tags.get("phase"), op.tags.get("compute_row"), op.collective is not None)
-    memo = costs.__dict__.setdefault("_rows_memo", {})
-    hit = memo.get(key)
-    if hit is not None and hit[0] is cost:
-        return hit[1]
+class Ledger:
+    """Per-op rows and byte totals, memoised per distinct op; step sums from op counts."""
+
+    def __init__(self, costs: CostModel):
+        self.costs = costs
+        self._rows: dict[tuple, dict[str, float]] = {}
+        self._bytes: dict[object, tuple[dict, dict]] = {}
+
+    # -- one op -------------------------------------------------------------------------
+    def ideal_rows(self, op: Op, cost: OpCost) -> dict[str, float]:
+        """The op's rows when it runs alone."""
+        key = op_key(op)
+        rows = self._rows.get(key)
+        if rows is None:
+            rows = self._rows[key] = _ideal_rows(self.costs, op, cost)
+        return rows
+
+    def op_rows(self, op: Op, cost: OpCost, timing, contended: float = 0.0) -> dict[str, float]:
+        rows = dict(self.ideal_rows(op, cost))
+        rows["launch_sync"] = rows.get("launch_sync", 0.0) + max(0.0, timing.start - timing.ready)
+        if contended:
+            rows["contention"] = rows.get("contention", 0.0) + contended
+        return rows
+
+    def work_bytes(self, work) -> tuple[dict[str, int], dict[str, int]]:
+        """(bytes by category, bytes by level) of one op's work."""
+        hit = self._bytes.get(work)
+        if hit is None:
+            by_category: dict[str, int] = defaultdict(int)
+            by_level: dict[str, int] = defaultdict(int)
+            for a in work.accesses:
+                by_category[a.category] += a.bytes
+                by_level[a.level] += a.bytes
+            hit = self._bytes[work] = (dict(by_category), dict(by_level))
+        return hit
+
+    # -- one graph ------------------------------------------------------------------------
+    def graph_sums_from(self, keys: dict[tuple, list], op_costs: list[OpCost]) -> "GraphSums":
+        """Rows and bytes of a graph's ops when alone, summed over its distinct ops
+        (``keys``: op_key -> [count, an op with that key])."""
+        rows: dict[str, float] = defaultdict(float)
+        by_category: dict[str, int] = defaultdict(int)
+        by_level: dict[str, int] = defaultdict(int)
+        for n, op in keys.values():
+            for row, t in self.ideal_rows(op, op_costs[op.idx]).items():
+                rows[row] += n * t
+            cats, levels = self.work_bytes(op.work)
+            for k, v in cats.items():
+                by_category[k] += n * v
+            for k, v in levels.items():
+                by_level[k] += n * v
+        return GraphSums(dict(rows), dict(by_category), dict(by_level))
+
+    def step_breakdown(self, sums: "GraphSums", outcome: StepOutcome) -> dict[str, float]:
+        """The step's rows: the ops' rows alone, plus waits, contention and the host's tail."""
+        rows = dict(sums.rows)
+        last_end = max((t.end for t in outcome.timings), default=0.0)
+        rows["launch_sync"] = (rows.get("launch_sync", 0.0) + outcome.wait_ns
+                               + max(0.0, outcome.time_ns - last_end))
+        if outcome.contention_ns:
+            rows["contention"] = rows.get("contention", 0.0) + outcome.contention_ns
+        total = sum(rows.values())
+        if total > outcome.time_ns > 0:
+            scale = outcome.time_ns / total
+            rows = {k: v * scale for k, v in rows.items()}
+        return {k: v for k, v in rows.items() if v > 0}
+
+    def op_table(self, graph: OpGraph, op_costs: list[OpCost], outcome: StepOutcome) -> list[dict]:
+        """One row per op: timing, work, tiles and the row that bounds it."""
+        out = []
+        for op in graph.ops:
+            t = outcome.timings[op.idx]
+            cost = op_costs[op.idx]
+            rows = self.op_rows(op, cost, t, outcome.contended.get(op.idx, 0.0))
+            record = {
+                "step": graph.step, "op": op.idx, "name": op.name, "layer": op.layer, "kind": op.kind,
+                "stage": op.stage, "stream": op.stream, "start_ns": t.start, "end_ns": t.end,
+                "duration_ns": t.end - t.start, "wait_ns": t.start - t.ready, "flops": op.matrix_flops,
+                "vector_ops": op.vector_ops, "tiles": round(cost.tiles_share * self.costs.tiles),
+                "compute_ns": cost.compute_ns + cost.drain_ns, "bound": max(rows, key=rows.get) if rows else "none",
+            }
+            for access in op.accesses:
+                key = f"{'write' if access.write else 'read'}_{access.category}_{access.level}_bytes"
+                record[key] = record.get(key, 0) + access.bytes
+            out.append(record)
+        return out
+
+
+class GraphSums:
+    """An op graph's ideal rows and byte totals (by category and by memory level)."""
+
+    __slots__ = ("rows", "by_category", "by_level")
+
+    def __init__(self, rows: dict[str, float], by_category: dict[str, int], by_level: dict[str, int]):
+        self.rows = rows
+        self.by_category = by_category
+        self.by_level = by_level
+
+
+def _ideal_rows(costs: CostModel, op: Op, cost: OpCost) -> dict[str, float]:
     rows: dict[str, float] = defaultdict(float)
     rows["launch_sync"] += cost.gap_ns
     rows["links" if op.collective else "latency"] += cost.fill_ns
     body = cost.ideal_body_ns
-    compute_row = op.tags.get("compute_row", "compute")
-    load_times = defaultdict(float)
+    compute_row = op.compute_row
+    load_times: dict[str, float] = defaultdict(float)
     for f in cost.flows:
         load_times[CATEGORY_ROW.get(f.category, f.category)] += max(f.bytes * f.weight / costs.capacity[f.link],
                                                                     f.bytes / f.rate_limit)
@@ -66,12 +161,10 @@ def _ideal_rows(costs: CostModel, op, cost: OpCost) -> dict[str, float]:
         for row, t in load_times.items():
             rows[row] += body * t / total
     _split_compute(rows, cost, cost.drain_ns, compute_row)
-    if "phase" in op.tags:  # the whole op belongs to one phase row (e.g. MoE dispatch)
+    if op.row:  # the whole op belongs to one phase row (e.g. MoE dispatch)
         total = sum(v for k, v in rows.items() if k != "launch_sync")
-        rows = {"launch_sync": rows["launch_sync"], op.tags["phase"]: total}
-    rows = dict(rows)
-    memo[key] = (cost, rows)
-    return rows
+        return {"launch_sync": rows["launch_sync"], op.row: total}
+    return dict(rows)
 
 
 def _split_compute(rows, cost: OpCost, t: float, compute_row: str) -> None:
@@ -85,20 +178,6 @@ def _split_compute(rows, cost: OpCost, t: float, compute_row: str) -> None:
     rows[compute_row] += t * (total - cost.dequant_ns) / total
 
 
-def step_breakdown(costs: CostModel, graph: OpGraph, op_costs: list[OpCost], outcome: StepOutcome) -> dict:
-    rows: dict[str, float] = defaultdict(float)
-    for op in graph.ops:
-        for key, value in op_rows(costs, op, op_costs[op.idx], outcome.timings[op.idx]).items():
-            rows[key] += value
-    last_end = max((t.end for t in outcome.timings), default=0.0)
-    rows["launch_sync"] += max(0.0, outcome.time_ns - last_end)
-    total = sum(rows.values())
-    if total > outcome.time_ns > 0:
-        scale = outcome.time_ns / total
-        rows = {k: v * scale for k, v in rows.items()}
-    return {k: v for k, v in rows.items() if v > 0}
-
-
 def bound_of(breakdown: dict[str, float]) -> str:
     groups: dict[str, float] = defaultdict(float)
     for row, t in breakdown.items():
@@ -106,27 +185,12 @@ def bound_of(breakdown: dict[str, float]) -> str:
     return max(groups, key=groups.get) if groups else "none"
 
 
-def op_table_rows(costs: CostModel, graph: OpGraph, op_costs: list[OpCost], outcome: StepOutcome) -> list[dict]:
-    out = []
-    for op in graph.ops:
-        t = outcome.timings[op.idx]
-        cost = op_costs[op.idx]
-        rows = op_rows(costs, op, cost, t)
-        record = {
-            "step": graph.step, "op": op.idx, "name": op.name, "layer": op.layer, "kind": op.kind,
-            "stage": op.stage, "stream": op.stream, "start_ns": t.start, "end_ns": t.end,
-            "duration_ns": t.end - t.start, "wait_ns": t.start - t.ready, "flops": op.matrix_flops,
-            "vector_ops": op.vector_ops, "tiles": round(cost.tiles_share * costs.tiles),
-            "compute_ns": cost.compute_ns + cost.drain_ns, "bound": max(rows, key=rows.get) if rows else "none",
-        }
-        for access in op.accesses:
-            key = f"{'write' if access.write else 'read'}_{access.category}_{access.level}_bytes"
-            record[key] = record.get(key, 0) + access.bytes
-        out.append(record)
-    return out
-
-
 def percentile(values, q: float) -> float:
-    import numpy as np
-
-    return float(np.percentile(values, q)) if len(values) else float("nan")
+    """The ``q``-th percentile with linear interpolation (numpy's default method)."""
+    data = sorted(values)
+    if not data:
+        return float("nan")
+    pos = (len(data) - 1) * q / 100
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(data) - 1)
+    return float(data[lo] + (data[hi] - data[lo]) * (pos - lo))

@@ -30,7 +30,7 @@ def test_kv_bound_regime_llama3_8b_h200_batch16_32k(cli):
     kivi-2 cuts the KV bytes by 81% but the latency by much less, because its attention
     kernels' compute (dequantization plus the padded GQA products) now exceeds their KV
     read. Measured figures are in reports/formats.md section 5."""
-    from sim.formats.tables import attention_costs
+    from sim.report.compare import attention_costs
     from sim.run import RunSpec
 
     code, out, err = cli("compare", "--kv", "fp16,kivi-2", "--batch", "16", "--context", "32768",

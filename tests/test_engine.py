@@ -13,7 +13,8 @@ from sim.analytic import analyse
 from sim.costs import CostModel
 from sim.engine.simulation import Simulation
 from sim.lowering.decode import lower_step
-from sim.lowering.graph import Access, Builder, OpGraph
+from sim.lowering.cache import GraphCache
+from sim.lowering.graph import Access, Builder, make_graph
 from sim.run import RunSpec, capacity, resolve, simulate
 
 FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -21,7 +22,7 @@ FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthChe
 
 def test_hand_computed_bytes_llama3_8b_batch1():
     res = resolve(RunSpec(batch=1, context=4096, steps=1))
-    graph = lower_step(res.plan, (4096,))
+    graph = lower_step(res, (4096,))
     h, layers, ffn, vocab = 4096, 32, 14336, 128256
     per_layer = 2 * (h * (4096 + 1024 + 1024) + 4096 * h + 3 * h * ffn)
     embed_row = h * 2
@@ -46,7 +47,7 @@ def test_event_log_conserves_op_graph_bytes(batch, context):
     res = result.resolved
     expected = defaultdict(int)
     for step in res.steps:
-        graph = lower_step(res.plan, step.contexts, step.index)
+        graph = lower_step(res, step.contexts, step.index)
         for op in graph.ops:
             for a in op.accesses:
                 expected[(a.level, a.write)] += a.bytes
@@ -70,18 +71,16 @@ def _two_stream_graph(nbytes=200_000_000):
     b = Builder()
     b.add("a", 0, "vector", [Access("hbm", nbytes, "weights")], stream="s1", parallelism=132)
     b.add("b", 0, "vector", [Access("hbm", nbytes, "weights")], stream="s2", parallelism=132)
-    ops = b.ops
-    ops[-1].host_sync = False
-    return OpGraph(ops, stages=1)
+    return make_graph(b.ops, step=0, contexts=(), stages=1)
 
 
 def test_contention_makes_des_slower_than_roofline_and_conserves_work():
     hw = load_profile("h200-sxm")
     costs = CostModel(hw)
     graph = _two_stream_graph()
-    op_costs = [costs.cost(op) for op in graph.ops]
-    des = Simulation(costs, graph, op_costs, graph_mode=True).run()
-    ana = analyse(costs, graph, op_costs, graph_mode=True)
+    op_costs = [costs.cost(op.work) for op in graph.ops]
+    des = Simulation(graph, op_costs, costs.capacity, costs.host, graph_mode=True).run()
+    ana = analyse(graph, op_costs, costs.host, graph_mode=True)
     assert des.time_ns > 1.5 * ana.time_ns  # both streams share the HBM
     body = 200e6 / (hw.store.peak_GBps * hw.store.efficiency(None))
     # two bodies' worth of bytes through one link: the pair ends ~2x one body after its start
@@ -177,7 +176,7 @@ def test_capacity_accounts_tp_split():
     res = resolve(RunSpec(model="llama-3-70b", batch=1, context=1024, steps=1,
                           overrides=[("hardware.system.chips", 8)]))
     cap = capacity(res)
-    assert res.plan.tp == 8
+    assert res.tp == 8
     assert cap["weights_bytes"] == pytest.approx(141.1e9 / 8, rel=0.01)
 
 
@@ -185,9 +184,9 @@ def test_layer_replication_equals_full_lowering(monkeypatch):
     import sim.lowering.decode as decode
 
     res = resolve(RunSpec(batch=4, context=1000, steps=1))
-    fast = lower_step(res.plan, (1000, 2000, 10, 77))
+    fast = lower_step(res, (1000, 2000, 10, 77))
     monkeypatch.setattr(decode, "_same_ops", lambda a, b: False)
-    full = lower_step(res.plan, (1000, 2000, 10, 77))
+    full = lower_step(res, (1000, 2000, 10, 77))
     assert [decode._signature(op, 0) + (op.layer,) for op in fast.ops] == \
         [decode._signature(op, 0) + (op.layer,) for op in full.ops]
 
@@ -195,19 +194,20 @@ def test_layer_replication_equals_full_lowering(monkeypatch):
 def test_pipeline_stages_split_layers_evenly():
     res = resolve(RunSpec(model="llama-3-70b", weights="int8", steps=1, tp=8, pp=9,
                           overrides=[("hardware.system.chips", 72)]))
-    sizes = [len(res.plan.stage_layers(s)) for s in range(9)]
+    sizes = [len(res.stage_layers(s)) for s in range(9)]
     assert sum(sizes) == 80 and max(sizes) - min(sizes) <= 1
-    assert [res.plan.stage_of(layer) for layer in res.plan.stage_layers(4)] == [4] * sizes[4]
+    assert [res.stage_of(layer) for layer in res.stage_layers(4)] == [4] * sizes[4]
 
 
 def test_reused_step_graph_equals_full_lowering(monkeypatch):
     import sim.lowering.decode as decode
 
     res = resolve(RunSpec(batch=3, context=1000, steps=1))
-    lower_step(res.plan, (1000, 5, 300))  # primes the reuse
-    reused = lower_step(res.plan, (1001, 6, 9000), step=1)
+    cache = GraphCache(res)
+    cache.lower((1000, 5, 300))  # primes the reuse
+    reused = cache.lower((1001, 6, 9000), step=1)
+    assert cache.reused == 1
     monkeypatch.setattr(decode, "_same_ops", lambda a, b: False)
-    res.plan.extra.clear()
-    full = lower_step(res.plan, (1001, 6, 9000), step=1)
+    full = lower_step(res, (1001, 6, 9000), step=1)
     assert [decode._signature(op, 0) + (op.layer,) for op in reused.ops] == \
         [decode._signature(op, 0) + (op.layer,) for op in full.ops]

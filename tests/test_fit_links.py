@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from sim import load_profile
 from sim.costs import CostModel
 from sim.errors import ConfigError
-from sim.lowering.graph import Access, Op
+from sim.lowering.graph import Access, Work
 from sim.run import simulate
 
 REPO = Path(__file__).resolve().parent.parent
@@ -165,7 +165,7 @@ def test_model_terms_are_the_cost_models(kind, n, size):
     assert links.topology in fit_links.TOPOLOGIES
     costs = CostModel(hw)
     access = Access("link", size, "link")
-    op = Op(0, "probe", 0, "collective", (access,), collective=(kind, size, n))
+    op = Work(kind="collective", accesses=(access,), collective=(kind, size, n))
     assert costs._link_bytes(op, access) == fit_links.wire_bytes(kind, n, size)
     assert costs.collective_latency_ns(op) == pytest.approx(
         links.per_message_overhead_ns.value + fit_links.steps(kind, n) * links.latency_ns.value)

@@ -222,7 +222,7 @@ def test_the_step_reads_exactly_the_formats_bytes(kv):
     from sim.run import simulate
 
     r = simulate(kv=kv, batch=3, context=5000, steps=1)
-    fmt, plan = get_format(kv), r.resolved.plan
+    fmt, plan = get_format(kv), r.resolved
     t = fmt.kv_read(5000, plan.k_width, plan.v_width)
     step = r.steps[0]
     assert step["kv_bytes"] == 3 * 32 * t.stream_bytes + 3 * 32 * fmt.kv_append(plan.k_width, plan.v_width).stream_bytes

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from sim.costs import CostModel
 from sim.errors import SimulationError
 from sim.lowering.decode import lower_step
+from sim.moe.plan import expert_bytes
 from sim.moe import generate, place
 from sim.run import RunSpec, resolve, simulate
 
@@ -48,7 +49,7 @@ def test_zero_copy_equals_device_without_sram_to_spare(batch, placement):
 def test_zero_copy_moves_resident_activations_over_the_noc_not_hbm():
     kw = dict(hardware=RICH, model=TINY, batch=8, steps=1, context=512)
     dev, zc = resolve(RunSpec(dispatch="device", **kw)), resolve(RunSpec(dispatch="sram_zero_copy", **kw))
-    gd, gz = (lower_step(r.plan, r.steps[0].contexts) for r in (dev, zc))
+    gd, gz = (lower_step(r, r.steps[0].contexts) for r in (dev, zc))
     assert gd.bytes(category="act", level="noc") == 0 < gz.bytes(category="act", level="noc")
     moved = gz.bytes(category="act", level="noc")
     # device: each pair's row is written to HBM, read by its expert, written back, read by the
@@ -77,12 +78,11 @@ def test_event_log_conserves_moe_op_graph_bytes(kw):
     costs = CostModel(res.hardware)
     expected = defaultdict(int)
     for position, step in enumerate(res.steps):
-        res.plan.extra["moe_step"] = position
-        for op in lower_step(res.plan, step.contexts, step.index).ops:
-            for flow in costs.cost(op).flows:  # a collective's link bytes follow its algorithm
+        for op in lower_step(res, step.contexts, step.index, position).ops:
+            for flow in costs.cost(op.work).flows:  # a collective's link bytes follow its algorithm
                 expected[(flow.link, flow.write)] += flow.bytes
             for a in op.accesses:
-                assert a.level == "link" or costs.flow(op, a, 1).bytes == a.bytes
+                assert a.level == "link" or costs.flow(op.work, a, 1).bytes == a.bytes
     assert _log_bytes(result.log) == dict(expected)
     assert any(level == "noc" for level, _ in expected) == (kw["dispatch"] == "sram_zero_copy")
 
@@ -111,20 +111,23 @@ def test_ops_per_step_do_not_grow_with_batch(dispatch):
     counts = set()
     for batch in (1, 8, 64):
         res = resolve(RunSpec(hardware=RICH, model=TINY, batch=batch, steps=1, context=256, dispatch=dispatch))
-        counts.add(len(lower_step(res.plan, res.steps[0].contexts).ops))
+        counts.add(len(lower_step(res, res.steps[0].contexts).ops))
     assert len(counts) == 1
 
 
 def test_host_sync_pays_a_sync_and_one_launch_per_active_expert():
     res = resolve(RunSpec(hardware=RICH, model=TINY, batch=8, steps=1, context=256, dispatch="host_sync"))
-    graph = lower_step(res.plan, res.steps[0].contexts)
+    graph = lower_step(res, res.steps[0].contexts)
     syncs = [op for op in graph.ops if op.host_sync]
+    assert syncs[-1].name == "argmax"  # the host needs the step's tokens
+    syncs = syncs[:-1]
     experts = [op for op in graph.ops if op.name == "experts"]
     assert len(syncs) == len(experts) == 3  # three MoE layers (the first is dense)
     launch = res.hardware.host.launch_overhead_ns.value
+    costs = CostModel(res.hardware)
     for sync, op in zip(syncs, experts, strict=True):
-        assert op.kernels == op.tags["active_experts"] >= 2
-        assert sync.host_ns == pytest.approx(3000.0 + op.kernels * launch)
+        assert op.kernels == op.tag("active_experts") >= 2
+        assert costs.cost(sync.work).host_ns == pytest.approx(3000.0 + op.kernels * launch)
     assert "gate_up" in [op.name for op in graph.ops if op.layer == 0]  # the dense first layer
 
 
@@ -159,11 +162,11 @@ def test_placement_invariants(experts, k, tokens, slots, policy, chips, seed):
 def test_lru_misses_pay_their_fetch_into_sram():
     res = resolve(RunSpec(hardware=RICH, model=TINY, batch=4, steps=2, context=256, placement="lru",
                           sram_experts=4))
-    pl = res.plan.ffn.placement
+    pl = res.moe.placement
     assert pl.fetched.sum() > 0
-    graph = lower_step(res.plan, res.steps[0].contexts)
-    assert graph.bytes("expert", level="sram", write=True) == pl.fetched[0].sum() * res.plan.ffn.expert_bytes(
-        res.plan, 1)
+    graph = lower_step(res, res.steps[0].contexts)
+    assert graph.bytes("expert", level="sram", write=True) == pl.fetched[0].sum() * expert_bytes(
+        res.model, res.weights, res.tp, 1)
 
 
 def test_bundled_moe_models():
@@ -172,8 +175,8 @@ def test_bundled_moe_models():
     assert mix.model.active_params == pytest.approx(12.9e9, rel=0.01)
     ds = resolve(RunSpec(model="deepseek-v3", chips=8, weights="int8", steps=1))
     assert ds.model.total_params == pytest.approx(671e9, rel=0.01)
-    assert ds.plan.k_width + ds.plan.v_width == 576  # MLA latent + RoPE key, replicated per chip
-    assert ds.plan.kv.kv_footprint(1, ds.plan.k_width, ds.plan.v_width) * 61 == 70_272  # anchors.md B1
+    assert ds.k_width + ds.v_width == 576  # MLA latent + RoPE key, replicated per chip
+    assert ds.kv.kv_footprint(1, ds.k_width, ds.v_width) * 61 == 70_272  # anchors.md B1
     for name in ("qwen3-30b-a3b", "gpt-oss-120b"):
         m = resolve(RunSpec(model=name, steps=1)).model
         assert m.moe.experts == 128
@@ -198,7 +201,7 @@ def test_dense_models_are_unchanged_by_moe_options():
 
 def test_uniform_active_experts_in_a_run_follow_the_closed_form():
     res = resolve(RunSpec(model="deepseek-v3", chips=8, weights="int8", batch=8, steps=4))
-    active = res.plan.ffn.placement.active  # no EP: every chip holds a shard of every expert
+    active = res.moe.placement.active  # no EP: every chip holds a shard of every expert
     assert np.mean(active) == pytest.approx(256 * (1 - (1 - 8 / 256) ** 8), rel=0.03)
 
 
@@ -228,10 +231,10 @@ def test_every_moe_layer_is_lowered_from_its_own_routing():
     # DeepSeek-V3's first two layers are dense and identical; the lowering must not copy
     # them over the 58 routed layers
     res = resolve(RunSpec(model="deepseek-v3", chips=8, weights="int8", batch=8, steps=1))
-    graph = lower_step(res.plan, res.steps[0].contexts)
+    graph = lower_step(res, res.steps[0].contexts)
     experts = [op for op in graph.ops if op.name == "experts"]
     assert [op.layer for op in experts] == list(range(3, 61))
-    assert [op.tags["active_experts"] for op in experts] == res.plan.ffn.placement.active[0].tolist()
+    assert [op.tag("active_experts") for op in experts] == res.moe.placement.active[0].tolist()
 
 
 @pytest.mark.parametrize("kw", [dict(dispatch="device"), dict(dispatch="sram_zero_copy", placement="lfu"),

@@ -106,12 +106,12 @@ def test_event_log_conserves_op_graph_bytes(path: Path, tiny_model: str):
     res = result.resolved
     costs = CostModel(res.hardware)
     expected = defaultdict(int)
-    for step in res.steps:
-        for op in lower_step(res.plan, step.contexts, step.index).ops:
+    for position, step in enumerate(res.steps):
+        for op in lower_step(res, step.contexts, step.index, position).ops:
             for a in op.accesses:
                 # memory levels move exactly the graph's bytes; a collective's wire bytes are its
                 # algorithm's (a ring all-reduce sends 2(n-1)/n of the message per chip)
-                wire = costs.flow(op, a, costs.tiles_for(op)).bytes if a.level == "link" else a.bytes
+                wire = costs.flow(op.work, a, costs.tiles_for(op.work)).bytes if a.level == "link" else a.bytes
                 expected[(a.level, a.write)] += wire
     logged = defaultdict(int)
     for _s, _l, _op, resource, kind, _t0, _t1, nbytes, _f in result.log:

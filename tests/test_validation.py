@@ -168,7 +168,7 @@ def test_link_fit_block_loads_and_the_engine_reproduces_the_measurement(tmp_path
     b = Builder()
     op = b.add("allreduce_ffn", 0, "collective", [Access("link", size, "link")], collective=("allreduce", size, 8),
                parallelism=8, kernels=1)
-    cost = costs.cost(op)
+    cost = costs.cost(op.work)
     simulated = cost.gap_ns + cost.fill_ns + cost.body_ns(costs.capacity) + cost.drain_ns
     assert simulated == pytest.approx(fitted.predict_ns("allreduce", 8, size), rel=1e-3)
 

@@ -28,7 +28,7 @@ def register(sub) -> None:
 def handle(args) -> int:
     from sim.commands.common import spec_from_args, to_json
     from sim.errors import ConfigError
-    from sim.formats.tables import compare_rows
+    from sim.report.compare import compare_rows
 
     names = [n.strip() for n in args.kv.split(",") if n.strip()]
     if not names:

@@ -17,6 +17,8 @@ import math
 
 import simpy
 
+from sim.engine.records import Span
+
 _EPS = 1e-9
 
 
@@ -45,31 +47,6 @@ class _Group:
         self.flows: list[_Flow] = []
 
 
-class Merged:
-    """An op's flow specs merged by (link, weight): built once, started many times."""
-
-    __slots__ = ("flows", "distinct_links")
-
-    def __init__(self, flows):
-        self.flows = tuple(flows)
-        links = [f[0] for f in self.flows]
-        self.distinct_links = len(set(links)) == len(links)
-
-
-def merge(specs) -> Merged:
-    """Merge specs (link, bytes, weight, cap, tile_cap, kind) by (link, weight): the merged
-    flow moves at most min(tile_cap, sum of caps), as the accesses would together."""
-    merged: dict[tuple, list] = {}
-    for spec in specs:
-        if spec[1] > 0:
-            merged.setdefault((spec[0], spec[2]), []).append(spec)
-    out = []
-    for (link, weight), group in merged.items():
-        cap = min(min(g[4] for g in group), sum(g[3] for g in group))
-        out.append((link, weight, cap, sum(g[1] for g in group), tuple((g[5], g[1]) for g in group)))
-    return Merged(out)
-
-
 class FlowNetwork:
     def __init__(self, env: simpy.Environment, capacity: dict[str, float], log: list | None = None,
                  label: tuple = ()):
@@ -82,27 +59,24 @@ class FlowNetwork:
         self._generation = 0
         self._updated = 0.0
         self.moved: dict[str, float] = {}
+        self.events = 0  # wake-ups this network scheduled
 
-    def transfer(self, specs, meta) -> simpy.Event:
-        """Start flows ``specs`` = [(link, bytes, weight, cap, tile_cap, kind), ...]; the
-        returned event fires when all of them have finished. Specs on the same link with the
-        same weight are merged into one flow (see ``merge``); the log keeps each part's kind
-        and bytes."""
-        return self.transfer_merged(merge(specs), meta)
-
-    def transfer_merged(self, merged: "Merged", meta) -> simpy.Event:
+    def transfer(self, merged: tuple, meta) -> simpy.Event:
+        """Start an op's body flows ``merged`` = ((link, weight, cap, bytes, parts), ...) (as
+        sim.costs.merge builds them); the returned event fires when all have finished. The
+        log keeps each part's kind and bytes."""
         env = self.env
-        group = _Group(env, len(merged.flows))
-        if not merged.flows:
+        group = _Group(env, len(merged))
+        if not merged:
             group.event.succeed()
             return group.event
         now = env.now
         capacity = self.capacity
-        if not self.flows and merged.distinct_links:
+        if not self.flows and len({f[0] for f in merged}) == len(merged):
             # an idle network: every flow is alone on its link, rates need no sharing
             self._updated = now
             last = now
-            for link, weight, cap, size, parts in merged.flows:
+            for link, weight, cap, size, parts in merged:
                 flow = _Flow(link, size, weight, cap, group, now, (meta, parts))
                 flow.rate = rate = min(cap, capacity[link] / weight)
                 flow.t_end = end = now + size / rate
@@ -112,12 +86,13 @@ class FlowNetwork:
             self.groups.append(group)
             self._generation += 1
             generation = self._generation
+            self.events += 1
             wake = env.timeout(last - now)
             wake.callbacks.append(lambda _e: self._wake(generation))
             return group.event
         self._advance()
         dirty = set()
-        for link, weight, cap, size, parts in merged.flows:
+        for link, weight, cap, size, parts in merged:
             flow = _Flow(link, size, weight, cap, group, now, (meta, parts))
             self.flows.setdefault(link, []).append(flow)
             group.flows.append(flow)
@@ -177,6 +152,7 @@ class FlowNetwork:
         self._generation += 1
         if soonest < math.inf:
             generation = self._generation
+            self.events += 1
             wake = self.env.timeout(max(0.0, soonest - self.env.now))
             wake.callbacks.append(lambda _e: self._wake(generation))
 
@@ -217,9 +193,9 @@ class FlowNetwork:
             (step, layer, op, flops), parts = f.meta
             for kind, size in parts:
                 if f.link == "compute":
-                    self.log.append((step, layer, op, f.link, kind, f.start, end, 0, flops))
+                    self.log.append(Span(step, layer, op, f.link, kind, f.start, end, 0, flops))
                 else:
-                    self.log.append((step, layer, op, f.link, kind, f.start, end, size, 0))
+                    self.log.append(Span(step, layer, op, f.link, kind, f.start, end, size, 0))
         f.remaining = -2.0  # finished
         group = f.group
         group.pending -= 1

@@ -1,13 +1,19 @@
 """The op graph: what one decode step asks of the hardware.
 
-An ``Op`` is one kernel (or ``kernels`` launches) with the bytes it reads and writes at
-each memory level (``Access``), its matrix FLOPs and vector operations, its dtype, its
-parallelism (independent work units, which bounds how many tiles it can use) and its
-dependencies. Byte counts are exact integers; time is not known here.
+An ``Op`` is one operation of the step (a norm, a projection, attention, a collective, ...)
+placed in the program: its name, layer, stream, pipeline stage, dependencies and whether
+the host waits for it. What it asks of the hardware is its ``Work``: the bytes it reads and
+writes at each memory level (``Access``), its matrix FLOPs and vector operations, its dtype,
+its parallelism (independent work units, which bounds how many tiles it can use) and how
+many kernels run it. ``Work`` is hashable, and the same ``Work`` object is shared by the op
+of every layer that asks the same, so costs are computed once per distinct work. Byte
+counts are exact integers; time is not known here.
 
 Access categories name what the bytes are: ``weights``, ``kv``, ``act`` (activations),
 ``outliers`` (sparse outlier gathers), ``expert`` (MoE expert weights), ``link``
 (chip-to-chip), ``pcie`` (host link).
+
+Records are frozen and built by keyword; a changed copy is ``dataclasses.replace``.
 """
 
 from __future__ import annotations
@@ -17,18 +23,19 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True, slots=True)
 class Access:
-    level: str  # a memory level name, or "link", "pcie", "noc"
+    """``bytes`` read (or written) at memory ``level`` ("link", "pcie" and "noc" are links)."""
+
+    level: str
     bytes: int
     category: str
     write: bool = False
     granule: int | None = None  # None: a long stream; else gathers of this many bytes
 
 
-@dataclass(slots=True)
-class Op:
-    idx: int
-    name: str
-    layer: int  # -1 for ops outside the layer stack
+@dataclass(frozen=True, slots=True)
+class Work:
+    """What an op asks of the hardware, independent of where it sits in the program."""
+
     kind: str  # matmul | vector | attention | collective | p2p | host
     accesses: tuple[Access, ...]
     matrix_flops: int = 0  # useful FLOPs on the matrix unit (2 per multiply-add)
@@ -38,13 +45,21 @@ class Op:
     dtype: str = "bf16"
     parallelism: float = 1  # independent work units (bounds the tiles used)
     kernels: int = 1  # kernel launches this op costs
-    deps: tuple[int, ...] = ()
-    stream: str = "main"
-    stage: int = 0  # pipeline stage (chip group) it runs on
-    host_sync: bool = False  # the host waits for this op before issuing more
-    host_ns: float = 0.0  # host-side work after the sync (e.g. building a dispatch)
     collective: tuple[str, int, int] | None = None  # (kind, bytes per chip, group size)
-    tags: dict = field(default_factory=dict)
+    host_ns: float = 0.0  # host-side work after a sync (e.g. building a dispatch)
+    host_launches: int = 0  # kernels the host launches after a sync (host-synced MoE dispatch)
+    noc_hops: int = 0  # on-chip network traversals before the body (zero-copy expert dispatch)
+    pcie_messages: int = 0  # host-link round trips before the body (routing read back to the host)
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "_hash", hash((self.kind, self.accesses, self.matrix_flops, self.matrix_m,
+                                                self.vector_ops, self.dequant_ops, self.dtype, self.parallelism,
+                                                self.kernels, self.collective, self.host_ns, self.host_launches,
+                                                self.noc_hops, self.pcie_messages)))
+
+    def __hash__(self) -> int:  # computed once: works are dictionary keys in every step
+        return self._hash
 
     def bytes(self, category: str | None = None, level: str | None = None, write: bool | None = None) -> int:
         return sum(
@@ -56,47 +71,116 @@ class Op:
         )
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
+class Op:
+    """One op of a step in program order: its ``work`` plus where it runs and what it waits for."""
+
+    idx: int
+    name: str
+    layer: int  # -1 for ops outside the layer stack
+    work: Work
+    deps: tuple[int, ...] = ()
+    stream: str = "main"
+    stage: int = 0  # pipeline stage (chip group) it runs on
+    host_sync: bool = False  # the host waits for this op before issuing more
+    row: str = ""  # breakdown row the whole op belongs to ("" = split by what bounds it)
+    compute_row: str = "compute"  # breakdown row of its compute time
+    tags: tuple[tuple[str, object], ...] = ()
+
+    # shorthands for the work's fields, so tables and tests read naturally
+    @property
+    def kind(self) -> str:
+        return self.work.kind
+
+    @property
+    def accesses(self) -> tuple[Access, ...]:
+        return self.work.accesses
+
+    @property
+    def matrix_flops(self) -> int:
+        return self.work.matrix_flops
+
+    @property
+    def vector_ops(self) -> int:
+        return self.work.vector_ops
+
+    @property
+    def kernels(self) -> int:
+        return self.work.kernels
+
+    @property
+    def collective(self):
+        return self.work.collective
+
+    def tag(self, key: str, default=None):
+        return dict(self.tags).get(key, default)
+
+    def bytes(self, category: str | None = None, level: str | None = None, write: bool | None = None) -> int:
+        return self.work.bytes(category, level, write)
+
+
+@dataclass(frozen=True, slots=True)
 class OpGraph:
     """The ops of one decode step, in program order (the order the host issues them)."""
 
-    ops: list[Op]
+    ops: tuple[Op, ...]
     step: int = 0
     batch: int = 0
     contexts: tuple[int, ...] = ()
     stages: int = 1
-    meta: dict = field(default_factory=dict)
+    streams: tuple[tuple[int, str], ...] = field(default=())  # (stage, stream) pairs in first-use order
 
     def bytes(self, category: str | None = None, level: str | None = None, write: bool | None = None) -> int:
-        return sum(op.bytes(category, level, write) for op in self.ops)
+        return sum(op.work.bytes(category, level, write) for op in self.ops)
 
     def flops(self) -> int:
-        return sum(op.matrix_flops for op in self.ops)
+        return sum(op.work.matrix_flops for op in self.ops)
 
     @property
     def kernels(self) -> int:
-        return sum(op.kernels for op in self.ops)
+        return sum(op.work.kernels for op in self.ops)
+
+
+def make_graph(ops, *, step: int, contexts: tuple[int, ...], stages: int) -> OpGraph:
+    """An OpGraph over ``ops`` with its stream list derived from them."""
+    ops = tuple(ops)
+    streams = tuple(dict.fromkeys((op.stage, op.stream) for op in ops))
+    return OpGraph(ops, step=step, batch=len(contexts), contexts=tuple(contexts), stages=stages, streams=streams)
 
 
 class Builder:
     """Appends ops in program order; by default each op depends on the previous op of its
     stream (a GPU stream runs kernels in order)."""
 
-    def __init__(self, stage: int = 0):
-        self.ops: list[Op] = []
+    def __init__(self, ops: list[Op] | None = None, stage: int = 0):
+        self.ops: list[Op] = [] if ops is None else ops
         self._last: dict[tuple[int, str], int] = {}
         self.stage = stage
 
-    def add(self, name: str, layer: int, kind: str, accesses, *, deps=None, stream="main", **fields) -> Op:
+    def add(self, name: str, layer: int, kind: str, accesses, *, deps=None, stream: str = "main",
+            host_sync: bool = False, row: str = "", compute_row: str = "compute", tags=(), **work) -> Op:
+        """Append one op; ``work`` holds the ``Work`` fields other than kind and accesses."""
         idx = len(self.ops)
         key = (self.stage, stream)
         if deps is None:
             deps = (self._last[key],) if key in self._last else ()
-        op = Op(idx, name, layer, kind, tuple(a for a in accesses if a.bytes > 0), deps=tuple(deps),
-                stream=stream, stage=self.stage, **fields)
+        op = Op(idx=idx, name=name, layer=layer,
+                work=Work(kind=kind, accesses=tuple(a for a in accesses if a.bytes > 0), **work),
+                deps=tuple(deps), stream=stream, stage=self.stage, host_sync=host_sync, row=row,
+                compute_row=compute_row, tags=tuple(tags))
         self.ops.append(op)
         self._last[key] = idx
         return op
+
+    def append_shifted(self, protos: list[Op], shift: int, layer: int) -> None:
+        """Append copies of ``protos`` (a contiguous run of this builder's ops) as ``layer``,
+        their indices and dependencies moved by ``shift``."""
+        for proto in protos:
+            op = Op(idx=proto.idx + shift, name=proto.name, layer=layer, work=proto.work,
+                    deps=tuple(d + shift for d in proto.deps), stream=proto.stream, stage=proto.stage,
+                    host_sync=proto.host_sync, row=proto.row, compute_row=proto.compute_row, tags=proto.tags)
+            self.ops.append(op)
+            self._last[(op.stage, op.stream)] = op.idx
 
     def last(self, stream: str = "main") -> int | None:
         return self._last.get((self.stage, stream))

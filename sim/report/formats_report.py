@@ -15,7 +15,8 @@ from dataclasses import asdict
 
 from sim.formats import build_format, list_formats
 from sim.formats.fidelity import SyntheticKV, score_std, synthetic
-from sim.formats.tables import attention_costs, byte_row, compare_rows, fidelity_rows, weight_row, widths
+from sim.formats.tables import byte_row, fidelity_rows, weight_row, widths
+from sim.report.compare import attention_costs, compare_rows
 
 CONTEXTS = (1024, 4096, 32768)
 FIDELITY = SyntheticKV(tokens=4096, seed=0)

@@ -15,7 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sim.lowering.moe import DISPATCHES, HOST_DISPATCH_NS, MoEFFN, sram_budget
+from sim.lowering.moe import DISPATCHES, HOST_DISPATCH_NS
+from sim.moe.plan import expert_bytes, experts_per_chip, sram_budget
 from sim.moe.routing import expected_distinct
 from sim.run import RunSpec, resolve, simulate
 from sim.units import MB
@@ -60,20 +61,20 @@ def _run(fields: dict, batch: int, dispatch: str) -> dict:
 def _fit(fields: dict) -> dict:
     """Does one expert (the unit the placement pins) fit in a chip's pinnable SRAM?"""
     res = resolve(RunSpec(steps=1, **fields))
-    block = res.plan.ffn
-    unit = MoEFFN.expert_bytes(res.plan, block.ep)
-    level, budget = sram_budget(res.plan)
-    full = MoEFFN.expert_bytes(res.plan, 2)  # a whole expert
+    block = res.moe
+    unit = expert_bytes(res.model, res.weights, res.tp, block.ep)
+    level, budget = sram_budget(res.hardware)
+    full = expert_bytes(res.model, res.weights, res.tp, 2)  # a whole expert
     store = res.hardware.store
     info = {"unit_MB": unit / MB, "expert_MB": full / MB, "budget_MB": budget / MB, "level": level,
             "slots": block.placement.slots, "sram_store": store.kind == "sram",
             "store_MB": store.capacity_bytes / MB, "store_GBps": store.peak_GBps, "chips": res.hardware.chips,
-            "on_chip": MoEFFN.experts_per_chip(res.plan, block.ep) * block.trace.layers}
+            "on_chip": experts_per_chip(res.model, block.ep) * block.trace.layers}
     if info["sram_store"]:
-        shard = " shard" if block.ep == 1 and res.plan.tp > 1 else ""
+        shard = " shard" if block.ep == 1 and res.tp > 1 else ""
         info["text"] = f"all resident ({level} is the store; {unit / MB:.2f} MB per expert{shard})"
     else:
-        what = "expert" if block.ep > 1 or res.plan.tp == 1 else "expert shard"
+        what = "expert" if block.ep > 1 or res.tp == 1 else "expert shard"
         slots = info["slots"]
         info["text"] = (f"{what} {unit / MB:.1f} MB vs {budget / MB:.1f} MB pinnable {level}: {slots} slot"
                         f"{'s' if slots != 1 else ''} of {info['on_chip']}")

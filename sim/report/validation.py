@@ -467,7 +467,7 @@ def simulated_kernel_classes(batch: int = 1, context: int = 1024) -> dict[str, i
 
     res = resolve(RunSpec(model="llama-3-8b", weights="bf16", kv="bf16", batch=batch, context=context, steps=1,
                           software="torch-eager"))
-    graph = lower_step(res.plan, res.steps[0].contexts)
+    graph = lower_step(res, res.steps[0].contexts)
     by_op = {"matmul": "matmul (GEMV/GEMM)", "attention": "attention"}
     counts: dict[str, int] = {}
     for op in graph.ops:

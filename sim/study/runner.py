@@ -65,13 +65,12 @@ def _file_bytes(path: str | None) -> bytes:
 def content_hash(spec: RunSpec, extra: str = "") -> str:
     """The key of one run: everything that can change its result, and nothing else."""
     res = resolve(spec)
-    plan = res.plan
     h = hashlib.sha256()
     for part in (simulator_version(), extra, apply_run_overrides(spec).model_dump_json(),
                  res.hardware.model_dump_json(), res.model.model_dump_json()):
         h.update(part.encode())
         h.update(b"\0")
-    for fmt in (getattr(plan, "weights", None), getattr(plan, "kv", None)):
+    for fmt in (res.weights, res.kv):
         h.update(_file_bytes(getattr(fmt, "file", None)))
         h.update(b"\0")
     for value in apply_run_overrides(spec).model_dump().values():  # trace and any other file a field names
@@ -321,7 +320,7 @@ def run_detail(study: Study, out: Path) -> None:
     write_frame(log, folder / "events")
     res = result.resolved
     costs = CostModel(res.hardware)
-    dtype = getattr(res.plan.weights, "matmul_dtype", None) or "bf16"
+    dtype = getattr(res.weights, "matmul_dtype", None) or "bf16"
     try:
         peak_tflops = res.hardware.compute.matrix_peak_TFLOPs(dtype)
     except Exception:

@@ -52,7 +52,7 @@ def current_value(spec: RunSpec, path: str) -> Any:
         if value is None and path == "chips":
             return res.hardware.chips
         if value is None and path in ("tp", "pp"):
-            return getattr(res.plan, path)
+            return getattr(res, path)
         return value
     if path.startswith("hardware."):
         node: Any = res.hardware

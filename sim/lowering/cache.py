@@ -1,0 +1,47 @@
+"""Graph reuse between consecutive steps, owned by the runner.
+
+In a model without MoE layers only attention depends on the sequences' contexts: a step
+with the same batch as the previous one has the same ops except attention. ``GraphCache``
+keeps the previous graph and re-lowers only the attention work, which every layer shares
+(tests check this equals a full lowering). It holds state, so it belongs to one run; the
+lowering functions themselves stay pure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from sim.config.setup import Setup
+from sim.lowering.decode import lower_step
+from sim.lowering.graph import Builder, OpGraph
+from sim.lowering.ops import attention
+
+
+class GraphCache:
+    """Lowers the steps of one run, reusing the previous graph where only attention changed."""
+
+    def __init__(self, setup: Setup):
+        self.setup = setup
+        self._previous: OpGraph | None = None
+        self._attention: tuple[int, ...] = ()  # indices of the attention ops
+        self.reused = 0
+
+    def lower(self, contexts: tuple[int, ...], step: int = 0, position: int = 0) -> OpGraph:
+        contexts = tuple(contexts)
+        previous = self._previous
+        if self.setup.moe is None and previous is not None and previous.batch == len(contexts):
+            self.reused += 1
+            graph = self._relower_attention(previous, contexts, step)
+        else:
+            graph = lower_step(self.setup, contexts, step, position)
+            self._attention = tuple(op.idx for op in graph.ops if op.kind == "attention")
+        self._previous = graph
+        return graph
+
+    def _relower_attention(self, previous: OpGraph, contexts: tuple[int, ...], step: int) -> OpGraph:
+        fresh = attention(self.setup, Builder(), 0, contexts)
+        ops = list(previous.ops)
+        for idx in self._attention:
+            ops[idx] = replace(ops[idx], work=fresh.work, tags=fresh.tags)
+        return OpGraph(tuple(ops), step=step, batch=len(contexts), contexts=contexts, stages=previous.stages,
+                       streams=previous.streams)

@@ -1,0 +1,119 @@
+"""The MoE part of a run's setup: routing, expert sizes, the SRAM budget and the placement.
+
+Built once by the setup stage (``sim.config.setup.resolve``) for a model with a ``moe:``
+section, before any step is lowered: the routing trace (generated or read), how many
+experts (or expert shards) fit the chip's pinnable SRAM, and the placement's per-(step,
+MoE layer) counts for the critical chip. The lowering reads it; nothing writes it later.
+
+Sizes: one expert (or one chip's tensor-parallel shard of it) is ``ffn_matrices - 1`` up
+rows plus the down matrix in the weight format. With ``placement: spread`` (expert
+parallelism over the ``tp`` chips) whole experts live on one chip each.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from sim.config.hardware import HardwareProfile
+from sim.config.model import ModelSpec
+from sim.errors import ConfigError, SimulationError
+from sim.moe import routing
+from sim.moe.placement import Placement, place
+from sim.moe.routing import RoutingTrace
+from sim.paths import bundled
+from sim.paths import resolve as resolve_path
+from sim.units import MB
+
+
+@dataclass(frozen=True)
+class MoEPlan:
+    """Everything the MoE lowering needs that does not change from step to step."""
+
+    dispatch: str
+    trace: RoutingTrace
+    placement: Placement
+    ep: int  # chips the experts are spread over (1: every chip holds a shard of each)
+    sram_level: str | None  # where resident experts live
+    graph_mode: bool
+    moe_index: dict[int, int]  # model layer -> MoE layer index
+
+    def counts(self, position: int, layer: int) -> tuple[int, int, int, int, int]:
+        """(active, resident, fetched, pairs, resident_pairs) of ``layer`` at step ``position``."""
+        pl = self.placement
+        if position >= pl.active.shape[0]:
+            raise SimulationError(f"the MoE placement covers {pl.active.shape[0]} steps; step {position} asked for")
+        i = self.moe_index[layer]
+        return (int(pl.active[position, i]), int(pl.resident[position, i]), int(pl.fetched[position, i]),
+                int(pl.pairs[position, i]), int(pl.resident_pairs[position, i]))
+
+
+def expert_ffn_per_chip(model: ModelSpec, tp: int, ep: int) -> int:
+    ffn = model.moe.expert_ffn
+    return ffn if ep > 1 else math.ceil(ffn / tp)
+
+
+def expert_bytes(model: ModelSpec, weights, tp: int, ep: int) -> int:
+    """Weight bytes of one expert (or one chip's shard of it)."""
+    ffn = expert_ffn_per_chip(model, tp, ep)
+    return weights.weight_bytes((model.ffn_matrices - 1) * ffn, model.hidden) + weights.weight_bytes(model.hidden, ffn)
+
+
+def experts_per_chip(model: ModelSpec, ep: int) -> int:
+    return math.ceil(model.moe.experts / ep)
+
+
+def sram_budget(hardware: HardwareProfile) -> tuple[str | None, float]:
+    """(level, bytes) where experts can be pinned on one chip. On an SRAM-store chip the
+    store itself (every expert on the chip is resident: the run's capacity check covers it);
+    otherwise the on-chip level with the most software-pinnable bytes."""
+    if hardware.store.kind == "sram":
+        return hardware.store.name, math.inf
+    levels = [level for level in hardware.on_chip if level.resident_bytes > 0]
+    if not levels:
+        return None, 0.0
+    best = max(levels, key=lambda level: level.resident_bytes)
+    return best.name, best.resident_bytes
+
+
+def routing_trace(spec, model: ModelSpec, batches: list[int]) -> RoutingTrace:
+    """The run's routing: generated (``uniform``, ``zipf``) or read from a routing file."""
+    moe = model.moe
+    layers = sum(1 for layer in range(model.layers) if not moe.is_dense(layer))
+    if spec.routing in routing.KINDS:
+        return routing.generate(moe.experts, moe.top_k, layers, len(batches), max(batches), kind=spec.routing,
+                                skew=spec.routing_skew, locality=spec.routing_locality, seed=spec.seed)
+    path = resolve_path(spec.routing, bundled("workloads", "routing"), "routing", suffixes=(".jsonl",))
+    trace = routing.read(path, moe.experts, moe.top_k, layers)
+    if trace.tokens < max(batches):
+        raise ConfigError(spec.routing, "experts", f"each step needs {max(batches)} token rows "
+                          f"(the largest batch of the run)", trace.tokens)
+    return trace
+
+
+def build(spec, model: ModelSpec, hardware: HardwareProfile, weights, tp: int, batches: list[int]) -> MoEPlan:
+    """The MoE plan of a run: sizes the SRAM slots, checks a requested pin count against the
+    SRAM that exists, and runs the placement over the run's steps."""
+    moe = model.moe
+    trace = routing_trace(spec, model, batches)
+    ep = tp if spec.placement == "spread" and tp > 1 else 1
+    level, budget = sram_budget(hardware)
+    unit = expert_bytes(model, weights, tp, ep)
+    on_chip = experts_per_chip(model, ep) * trace.layers
+    if spec.sram_experts is not None:
+        if spec.placement == "all-hbm" and spec.sram_experts:
+            raise SimulationError("placement all-hbm pins no experts; drop sram_experts or pick another policy")
+        need = spec.sram_experts * unit
+        if need > budget:
+            where = (f"{level} holds {budget / MB:.1f} MB for resident data" if level
+                     else "no on-chip SRAM can hold resident data")
+            raise SimulationError(f"placement {spec.placement} asks for {spec.sram_experts} experts x "
+                                  f"{unit / MB:.1f} MB = {need / MB:.1f} MB of SRAM per chip; {where}")
+        slots = spec.sram_experts
+    else:
+        slots = on_chip if math.isinf(budget) else int(budget // unit) if unit else 0
+    slots = min(slots, on_chip)
+    pl = place(trace, spec.placement, slots, batches, chips=ep)
+    layers = [layer for layer in range(model.layers) if not moe.is_dense(layer)]
+    return MoEPlan(spec.dispatch, trace, pl, ep, level if slots else None, spec.graph,
+                   {layer: i for i, layer in enumerate(layers)})
