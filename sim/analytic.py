@@ -16,7 +16,7 @@ from sim.lowering.graph import OpGraph
 
 def analyse(graph: OpGraph, op_costs: list[OpCost], host: HostTimes, graph_mode: bool) -> StepOutcome:
     """The step's timeline in closed form (no events, no contention)."""
-    timings = [OpTiming() for _ in graph.ops]
+    timings: list[OpTiming | None] = [None] * len(graph.ops)
     stream_end: dict[tuple[int, str], float] = {}
     t_host = 0.0
     new_segment = True
@@ -27,22 +27,21 @@ def analyse(graph: OpGraph, op_costs: list[OpCost], host: HostTimes, graph_mode:
         else:
             t_host += host.launch_ns * op.work.kernels
         new_segment = False
-        timing = timings[op.idx]
         ready = max((timings[d].end for d in op.deps), default=0.0)
         ready = max(ready, stream_end.get((op.stage, op.stream), 0.0))
-        timing.ready = ready
-        timing.issued = t_host
-        timing.start = max(ready, t_host)
-        wait_total += timing.start - ready
+        start = max(ready, t_host)
+        wait_total += start - ready
         cost = op_costs[op.idx]
-        timing.body_start = timing.start + cost.gap_ns + cost.fill_ns
-        timing.body_end = timing.body_start + cost.ideal_body_ns
-        timing.end = timing.body_end + cost.drain_ns
-        stream_end[(op.stage, op.stream)] = timing.end
-        end_all = max(end_all, timing.end)
+        body_start = start + cost.gap_ns + cost.fill_ns
+        body_end = body_start + cost.ideal_body_ns
+        end = body_end + cost.drain_ns
+        timings[op.idx] = OpTiming(ready, t_host, start, body_start, body_end, end)
+        stream_end[(op.stage, op.stream)] = end
+        end_all = max(end_all, end)
         if op.host_sync:
             before = t_host
-            t_host = max(t_host, timing.end) + host.sync_ns + cost.host_ns
-            sync_total += t_host - max(before, timing.end)
+            t_host = max(t_host, end) + host.sync_ns + cost.host_ns
+            sync_total += t_host - max(before, end)
             new_segment = True
-    return StepOutcome(graph.step, max(end_all, t_host), timings, [], 0, sync_total, wait_total)
+    return StepOutcome(graph.step, max(end_all, t_host), [], 0, sync_total, wait_total, last_end=end_all,
+                       given=timings)

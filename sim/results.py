@@ -87,6 +87,7 @@ class Ledger:
         rows: dict[str, float] = defaultdict(float)
         by_category: dict[str, int] = defaultdict(int)
         by_level: dict[str, int] = defaultdict(int)
+        flops = kernels = 0
         for n, op in keys.values():
             for row, t in self.ideal_rows(op, op_costs[op.idx]).items():
                 rows[row] += n * t
@@ -95,14 +96,15 @@ class Ledger:
                 by_category[k] += n * v
             for k, v in levels.items():
                 by_level[k] += n * v
-        return GraphSums(dict(rows), dict(by_category), dict(by_level))
+            flops += n * op.work.matrix_flops
+            kernels += n * op.work.kernels
+        return GraphSums(dict(rows), dict(by_category), dict(by_level), flops, kernels)
 
     def step_breakdown(self, sums: "GraphSums", outcome: StepOutcome) -> dict[str, float]:
         """The step's rows: the ops' rows alone, plus waits, contention and the host's tail."""
         rows = dict(sums.rows)
-        last_end = max((t.end for t in outcome.timings), default=0.0)
         rows["launch_sync"] = (rows.get("launch_sync", 0.0) + outcome.wait_ns
-                               + max(0.0, outcome.time_ns - last_end))
+                               + max(0.0, outcome.time_ns - outcome.last_end))
         if outcome.contention_ns:
             rows["contention"] = rows.get("contention", 0.0) + outcome.contention_ns
         total = sum(rows.values())
@@ -133,14 +135,18 @@ class Ledger:
 
 
 class GraphSums:
-    """An op graph's ideal rows and byte totals (by category and by memory level)."""
+    """An op graph's ideal rows, byte totals (by category and by memory level), matrix
+    FLOPs and kernel count."""
 
-    __slots__ = ("rows", "by_category", "by_level")
+    __slots__ = ("rows", "by_category", "by_level", "flops", "kernels")
 
-    def __init__(self, rows: dict[str, float], by_category: dict[str, int], by_level: dict[str, int]):
+    def __init__(self, rows: dict[str, float], by_category: dict[str, int], by_level: dict[str, int],
+                 flops: int, kernels: int):
         self.rows = rows
         self.by_category = by_category
         self.by_level = by_level
+        self.flops = flops
+        self.kernels = kernels
 
 
 def _ideal_rows(costs: CostModel, op: Op, cost: OpCost) -> dict[str, float]:

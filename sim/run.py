@@ -102,7 +102,7 @@ def simulate(spec: RunSpec | dict | None = None, *, keep_ops: bool = False, keep
     state: _Step | None = None
     for position, step in enumerate(setup.steps):
         graph = cache.lower(step.contexts, step.index, position)
-        state = _advance(state, graph, costs)
+        state = _advance(state, graph, costs, cache.changed)
         if des:
             outcome = Simulation(graph, state.costs, costs.capacity, costs.host, spec.graph, log=keep_log).run()
         else:
@@ -119,16 +119,14 @@ def simulate(spec: RunSpec | dict | None = None, *, keep_ops: bool = False, keep
     return RunResult(base, step_rows, op_rows, log, setup)
 
 
-def _advance(state: _Step | None, graph, costs: CostModel) -> _Step:
-    """The op costs and distinct-op counts of ``graph``, from the previous step's where only
-    some ops' work changed (the graph cache keeps every other op object)."""
+def _advance(state: _Step | None, graph, costs: CostModel, changed: tuple[int, ...] | None) -> _Step:
+    """The op costs and distinct-op counts of ``graph``: from the previous step's when the
+    graph cache says only the ops ``changed`` differ, else afresh."""
     ops = graph.ops
-    if state is not None and len(state.graph.ops) == len(ops):
+    if state is not None and changed is not None:
         old_ops, op_costs, keys = state.graph.ops, list(state.costs), dict(state.keys)
-        for idx, op in enumerate(ops):
-            old = old_ops[idx]
-            if op is old:
-                continue
+        for idx in changed:
+            old, op = old_ops[idx], ops[idx]
             op_costs[idx] = costs.cost(op.work)
             _count(keys, op_key(old), old_ops, -1)
             _count(keys, op_key(op), ops, 1, idx)
@@ -158,7 +156,7 @@ def _step_row(setup: Setup, step, graph, outcome, sums, breakdown) -> dict:
         "store_bytes": by_level.get(setup.store, 0),
         "weight_bytes": by_category.get("weights", 0) + by_category.get("expert", 0),
         "kv_bytes": by_category.get("kv", 0), "outlier_bytes": by_category.get("outliers", 0),
-        "link_bytes": by_level.get("link", 0), "flops": graph.flops(), "kernels": graph.kernels,
+        "link_bytes": by_level.get("link", 0), "flops": sums.flops, "kernels": sums.kernels,
         "ops": len(graph.ops), **{f"ms_{k}": ns_to_ms(v) for k, v in breakdown.items()},
     }
 

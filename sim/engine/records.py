@@ -27,8 +27,7 @@ class Span(NamedTuple):
     flops: int
 
 
-@dataclass(slots=True)
-class OpTiming:
+class OpTiming(NamedTuple):
     """One op's moments in a step."""
 
     ready: float = 0.0  # dependencies done
@@ -41,15 +40,33 @@ class OpTiming:
 
 @dataclass
 class StepOutcome:
-    """One simulated step: its time, per-op timings, the log (when kept) and the totals the
-    breakdown needs without walking the ops again."""
+    """One simulated step: its time, the log (when kept) and the totals the breakdown needs
+    without walking the ops again. Per-op ``timings`` are built on first use from the raw
+    moments the engine kept (``moments``: ready, issued, start, end lists, the op costs and
+    the bodies of ops that shared links), or given directly (the analytic model)."""
 
     step: int
     time_ns: float
-    timings: list[OpTiming]
     log: list[Span] = field(default_factory=list)
     events: int = 0
     host_sync_ns: float = 0.0
     wait_ns: float = 0.0  # sum over ops of (start - ready): waiting for the host
     contention_ns: float = 0.0  # sum over ops of body time beyond the uncontended body
     contended: dict[int, float] = field(default_factory=dict)  # op index -> its extra body time
+    last_end: float = 0.0  # when the last op ended
+    given: list[OpTiming] | None = None
+    moments: tuple | None = None
+
+    @property
+    def timings(self) -> list[OpTiming]:
+        if self.given is None:
+            ready, issued, start, end, costs, bodies = self.moments
+            out = []
+            for idx, cost in enumerate(costs):
+                body = bodies.get(idx)
+                if body is None:
+                    body_start = start[idx] + cost.gap_ns + cost.fill_ns
+                    body = (body_start, body_start + cost.ideal_body_ns)
+                out.append(OpTiming(ready[idx], issued[idx], start[idx], body[0], body[1], end[idx]))
+            self.given = out
+        return self.given

@@ -2,8 +2,8 @@
 
 Components (nouns): a ``FlowNetwork`` per pipeline stage whose memory levels, on-chip
 network, chip links, host link and compute tiles are shared by more than one stream, and
-the host. Processes (verbs): ``issue_kernels`` on the host, and one ``run_stream`` per
-(stage, stream) that executes its ops in order, as a GPU stream does:
+the host. Processes (verbs): ``issue_kernels`` on the host, and one stream per (stage,
+stream) that executes its ops in order, as a GPU stream does:
 
 1. wait for the op's dependencies and for the host to have issued it;
 2. the kernel gap, then the fill latency (paid before the transfer, as in SimGrid);
@@ -11,17 +11,18 @@ the host. Processes (verbs): ``issue_kernels`` on the host, and one ``run_stream
    runs; the op's tiles overlap loads with compute (double buffering);
 4. the drain (the last chunk's compute).
 
-When a stage has a single stream, nothing on its links can overlap: each op is then one
-scheduled event of its uncontended time (gap + fill + body + drain), and the flow network
-is not built. Where a stage has several streams, their ops' flows share bandwidth through
-the flow network (weighted max-min, sim.engine.flows).
+When a stage has a single stream (``LoneStream``), nothing on its links can overlap: each
+op is one scheduled event of its uncontended time (gap + fill + body + drain), driven by
+callbacks rather than a generator, and no flow network is built. Where a stage has several
+streams (``SharedStream``), their ops' bodies are flows that share bandwidth through the
+stage's flow network (weighted max-min, sim.engine.flows).
 
 The host issues kernels in program order: ``launch_ns`` per kernel in eager mode, one
 ``graph_launch_ns`` per captured segment in graph mode. An op with ``host_sync`` makes the
 host wait for it and pay ``sync_ns`` plus the op's own host work; a graph cannot span a
 sync, so each sync starts a new segment. The step ends when the host holds the step's
 tokens. The engine reads no configuration: it gets the graph, the op costs, the link
-capacities and the host's times.
+capacities and the host's times, and counts the events it schedules itself.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import simpy
 
 from sim.costs import COMPUTE, HostTimes, OpCost
 from sim.engine.flows import FlowNetwork
-from sim.engine.records import OpTiming, Span, StepOutcome
+from sim.engine.records import Span, StepOutcome
 from sim.lowering.graph import OpGraph
 
 
@@ -52,16 +53,13 @@ class Simulation:
         self.networks = {stage: FlowNetwork(self.env, capacity, self.log, (stage,))
                          for stage, n in streams_per_stage.items() if n > 1}
         n = len(graph.ops)
-        self.timings = [OpTiming() for _ in range(n)]
+        self.ready = [0.0] * n
+        self.issued = [0.0] * n
+        self.start = [0.0] * n
         self.end: list[float | None] = [None] * n
+        self.bodies: dict[int, tuple[float, float]] = {}  # body (start, end) of ops that shared links
         self._waiters: dict[int, simpy.Event] = {}
-        # ops another process waits for: dependents on another stream, or a host sync
-        self.watched = [op.host_sync for op in graph.ops]
-        for op in graph.ops:
-            for dep in op.deps:
-                other = graph.ops[dep]
-                if (other.stage, other.stream) != (op.stage, op.stream):
-                    self.watched[dep] = True
+        self.watched = graph.watched  # ops another process waits for: cross-stream dependents, host syncs
         self.issue_time: list[float | None] = [None] * n
         self.published = self.env.event()
         self.host_sync_ns = 0.0
@@ -86,7 +84,7 @@ class Simulation:
             if op.host_sync:
                 self._publish()
                 if self.end[op.idx] is None:
-                    yield self._wait_for(op.idx)
+                    yield self.wait_for(op.idx)
                 start = max(t, env.now)
                 t = start + host.sync_ns + self.op_costs[op.idx].host_ns
                 self.host_sync_ns += t - env.now
@@ -105,21 +103,34 @@ class Simulation:
         if self.log is not None:
             self.log.append(Span(self.graph.step, op.layer, op.name, "host", kind, t0, t1, 0, 0))
 
-    # -- streams ------------------------------------------------------------------------------
-    def _wait_for(self, idx: int) -> simpy.Event:
+    # -- shared state of the streams ----------------------------------------------------------
+    def wait_for(self, idx: int) -> simpy.Event:
+        """An event that fires when op ``idx`` ends."""
         event = self._waiters.get(idx)
         if event is None:
             self.events += 1
             event = self._waiters[idx] = self.env.event()
         return event
 
-    def _finish(self, idx: int, end: float) -> None:
+    def finish(self, idx: int, end: float) -> None:
         self.end[idx] = end
-        self.timings[idx].end = end
-        event = self._waiters.pop(idx, None)
-        if event is not None:
-            event.succeed()
+        if self._waiters:
+            event = self._waiters.pop(idx, None)
+            if event is not None:
+                event.succeed()
 
+    def log_alone(self, op, cost: OpCost, body_start: float) -> None:
+        """The spans the flow network would log for an op alone on its links."""
+        step, flops = self.graph.step, op.work.matrix_flops + op.work.vector_ops
+        for link, weight, cap, size, parts in cost.merged:
+            end = body_start + size / min(cap, self.capacity[link] / weight)
+            for kind, part in parts:
+                if link == COMPUTE:
+                    self.log.append(Span(step, op.layer, op.name, link, kind, body_start, end, 0, flops))
+                else:
+                    self.log.append(Span(step, op.layer, op.name, link, kind, body_start, end, part, 0))
+
+    # -- the step -------------------------------------------------------------------------------
     def run(self) -> StepOutcome:
         env = self.env
         streams: dict[tuple[int, str], list] = {}
@@ -129,103 +140,136 @@ class Simulation:
         for (stage, _stream), ops in streams.items():
             network = self.networks.get(stage)
             if network is None:
-                env.process(_Stream(self).alone(ops))
+                LoneStream(self, ops).begin()
             else:
-                env.process(_Stream(self).shared(ops, network))
+                env.process(SharedStream(self, ops, network).run())
         env.run()
-        unfinished = [op.name for op in self.graph.ops if self.end[op.idx] is None]
-        if unfinished:
+        if None in self.end:
+            unfinished = [op.name for op in self.graph.ops if self.end[op.idx] is None]
             raise RuntimeError(f"deadlock: ops never ran: {unfinished[:5]}")
-        end = max((t.end for t in self.timings), default=0.0)
+        last_end = max(self.end, default=0.0)
         events = self.events + sum(n.events for n in self.networks.values())
-        return StepOutcome(self.graph.step, max(end, env.now), self.timings, self.log or [], events,
-                           self.host_sync_ns, self.wait_ns, sum(self.contended.values()), self.contended)
+        return StepOutcome(self.graph.step, max(last_end, env.now), self.log or [], events, self.host_sync_ns,
+                           self.wait_ns, sum(self.contended.values()), self.contended, last_end,
+                           moments=(self.ready, self.issued, self.start, self.end, self.op_costs, self.bodies))
 
 
-class _Stream:
-    """One (stage, stream): runs its ops in order; ``free`` is when its previous op ended."""
+class LoneStream:
+    """A stream alone on its stage: each op is one scheduled event of its uncontended time.
 
-    def __init__(self, sim: Simulation):
+    Driven by callbacks: ``advance`` runs ops until one needs time to pass (it schedules that
+    op's end and returns), a dependency on another stream is not done, or the host has not
+    issued the next op (it waits on that event and returns)."""
+
+    def __init__(self, sim: Simulation, ops: list):
         self.sim = sim
+        self.ops = ops
+        self.i = 0
+        self.free = sim.env.now
+        self.pending: tuple[int, float] | None = None  # the op whose end event is scheduled
+
+    def begin(self) -> None:
+        """Start after the processes created before it (the host) have run at time 0."""
+        event = self.sim.env.event()
+        event.callbacks.append(self.advance)
+        event.succeed()
+        self.sim.events += 1
+
+    def advance(self, _event) -> None:
+        sim = self.sim
+        end_of = sim.end
+        if self.pending is not None:
+            idx, end = self.pending
+            end_of[idx] = end
+            if sim._waiters:
+                sim.finish(idx, end)
+            self.pending = None
+        env, costs, log, issue_time = sim.env, sim.op_costs, sim.log, sim.issue_time
+        now = env.now
+        ops, i, free = self.ops, self.i, self.free
+        while i < len(ops):
+            op = ops[i]
+            idx = op.idx
+            ready = free
+            for dep in op.deps:
+                end = end_of[dep]
+                if end is None:
+                    self.i, self.free = i, free
+                    sim.wait_for(dep).callbacks.append(self.advance)
+                    return
+                if end > ready:
+                    ready = end
+            issued = issue_time[idx]
+            if issued is None:
+                self.i, self.free = i, free
+                sim.published.callbacks.append(self.advance)
+                return
+            start = ready if ready >= issued else issued
+            if now > start:
+                start = now
+            if start > ready:
+                sim.wait_ns += start - ready
+            cost = costs[idx]
+            end = start + cost.gap_ns + cost.fill_ns + cost.ideal_body_ns + cost.drain_ns
+            sim.ready[idx] = ready
+            sim.issued[idx] = issued
+            sim.start[idx] = start
+            if log is not None:
+                sim.log_alone(op, cost, start + cost.gap_ns + cost.fill_ns)
+            i += 1
+            free = end
+            if end > now:
+                self.i, self.free, self.pending = i, free, (idx, end)
+                sim.events += 1
+                env.timeout(end - now).callbacks.append(self.advance)
+                return
+            sim.finish(idx, end)
+        self.i, self.free = i, free
+
+
+class SharedStream:
+    """A stream sharing its stage's links with other streams: bodies are flows on the network."""
+
+    def __init__(self, sim: Simulation, ops: list, network: FlowNetwork):
+        self.sim = sim
+        self.ops = ops
+        self.network = network
         self.free = sim.env.now
 
-    def _start(self, op):
-        """Wait for the op's dependencies and for the host to issue it; sets its timing."""
+    def run(self):
         sim = self.sim
-        timing = sim.timings[op.idx]
-        ready = self.free
-        for dep in op.deps:
-            if sim.end[dep] is None:
-                yield sim._wait_for(dep)
-            end = sim.end[dep]
-            ready = end if end > ready else ready
-        timing.ready = ready
-        while sim.issue_time[op.idx] is None:
-            yield sim.published
-        issued = sim.issue_time[op.idx]
-        timing.issued = issued
-        start = max(ready, issued, sim.env.now)
-        timing.start = start
-        if start > ready:
-            sim.wait_ns += start - ready
-
-    def alone(self, ops):
-        """Alone on its stage: each op is one event of its uncontended time."""
-        sim = self.sim
-        env, costs, timings, log = sim.env, sim.op_costs, sim.timings, sim.log
-        for op in ops:
-            yield from self._start(op)
+        env, costs = sim.env, sim.op_costs
+        for op in self.ops:
             idx = op.idx
-            timing = timings[idx]
+            ready = self.free
+            for dep in op.deps:
+                if sim.end[dep] is None:
+                    yield sim.wait_for(dep)
+                ready = max(ready, sim.end[dep])
+            while sim.issue_time[idx] is None:
+                yield sim.published
+            issued = sim.issue_time[idx]
+            start = max(ready, issued, env.now)
+            if start > ready:
+                sim.wait_ns += start - ready
+            sim.ready[idx], sim.issued[idx], sim.start[idx] = ready, issued, start
             cost = costs[idx]
-            body_start = timing.start + cost.gap_ns + cost.fill_ns
-            timing.body_start = body_start
-            timing.body_end = body_end = body_start + cost.ideal_body_ns
-            end = body_end + cost.drain_ns
-            if log is not None:
-                self._log(op, cost, body_start)
-            if end > env.now:
-                sim.events += 1
-                yield env.timeout(end - env.now)
-            sim._finish(idx, end)
-            self.free = end
-
-    def _log(self, op, cost: OpCost, body_start: float) -> None:
-        """The spans the flow network would log for an op alone on its links."""
-        sim = self.sim
-        step, flops = sim.graph.step, op.work.matrix_flops + op.work.vector_ops
-        for link, weight, cap, size, parts in cost.merged:
-            end = body_start + size / min(cap, sim.capacity[link] / weight)
-            for kind, part in parts:
-                if link == COMPUTE:
-                    sim.log.append(Span(step, op.layer, op.name, link, kind, body_start, end, 0, flops))
-                else:
-                    sim.log.append(Span(step, op.layer, op.name, link, kind, body_start, end, part, 0))
-
-    def shared(self, ops, network: FlowNetwork):
-        """Sharing its stage's links with other streams: bodies are flows on the network."""
-        sim = self.sim
-        env, costs, timings = sim.env, sim.op_costs, sim.timings
-        for op in ops:
-            yield from self._start(op)
-            idx = op.idx
-            timing = timings[idx]
-            cost = costs[idx]
-            body_start = timing.start + cost.gap_ns + cost.fill_ns
+            body_start = start + cost.gap_ns + cost.fill_ns
             if body_start > env.now:
                 sim.events += 1
                 yield env.timeout(body_start - env.now)
-            timing.body_start = env.now
+            body_start = env.now
             if cost.merged:
-                yield network.transfer(cost.merged, (sim.graph.step, op.layer, op.name,
-                                                     op.work.matrix_flops + op.work.vector_ops))
-            timing.body_end = env.now
-            extra = (timing.body_end - timing.body_start) - cost.ideal_body_ns
+                yield self.network.transfer(cost.merged, (sim.graph.step, op.layer, op.name,
+                                                          op.work.matrix_flops + op.work.vector_ops))
+            body_end = env.now
+            sim.bodies[idx] = (body_start, body_end)
+            extra = (body_end - body_start) - cost.ideal_body_ns
             if extra > 1e-9 * max(1.0, cost.ideal_body_ns):
                 sim.contended[idx] = extra
-            end = env.now + cost.drain_ns
+            end = body_end + cost.drain_ns
             if sim.watched[idx] and cost.drain_ns > 0:
                 sim.events += 1
                 yield env.timeout(cost.drain_ns)
-            sim._finish(idx, end)
+            sim.finish(idx, end)
             self.free = end

@@ -25,6 +25,7 @@ class GraphCache:
         self._previous: OpGraph | None = None
         self._attention: tuple[int, ...] = ()  # indices of the attention ops
         self.reused = 0
+        self.changed: tuple[int, ...] | None = None  # ops of the last graph that differ from the one before
 
     def lower(self, contexts: tuple[int, ...], step: int = 0, position: int = 0) -> OpGraph:
         contexts = tuple(contexts)
@@ -32,8 +33,10 @@ class GraphCache:
         if self.setup.moe is None and previous is not None and previous.batch == len(contexts):
             self.reused += 1
             graph = self._relower_attention(previous, contexts, step)
+            self.changed = self._attention
         else:
             graph = lower_step(self.setup, contexts, step, position)
+            self.changed = None
             self._attention = tuple(op.idx for op in graph.ops if op.kind == "attention")
         self._previous = graph
         return graph
@@ -44,4 +47,4 @@ class GraphCache:
         for idx in self._attention:
             ops[idx] = replace(ops[idx], work=fresh.work, tags=fresh.tags)
         return OpGraph(tuple(ops), step=step, batch=len(contexts), contexts=contexts, stages=previous.stages,
-                       streams=previous.streams)
+                       streams=previous.streams, watched=previous.watched)

@@ -129,6 +129,7 @@ class OpGraph:
     contexts: tuple[int, ...] = ()
     stages: int = 1
     streams: tuple[tuple[int, str], ...] = field(default=())  # (stage, stream) pairs in first-use order
+    watched: tuple[bool, ...] = field(default=())  # per op: does another stream or the host wait for it
 
     def bytes(self, category: str | None = None, level: str | None = None, write: bool | None = None) -> int:
         return sum(op.work.bytes(category, level, write) for op in self.ops)
@@ -145,7 +146,14 @@ def make_graph(ops, *, step: int, contexts: tuple[int, ...], stages: int) -> OpG
     """An OpGraph over ``ops`` with its stream list derived from them."""
     ops = tuple(ops)
     streams = tuple(dict.fromkeys((op.stage, op.stream) for op in ops))
-    return OpGraph(ops, step=step, batch=len(contexts), contexts=tuple(contexts), stages=stages, streams=streams)
+    watched = [op.host_sync for op in ops]
+    for op in ops:
+        for dep in op.deps:
+            other = ops[dep]
+            if (other.stage, other.stream) != (op.stage, op.stream):
+                watched[dep] = True
+    return OpGraph(ops, step=step, batch=len(contexts), contexts=tuple(contexts), stages=stages, streams=streams,
+                   watched=tuple(watched))
 
 
 class Builder:

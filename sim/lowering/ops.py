@@ -7,6 +7,7 @@ Every builder reads only the sealed Setup and appends to a Builder; none advance
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 from sim.config.setup import ACT_BYTES, Setup
 from sim.lowering.graph import Access, Builder, Op
@@ -118,14 +119,14 @@ def kv_traffic(setup: Setup, contexts: tuple[int, ...]) -> tuple[int, int, int, 
     kv = setup.kv
     stream = gather = dequant = granule = total_ctx = 0
     splits = 0.0
-    for ctx in contexts:
+    for ctx, n in Counter(contexts).items():  # sequences of equal length cost the same
         t = kv.kv_read(ctx, setup.k_width, setup.v_width)
-        stream += t.stream_bytes
-        gather += t.gather_bytes
+        stream += n * t.stream_bytes
+        gather += n * t.gather_bytes
         granule = granule or t.gather_granule_bytes
-        dequant += t.dequant_ops
-        total_ctx += ctx
-        splits += max(1.0, ctx / 256)  # KV split into 256-token blocks; fractional keeps time monotone in ctx
+        dequant += n * t.dequant_ops
+        total_ctx += n * ctx
+        splits += n * max(1.0, ctx / 256)  # KV split into 256-token blocks; fractional keeps time monotone in ctx
     return stream, gather, granule, dequant, total_ctx, splits
 
 
