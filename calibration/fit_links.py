@@ -256,7 +256,7 @@ def document(result: LinkFit, profile: str) -> dict:
 
 # -- output --------------------------------------------------------------------------------
 def _write_atomic(path: Path, text: str) -> None:
-    from sim.commands.common import write_atomic  # the project's one atomic writer
+    from sim.io import write_atomic  # the project's one atomic writer
 
     write_atomic(path, text)
 
@@ -348,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="update this profile's system.links figures and sources in place (repeatable)")
     args = parser.parse_args(argv)
     try:
-        from sim import load_profile
+        from sim.config.setup import load_profile
 
         ops = []
         for name in args.ops.split(","):

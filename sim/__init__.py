@@ -5,35 +5,35 @@ Public API:
 * ``load_profile(name_or_path)`` -> HardwareProfile
 * ``load_model(name_or_path)`` -> ModelSpec
 * ``simulate(spec=None, **fields)`` -> RunResult (``.summary``, ``.tables()``)
+
+The package root imports nothing at start-up (``decodesim --help`` stays fast); each
+function imports its stage when called.
 """
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 
 def load_profile(name_or_path: str):
-    from sim.config.hardware import HardwareProfile
-    from sim.config.loader import load_yaml, validate
-    from sim.paths import hardware_dir, resolve
+    """A bundled hardware profile by name, or a profile YAML file, validated."""
+    from sim.config.setup import load_profile as load
 
-    path = resolve(name_or_path, hardware_dir(), "hardware")
-    return validate(HardwareProfile, load_yaml(path), path)
+    return load(name_or_path)
 
 
 def load_model(name_or_path: str):
-    from sim.config.loader import load_yaml, validate
-    from sim.config.model import ModelSpec
-    from sim.paths import models_dir, resolve
+    """A bundled model by name, or a model YAML file, validated."""
+    from sim.config.setup import load_model as load
 
-    path = resolve(name_or_path, models_dir(), "model")
-    return validate(ModelSpec, load_yaml(path), path)
+    return load(name_or_path)
 
 
 def simulate(spec=None, **fields):
-    from sim.run import simulate as _simulate
+    """Run one setup (a RunSpec, a dict, or RunSpec fields as keywords) -> RunResult."""
+    from sim.run import simulate as run
 
-    return _simulate(spec, **fields)
+    return run(spec, **fields)
 
 
 __all__ = ["load_profile", "load_model", "simulate", "__version__"]

@@ -16,13 +16,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from sim.analytic import analyse
+from sim.config.loader import validate
 from sim.config.setup import Setup, resolve
 from sim.config.spec import RUN_FIELDS, RunSpec, apply_run_overrides
-from sim.config.loader import validate
 from sim.costs import CostModel
 from sim.engine.records import LOG_COLUMNS, Span
 from sim.engine.simulation import Simulation
-from sim.analytic import analyse
 from sim.lowering.cache import GraphCache
 from sim.lowering.decode import weight_bytes_per_chip
 from sim.results import Ledger, bound_of, op_key, percentile

@@ -27,8 +27,6 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from sim.errors import ConfigError
 
 
@@ -86,6 +84,8 @@ def from_requests(requests: list[Request], max_batch: int, step_ms: float = 10.0
 
 def synthetic_requests(n: int, rate_per_s: float, prompt_median: int, output_median: int,
                        sigma: float = 0.8, seed: int = 0) -> list[Request]:
+    import numpy as np  # only for generating requests: keeps numpy out of start-up
+
     rng = np.random.default_rng(seed)
     arrivals = np.cumsum(rng.exponential(1.0 / rate_per_s, n))
     prompts = np.maximum(1, rng.lognormal(math.log(prompt_median), sigma, n).astype(int))

@@ -12,8 +12,8 @@ from sim import load_profile
 from sim.analytic import analyse
 from sim.costs import CostModel
 from sim.engine.simulation import Simulation
-from sim.lowering.decode import lower_step
 from sim.lowering.cache import GraphCache
+from sim.lowering.decode import lower_step
 from sim.lowering.graph import Access, Builder, make_graph
 from sim.run import RunSpec, capacity, resolve, simulate
 

@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 from sim.costs import CostModel
 from sim.errors import SimulationError
 from sim.lowering.decode import lower_step
-from sim.moe.plan import expert_bytes
-from sim.moe import generate, place
+from sim.moe.placement import place
+from sim.moe.routing import generate
+from sim.moe.sizes import expert_bytes
 from sim.run import RunSpec, resolve, simulate
 
 RICH = "tests/fixtures/moe/sram-rich.yaml"

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
-import math
-import os
-import tempfile
-from pathlib import Path
 
-from sim.run import RunSpec
+from sim.config.loader import validate
+from sim.config.spec import RunSpec
+from sim.io import to_json, write_atomic, write_frame
+
+__all__ = ["add_run_options", "spec_from_args", "fmt_bytes", "to_json", "write_atomic", "write_frame"]
 
 
 def add_run_options(p: argparse.ArgumentParser, *, formats: bool = True) -> None:
@@ -49,76 +48,9 @@ SPEC_ARGS = ("hardware", "model", "batch", "context", "trace", "weights", "kv", 
 
 
 def spec_from_args(args, **changes) -> RunSpec:
-    from sim.config.loader import validate
-
     data = {k: getattr(args, k) for k in SPEC_ARGS if hasattr(args, k)}
     data.update(changes)
     return validate(RunSpec, data, "command line")
-
-
-def write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as out:
-        out.write(text)
-    os.chmod(tmp, _FILE_MODE)
-    os.replace(tmp, path)
-
-
-def _umask_mode() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return 0o666 & ~mask
-
-
-_FILE_MODE = _umask_mode()
-
-
-def write_frame(frame, path: Path) -> None:
-    """Write a DataFrame as Parquet (``path``) and CSV beside it, each atomically."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    for target, writer in ((path.with_suffix(".parquet"), "parquet"), (path.with_suffix(".csv"), "csv")):
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{target.name}.")
-        os.close(fd)
-        if writer == "parquet":
-            frame.to_parquet(tmp, index=False)
-        else:
-            frame.to_csv(tmp, index=False)
-        os.chmod(tmp, _FILE_MODE)
-        os.replace(tmp, target)
-
-
-def to_json(obj) -> str:
-    return json.dumps(obj, indent=2, default=_plain, allow_nan=False) if _finite(obj) else json.dumps(
-        _nan_to_none(obj), indent=2, default=_plain)
-
-
-def _plain(value):
-    if hasattr(value, "item"):
-        return value.item()
-    if isinstance(value, Path):
-        return str(value)
-    return str(value)
-
-
-def _finite(obj) -> bool:
-    if isinstance(obj, float):
-        return math.isfinite(obj)
-    if isinstance(obj, dict):
-        return all(_finite(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return all(_finite(v) for v in obj)
-    return True
-
-
-def _nan_to_none(obj):
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _nan_to_none(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_nan_to_none(v) for v in obj]
-    return obj
 
 
 def fmt_bytes(n: float) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sim.commands.common import write_atomic
+from sim.io import write_atomic
 
 
 def register(sub) -> None:
@@ -21,6 +21,5 @@ def handle(args) -> int:
     command = "decodesim moe-report" + (f" --out {args.out}" if str(args.out) != "reports/moe.md" else "")
     text = build_report(command, plot_path=args.out.parent / PLOT_NAME)
     write_atomic(args.out, text)
-    args.out.chmod(0o644)  # a report is for everyone to read (write_atomic's temp file is private)
     print(f"wrote {args.out} and {args.out.parent / PLOT_NAME}")
     return 0

@@ -10,8 +10,8 @@ def register(sub) -> None:
 
 
 def handle(args) -> int:
-    from sim import load_profile
     from sim.config.hardware import sources
+    from sim.config.setup import load_profile
     from sim.paths import hardware_dir
 
     if args.sources:

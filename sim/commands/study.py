@@ -49,7 +49,7 @@ def handle(args) -> int:
     if args.trace_out is not None:
         if not trace.is_file():
             raise ConfigError("--trace-out", "trace_out", "the detail point produced no trace (see detail/meta.json)")
-        from sim.commands.common import write_atomic
+        from sim.io import write_atomic
 
         write_atomic(args.trace_out, trace.read_text())
         print(f"wrote {args.trace_out} (Chrome/Perfetto trace of one step of the detail point)")

@@ -25,22 +25,102 @@ import yaml
 
 from sim.errors import ConfigError
 
+MAX_BYTES = 4_000_000  # a configuration file larger than this is not one
+MAX_DEPTH = 40  # nesting of mappings and lists
+MAX_ALIASES = 200  # YAML aliases (``*name``) per file
 
-def load_yaml(path: str | Path) -> dict:
-    path = Path(path)
+
+class _StrictLoader(yaml.SafeLoader):
+    """Safe loading with limits: duplicate keys are errors (YAML would keep the last one
+    silently), nesting and aliases are bounded before anything is built."""
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self._depth = 0
+        self._aliases = 0
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            self._aliases += 1
+            if self._aliases > MAX_ALIASES:
+                raise _Limit(f"more than {MAX_ALIASES} YAML aliases", self.peek_event().start_mark)
+        self._depth += 1
+        if self._depth > MAX_DEPTH:
+            raise _Limit(f"nested deeper than {MAX_DEPTH} levels", self.peek_event().start_mark)
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+class _Limit(Exception):
+    def __init__(self, problem: str, mark):
+        super().__init__(problem)
+        self.problem, self.mark = problem, mark
+
+
+def _no_duplicate_keys(root, source: str) -> None:
+    """YAML keeps the last of two equal keys silently; here it is an error naming the key's
+    path. Each node is visited once (an alias is not walked again)."""
+    seen_nodes: set[int] = set()
+    stack = [(root, "")]
+    while stack:
+        node, where = stack.pop()
+        if id(node) in seen_nodes:
+            continue
+        seen_nodes.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            keys = set()
+            for key_node, value_node in node.value:
+                key = key_node.value
+                path = f"{where}.{key}" if where else str(key)
+                if key in keys:
+                    raise ConfigError(source, path, "duplicate key (a key may appear once)")
+                keys.add(key)
+                stack.append((value_node, path))
+        elif isinstance(node, yaml.SequenceNode):
+            for i, child in enumerate(node.value):
+                stack.append((child, f"{where}.{i}"))
+
+
+def parse_yaml(text: str, source: str):
+    """Parse YAML ``text`` (named ``source`` in errors) with the loader's limits."""
+    if len(text) > MAX_BYTES:
+        raise ConfigError(source, None, f"file too large ({len(text)} bytes; at most {MAX_BYTES})")
     try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise ConfigError(str(path), None, "file not found") from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as err:
-        raise ConfigError(str(path), None, f"cannot read file ({type(err).__name__})") from None
-    try:
-        data = yaml.safe_load(text)
+        loader = _StrictLoader(text)
+        try:
+            node = loader.get_single_node()
+            if node is None:
+                return None
+            _no_duplicate_keys(node, source)
+            return loader.construct_document(node)
+        finally:
+            loader.dispose()
+    except _Limit as err:
+        where = f"line {err.mark.line + 1}, column {err.mark.column + 1}: " if err.mark else ""
+        raise ConfigError(source, None, f"{where}{err.problem}") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "somewhere"
         problem = getattr(err, "problem", None) or "invalid YAML"
-        raise ConfigError(str(path), None, f"YAML syntax error at {where}: {problem}") from None
+        raise ConfigError(source, None, f"YAML syntax error at {where}: {problem}") from None
+    except RecursionError:
+        raise ConfigError(source, None, f"nested deeper than {MAX_DEPTH} levels") from None
+
+
+def load_yaml(path: str | Path) -> dict:
+    """Read one YAML configuration file: a mapping at the top, safe loading with limits."""
+    path = Path(path)
+    try:
+        if path.stat().st_size > MAX_BYTES:
+            raise ConfigError(str(path), None, f"file too large ({path.stat().st_size} bytes; at most {MAX_BYTES})")
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(str(path), None, "file not found") from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError, OSError) as err:
+        raise ConfigError(str(path), None, f"cannot read file ({type(err).__name__})") from None
+    data = parse_yaml(text, str(path))
     if not isinstance(data, dict):
         raise ConfigError(str(path), None, "expected a mapping at the top level", type(data).__name__)
     return data

@@ -7,9 +7,9 @@ piecewise-linear curve (e.g. HBM efficiency against gather granule).
 
 from __future__ import annotations
 
+import bisect
 import math
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
 
@@ -33,6 +33,13 @@ class Num(_Sourced):
     """A finite number, zero or more."""
 
     value: float
+
+    @field_validator("value", mode="before")
+    @classmethod
+    def _number(cls, v):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ValueError("must be a number (not a boolean or text)")
+        return v
 
     @field_validator("value")
     @classmethod
@@ -112,5 +119,12 @@ class Table(_Sourced):
         return self
 
     def at(self, x: float) -> float:
-        xs, ys = zip(*self.points, strict=True)
-        return float(np.interp(x, xs, ys))
+        """Linear interpolation between the points; flat beyond the ends."""
+        xs = [p[0] for p in self.points]
+        i = bisect.bisect_right(xs, x)
+        if i == 0:
+            return float(self.points[0][1])
+        if i == len(xs):
+            return float(self.points[-1][1])
+        (x0, y0), (x1, y1) = self.points[i - 1], self.points[i]
+        return float(y0 + (y1 - y0) * (x - x0) / (x1 - x0))

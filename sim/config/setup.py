@@ -124,4 +124,16 @@ def parallelism(spec: RunSpec, hardware: HardwareProfile, model: ModelSpec, hw_f
     return tp, pp
 
 
-__all__ = ["Setup", "resolve", "parallelism", "ACT_BYTES"]
+def load_profile(name_or_path: str) -> HardwareProfile:
+    """A bundled hardware profile by name, or a profile YAML file, validated."""
+    path = resolve_path(name_or_path, hardware_dir(), "hardware")
+    return validate(HardwareProfile, load_yaml(path), path)
+
+
+def load_model(name_or_path: str) -> ModelSpec:
+    """A bundled model by name, or a model YAML file, validated."""
+    path = resolve_path(name_or_path, models_dir(), "model")
+    return validate(ModelSpec, load_yaml(path), path)
+
+
+__all__ = ["Setup", "resolve", "parallelism", "ACT_BYTES", "load_profile", "load_model"]

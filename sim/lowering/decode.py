@@ -23,8 +23,18 @@ from dataclasses import replace
 from sim.config.setup import ACT_BYTES, Setup
 from sim.lowering.graph import Access, Builder, Op, OpGraph, make_graph
 from sim.lowering.moe import lower_moe, moe_weight_bytes_per_chip
-from sim.lowering.ops import (VEC_OPS, attention, attention_weight_bytes, collective, dense_ffn_weight_bytes,
-                              kernels, matmul, norm_bytes, vector, vocab_bytes)
+from sim.lowering.ops import (
+    VEC_OPS,
+    attention,
+    attention_weight_bytes,
+    collective,
+    dense_ffn_weight_bytes,
+    kernels,
+    matmul,
+    norm_bytes,
+    vector,
+    vocab_bytes,
+)
 
 
 def weight_bytes_per_chip(setup: Setup, stage: int) -> int:

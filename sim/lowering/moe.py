@@ -51,7 +51,7 @@ import math
 from sim.config.setup import ACT_BYTES, Setup
 from sim.lowering.graph import Access, Builder
 from sim.lowering.ops import VEC_OPS
-from sim.moe.plan import expert_bytes, expert_ffn_per_chip, experts_per_chip
+from sim.moe.sizes import expert_bytes, expert_ffn_per_chip, experts_per_chip
 
 DISPATCHES = ("host_sync", "device", "sram_zero_copy")
 

@@ -1,6 +1,5 @@
-"""Mixture-of-Experts routing traces (sim.moe.routing) and expert placement (sim.moe.placement)."""
+"""Mixture-of-Experts data: routing traces (sim.moe.routing), expert placement
+(sim.moe.placement), expert sizes (sim.moe.sizes) and a run's MoE plan (sim.moe.plan).
 
-from sim.moe.placement import POLICIES, Placement, place
-from sim.moe.routing import RoutingTrace, expected_distinct, generate, read, write
-
-__all__ = ["POLICIES", "Placement", "place", "RoutingTrace", "expected_distinct", "generate", "read", "write"]
+The package imports nothing itself, so that the sizes stay importable without numpy.
+"""

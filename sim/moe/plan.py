@@ -21,6 +21,7 @@ from sim.errors import ConfigError, SimulationError
 from sim.moe import routing
 from sim.moe.placement import Placement, place
 from sim.moe.routing import RoutingTrace
+from sim.moe.sizes import expert_bytes, experts_per_chip, sram_budget
 from sim.paths import bundled
 from sim.paths import resolve as resolve_path
 from sim.units import MB
@@ -46,34 +47,6 @@ class MoEPlan:
         i = self.moe_index[layer]
         return (int(pl.active[position, i]), int(pl.resident[position, i]), int(pl.fetched[position, i]),
                 int(pl.pairs[position, i]), int(pl.resident_pairs[position, i]))
-
-
-def expert_ffn_per_chip(model: ModelSpec, tp: int, ep: int) -> int:
-    ffn = model.moe.expert_ffn
-    return ffn if ep > 1 else math.ceil(ffn / tp)
-
-
-def expert_bytes(model: ModelSpec, weights, tp: int, ep: int) -> int:
-    """Weight bytes of one expert (or one chip's shard of it)."""
-    ffn = expert_ffn_per_chip(model, tp, ep)
-    return weights.weight_bytes((model.ffn_matrices - 1) * ffn, model.hidden) + weights.weight_bytes(model.hidden, ffn)
-
-
-def experts_per_chip(model: ModelSpec, ep: int) -> int:
-    return math.ceil(model.moe.experts / ep)
-
-
-def sram_budget(hardware: HardwareProfile) -> tuple[str | None, float]:
-    """(level, bytes) where experts can be pinned on one chip. On an SRAM-store chip the
-    store itself (every expert on the chip is resident: the run's capacity check covers it);
-    otherwise the on-chip level with the most software-pinnable bytes."""
-    if hardware.store.kind == "sram":
-        return hardware.store.name, math.inf
-    levels = [level for level in hardware.on_chip if level.resident_bytes > 0]
-    if not levels:
-        return None, 0.0
-    best = max(levels, key=lambda level: level.resident_bytes)
-    return best.name, best.resident_bytes
 
 
 def routing_trace(spec, model: ModelSpec, batches: list[int]) -> RoutingTrace:

@@ -41,6 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from sim.errors import ConfigError
+from sim.io import write_atomic
 
 KINDS = ("uniform", "zipf")
 
@@ -140,23 +141,14 @@ def generate(experts: int, top_k: int, layers: int, steps: int, tokens: int, *, 
 
 
 def write(trace: RoutingTrace, path: str | Path) -> None:
-    """Write ``trace`` as JSON Lines (atomically: a temp file, then os.replace)."""
-    import os
-    import tempfile
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as out:
-        out.write(json.dumps({"routing": {"experts": trace.num_experts, "top_k": trace.top_k,
-                                          "layers": trace.layers, "description": trace.description}}) + "\n")
-        for step in range(trace.steps):
-            for layer in range(trace.layers):
-                out.write(json.dumps({"step": step, "layer": layer,
-                                      "experts": trace.experts[step, layer].tolist(),
-                                      "gates": np.round(trace.gates[step, layer].astype(np.float64), 5).tolist()}) + "\n")
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    """Write ``trace`` as JSON Lines (atomically)."""
+    lines = [json.dumps({"routing": {"experts": trace.num_experts, "top_k": trace.top_k,
+                                     "layers": trace.layers, "description": trace.description}})]
+    for step in range(trace.steps):
+        for layer in range(trace.layers):
+            lines.append(json.dumps({"step": step, "layer": layer, "experts": trace.experts[step, layer].tolist(),
+                                     "gates": np.round(trace.gates[step, layer].astype(np.float64), 5).tolist()}))
+    write_atomic(path, "\n".join(lines) + "\n")
 
 
 def read(path: str | Path, experts: int, top_k: int, layers: int) -> RoutingTrace:

@@ -20,7 +20,7 @@ MAX_ROWS = 80
 
 
 def _write(path: Path, text: str) -> None:
-    from sim.commands.common import write_atomic
+    from sim.io import write_atomic
 
     write_atomic(path, text)
 

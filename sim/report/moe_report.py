@@ -15,9 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sim.io import write_with
 from sim.lowering.moe import DISPATCHES, HOST_DISPATCH_NS
-from sim.moe.plan import expert_bytes, experts_per_chip, sram_budget
 from sim.moe.routing import expected_distinct
+from sim.moe.sizes import expert_bytes, experts_per_chip, sram_budget
 from sim.run import RunSpec, resolve, simulate
 from sim.units import MB
 
@@ -311,9 +312,6 @@ PLOT_NAME = "moe-breakdown-b8.png"
 
 def plot_breakdown(results: list[dict], path: Path) -> None:
     """Stacked latency breakdown, one panel per setup, one bar per dispatch path (PNG, atomic)."""
-    import os
-    import tempfile
-
     import matplotlib
 
     matplotlib.use("Agg")
@@ -342,13 +340,8 @@ def plot_breakdown(results: list[dict], path: Path) -> None:
     axes[-1].legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, title="breakdown row")
     fig.suptitle(f"MoE dispatch paths at batch {PLOT_BATCH}, context {CONTEXT}", fontsize=11)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
-    os.close(fd)
-    fig.savefig(tmp, dpi=110)
+    write_with(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
     plt.close(fig)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
 
 
 def build_report(command: str = "decodesim moe-report", plot_path: Path | None = None) -> str:

@@ -17,7 +17,6 @@ differ.
 from __future__ import annotations
 
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +24,7 @@ import yaml
 
 from sim.config.hardware import HardwareProfile
 from sim.config.loader import validate
+from sim.io import write_atomic
 from sim.paths import hardware_dir
 
 
@@ -100,10 +100,7 @@ def render_h100() -> str:
 
 def _write(path: Path, text: str) -> None:
     validate(HardwareProfile, yaml.safe_load(text), path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with open(fd, "w") as handle:
-        handle.write(text)
-    Path(tmp).replace(path)
+    write_atomic(path, text)
 
 
 def write_all() -> list[Path]:

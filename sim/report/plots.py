@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from pathlib import Path
 
 import matplotlib
@@ -30,9 +28,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.colors import LogNorm  # noqa: E402
 
-_MASK = os.umask(0)
-os.umask(_MASK)
-_FILE_MODE = 0o666 & ~_MASK
+from sim.io import write_with  # noqa: E402
 
 ROW_ORDER = ["weights", "expert_weights", "kv", "outliers", "activations", "combine", "compute", "expert_compute",
              "router", "dequant", "dispatch", "links", "host_link", "latency", "launch_sync", "contention"]
@@ -44,12 +40,9 @@ def _save(fig, folder: Path, name: str) -> list[str]:
     out = []
     for ext in ("png", "svg"):
         target = folder / f"{name}.{ext}"
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=f".{ext}")
-        os.close(fd)
-        os.chmod(tmp, _FILE_MODE)  # mkstemp makes the file private; a plot is for everyone to read
-        fig.savefig(tmp, dpi=130 if ext == "png" else None, bbox_inches="tight", format=ext,
-                    metadata={"Date": None} if ext == "svg" else None)
-        os.replace(tmp, target)
+        write_with(target, lambda tmp, ext=ext: fig.savefig(tmp, dpi=130 if ext == "png" else None,
+                                                            bbox_inches="tight", format=ext,
+                                                            metadata={"Date": None} if ext == "svg" else None))
         out.append(str(target))
     plt.close(fig)
     return out

@@ -32,6 +32,7 @@ import yaml
 
 from sim.config.hardware import HardwareProfile
 from sim.config.loader import load_yaml, validate
+from sim.io import write_atomic
 from sim.paths import hardware_dir
 from sim.units import GB
 
@@ -124,10 +125,7 @@ def write(result: dict, path: Path | None = None) -> Path:
         f"#   bandwidth {result['per_token_ms_at_98pct']:.3f} ms.\n"
         "# Do not edit by hand: re-run the command when h200-sxm.yaml changes.\n")
     text = header + yaml.safe_dump(raw, sort_keys=False, default_flow_style=None, width=200)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with open(fd, "w") as out:
-        out.write(text)
-    Path(tmp).replace(path)
+    write_atomic(path, text)
     return path
 
 

@@ -107,7 +107,7 @@ def fit_overrides(hardware: str = "h200-sxm") -> list[tuple[str, float, str]]:
     """The microbenchmark figures of calibration/h200_fit.json as (path, value, meaning)."""
     import json
 
-    from sim import load_profile
+    from sim.config.setup import load_profile
 
     path = repo_path(FIT_JSON)
     if not path.is_file():
@@ -369,7 +369,7 @@ def _section_measured(csv_path) -> list[str]:
 
 
 def _profile_value(path: str) -> tuple[float, str]:
-    from sim import load_profile
+    from sim.config.setup import load_profile
 
     profile = load_profile("h200-sxm")
     node = profile
@@ -629,7 +629,7 @@ def _section_tp() -> list[str]:
 
 def _collectives_rows(data: list[Path]) -> list[str]:
     """Fit the link figures from each multi-GPU collectives CSV and compare with the profile's."""
-    from sim import load_profile
+    from sim.config.setup import load_profile
     from sim.report import link_fit
 
     links = load_profile("h200-sxm-x8").system.links
@@ -673,7 +673,7 @@ def default_report() -> Path:
 
 def write(path: Path | str | None = None, csv_path: Path | str = DECODE_CSV) -> Path:
     """Write the report to ``path`` (default: reports/validation.md in the checkout)."""
-    from sim.commands.common import write_atomic
+    from sim.io import write_atomic
 
     target = Path(path) if path is not None else default_report()
     write_atomic(target, build(csv_path))

@@ -15,68 +15,25 @@ rest of the study goes on.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from sim.run import RunSpec, apply_run_overrides, resolve
+from sim.config.setup import resolve
+from sim.config.spec import RunSpec, apply_run_overrides
+from sim.study.keys import content_hash, simulator_version
 from sim.study.spec import Point, Study, detail_assignments, is_number
 
 _RESULT_FIELDS = ("hardware", "model", "weights", "kv", "batch", "context", "trace", "steps", "engine", "graph", "tp",
                   "pp", "chips", "software", "target_ms")
 DETAIL_STEPS = 1
-
-
-@lru_cache(maxsize=1)
-def simulator_version() -> str:
-    """``<package version>+<digest of the simulator source>`` (study, report and CLI code excluded)."""
-    import sim
-
-    root = Path(sim.__file__).resolve().parent
-    digest = hashlib.sha256()
-    skip = {"study", "report", "commands", "_bundled"}
-    for path in sorted(root.rglob("*.py")):
-        rel = path.relative_to(root)
-        if rel.parts[0] in skip or rel.name == "cli.py":
-            continue
-        digest.update(str(rel).encode())
-        digest.update(path.read_bytes())
-    return f"{sim.__version__}+{digest.hexdigest()[:12]}"
-
-
-def _file_bytes(path: str | None) -> bytes:
-    if not path:
-        return b""
-    try:
-        return Path(path).read_bytes()
-    except OSError:
-        return b""
-
-
-def content_hash(spec: RunSpec, extra: str = "") -> str:
-    """The key of one run: everything that can change its result, and nothing else."""
-    res = resolve(spec)
-    h = hashlib.sha256()
-    for part in (simulator_version(), extra, apply_run_overrides(spec).model_dump_json(),
-                 res.hardware.model_dump_json(), res.model.model_dump_json()):
-        h.update(part.encode())
-        h.update(b"\0")
-    for fmt in (res.weights, res.kv):
-        h.update(_file_bytes(getattr(fmt, "file", None)))
-        h.update(b"\0")
-    for value in apply_run_overrides(spec).model_dump().values():  # trace and any other file a field names
-        if isinstance(value, str) and ("/" in value or value.endswith((".jsonl", ".parquet", ".csv", ".yaml"))):
-            h.update(_file_bytes(value))
-    return h.hexdigest()[:20]
 
 
 # -- one run ----------------------------------------------------------------------------------
@@ -112,7 +69,7 @@ def run_point(spec_json: str) -> dict:
 
 def write_json_atomic(path: Path, obj) -> None:
     """JSON written to a temp file, then renamed (``write_atomic``: umask file modes)."""
-    from sim.commands.common import write_atomic
+    from sim.io import write_atomic
 
     write_atomic(path, json.dumps(obj, indent=1, default=_plain, allow_nan=True))
 
@@ -278,7 +235,7 @@ def build_table(study: Study, keys: list[str], runs_dir: Path) -> pd.DataFrame:
 
 
 def write_table(table: pd.DataFrame, out: Path) -> None:
-    from sim.commands.common import write_frame
+    from sim.io import write_frame
 
     write_frame(table, out / "results")
 
@@ -313,7 +270,7 @@ def run_detail(study: Study, out: Path) -> None:
         write_json_atomic(meta_path, {"hash": key, "error": f"{type(err).__name__}: {err}",
                                       "assignments": [list(a) for a in chosen]})
         return
-    from sim.commands.common import write_atomic, write_frame
+    from sim.io import write_atomic, write_frame
 
     steps, ops, log = result.tables()
     write_frame(ops, folder / "ops")

@@ -14,8 +14,19 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from sim.config.setup import resolve
+from sim.config.spec import (
+    HARDWARE,
+    MODEL,
+    RUN_FIELDS,
+    RunSpec,
+    apply_run_overrides,
+    check_path,
+    hardware_subpath,
+    with_overrides,
+)
 from sim.errors import ConfigError
-from sim.run import RUN_FIELDS, RunSpec, apply_run_overrides, resolve, simulate
+from sim.run import simulate
 
 
 @dataclass
@@ -54,16 +65,13 @@ def current_value(spec: RunSpec, path: str) -> Any:
         if value is None and path in ("tp", "pp"):
             return getattr(res, path)
         return value
-    if path.startswith("hardware."):
+    check_path(path, "--vary")
+    if path.startswith(HARDWARE):
         node: Any = res.hardware
-        parts = path[len("hardware."):].split(".")
-        if parts[0] not in type(res.hardware).model_fields:
-            parts = ["memory", *parts]
-    elif path.startswith("model."):
-        node = res.model
-        parts = path[len("model."):].split(".")
+        parts = hardware_subpath(path[len(HARDWARE):], res.hardware.model_dump()).split(".")
     else:
-        raise ConfigError("--vary", path, "expected hardware.<path>, model.<path> or a run field")
+        node = res.model
+        parts = path[len(MODEL):].split(".")
     for part in parts:
         if isinstance(node, list):
             match = [item for item in node if getattr(item, "name", None) == part]
@@ -99,8 +107,7 @@ def solve(spec: RunSpec, path: str, target_ms: float | None = None, lo: float | 
         value = int(value) if integer else float(value)
         if value in cache:
             return cache[value]
-        s = RunSpec.model_validate({**spec.model_dump(), "target_ms": target,
-                                    "overrides": list(spec.overrides) + [(path, value)]})
+        s = with_overrides(spec.model_copy(update={"target_ms": target}), [(path, value)])
         summary = simulate(s).summary
         p99 = summary.get("per_token_ms_p99")
         e = Evaluation(value, p99, bool(summary.get("meets_target")), summary["verdict"])

@@ -32,15 +32,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import Field, field_validator
 
 from sim.config.loader import load_yaml, validate
 from sim.config.quantity import Strict
+from sim.config.spec import RUN_FIELDS, RunSpec, canonical
 from sim.errors import ConfigError
 from sim.paths import resolve as resolve_path
 from sim.paths import studies_dir
-from sim.run import RUN_FIELDS, RunSpec
+from sim.study.keys import content_hash
 
 
 class Sensitivity(Strict):
@@ -139,33 +139,12 @@ def load_study(name_or_path: str | Path, check: bool = True) -> Study:
     """Read, validate and expand a study; with ``check`` every point is resolved first."""
     path = study_path(str(name_or_path))
     file = str(path)
-    raw = load_yaml(path)
-    _no_duplicate_keys(path.read_text(), file)
+    raw = load_yaml(path)  # duplicate keys (a duplicate axis) are the loader's error
     spec = validate(StudySpec, raw, file)
     study = expand(spec, file)
     if check:
         check_points(study)
     return study
-
-
-def _no_duplicate_keys(text: str, file: str) -> None:
-    """YAML silently keeps the last of two equal keys; a study must not (a duplicate axis)."""
-
-    def walk(node, where):
-        if isinstance(node, yaml.MappingNode):
-            seen = set()
-            for key_node, value_node in node.value:
-                key = key_node.value
-                path = f"{where}.{key}" if where else str(key)
-                if key in seen:
-                    raise ConfigError(file, path, "duplicate key (a path may appear once)")
-                seen.add(key)
-                walk(value_node, path)
-        elif isinstance(node, yaml.SequenceNode):
-            for i, child in enumerate(node.value):
-                walk(child, f"{where}.{i}")
-
-    walk(yaml.compose(text, Loader=yaml.SafeLoader), "")
 
 
 def axis_values(value: Any, file: str, where: str) -> list[Any]:
@@ -200,11 +179,6 @@ def axis_values(value: Any, file: str, where: str) -> list[Any]:
     if not value:
         raise ConfigError(file, where, "empty sweep: give at least one value")
     return list(value)
-
-
-def canonical(path: str) -> str:
-    """The form two spellings of one path share (``hardware.memory.hbm.x`` == ``hardware.hbm.x``)."""
-    return path.replace("hardware.memory.", "hardware.", 1)
 
 
 def expand(spec: StudySpec, file: str) -> Study:
@@ -323,8 +297,6 @@ def _point(spec: StudySpec, file, index, group, fixed, assigned, seed, knob=None
 def check_points(study: Study) -> None:
     """Resolve every point (and key it by its content hash); the first that fails is one
     ConfigError naming the study file and the study key it comes from."""
-    from sim.study.runner import content_hash
-
     seen: dict = {}
     hashes = []
     for point in study.points:

@@ -1,0 +1,42 @@
+"""Sizes of experts and the SRAM that can hold them: arithmetic only (no numpy), shared by
+the setup stage (sim.moe.plan) and the MoE lowering.
+
+One expert (or one chip's tensor-parallel shard of it) is ``ffn_matrices - 1`` up rows plus
+the down matrix in the weight format; with expert parallelism (``ep > 1``) whole experts
+live on one chip each.
+"""
+
+from __future__ import annotations
+
+import math
+
+from sim.config.hardware import HardwareProfile
+from sim.config.model import ModelSpec
+
+
+def expert_ffn_per_chip(model: ModelSpec, tp: int, ep: int) -> int:
+    ffn = model.moe.expert_ffn
+    return ffn if ep > 1 else math.ceil(ffn / tp)
+
+
+def expert_bytes(model: ModelSpec, weights, tp: int, ep: int) -> int:
+    """Weight bytes of one expert (or one chip's shard of it)."""
+    ffn = expert_ffn_per_chip(model, tp, ep)
+    return weights.weight_bytes((model.ffn_matrices - 1) * ffn, model.hidden) + weights.weight_bytes(model.hidden, ffn)
+
+
+def experts_per_chip(model: ModelSpec, ep: int) -> int:
+    return math.ceil(model.moe.experts / ep)
+
+
+def sram_budget(hardware: HardwareProfile) -> tuple[str | None, float]:
+    """(level, bytes) where experts can be pinned on one chip. On an SRAM-store chip the
+    store itself (every expert on the chip is resident: the run's capacity check covers it);
+    otherwise the on-chip level with the most software-pinnable bytes."""
+    if hardware.store.kind == "sram":
+        return hardware.store.name, math.inf
+    levels = [level for level in hardware.on_chip if level.resident_bytes > 0]
+    if not levels:
+        return None, 0.0
+    best = max(levels, key=lambda level: level.resident_bytes)
+    return best.name, best.resident_bytes

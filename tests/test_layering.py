@@ -1,0 +1,153 @@
+"""The stages import one way (DESIGN.md "Data flows one way"): a module may import only
+from its own layer or the layers below it, never upward, and no import cycle exists, with
+function-local imports counted like any other (a local import may defer a heavy library
+for start-up time, never dodge a cycle).
+
+Layers, lowest first. Within one layer imports are allowed as long as they form no cycle.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent / "sim"
+
+LAYERS: list[tuple[str, ...]] = [
+    ("sim.units", "sim.errors", "sim.io", "sim.version"),
+    ("sim.paths",),
+    ("sim.config.quantity", "sim.config.loader"),
+    ("sim.config.hardware", "sim.config.model", "sim.config.spec", "sim.config.software", "sim.formats", "sim.trace"),
+    ("sim.moe",),
+    ("sim.config.setup", "sim.config"),
+    ("sim.lowering", "sim.stacks"),
+    ("sim.costs", "sim.kernels"),
+    ("sim.engine", "sim.analytic"),
+    ("sim.results",),
+    ("sim.run",),
+    ("sim.study", "sim.report", "sim.serve"),
+    ("sim.commands", "sim.cli", "sim.__main__", "sim.__api__", "sim"),
+]
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def layer_of(module: str) -> int:
+    """The layer of the longest listed prefix of ``module``."""
+    best, best_len = None, -1
+    for i, names in enumerate(LAYERS):
+        for name in names:
+            if (module == name or module.startswith(name + ".")) and len(name) > best_len:
+                best, best_len = i, len(name)
+    if best is None:
+        raise AssertionError(f"{module} is in no layer of tests/test_layering.py: add it")
+    return best
+
+
+def imports_of(path: Path) -> list[tuple[str, int, bool]]:
+    """(imported sim module, line, function-local?) for every import of a sim module."""
+    tree = ast.parse(path.read_text())
+    package = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
+    local_lines = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for inner in ast.walk(node):
+                if isinstance(inner, (ast.Import, ast.ImportFrom)):
+                    local_lines.add(inner.lineno)
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            # "from sim.x import y" may import the submodule sim.x.y; "from sim import name" reaches
+            # the package root's API wrappers (top layer) unless it is the version
+            names = [f"{base}.{alias.name}" if _is_module(f"{base}.{alias.name}")
+                     else ("sim.__api__" if base == "sim" and alias.name != "__version__" else base)
+                     for alias in node.names]
+        else:
+            continue
+        for name in names:
+            if name == "sim" or name.startswith("sim."):
+                out.append((name, node.lineno, node.lineno in local_lines))
+    return out
+
+
+def _is_module(name: str) -> bool:
+    rel = Path(*name.split("."))
+    return (ROOT.parent / rel).with_suffix(".py").is_file() or (ROOT.parent / rel / "__init__.py").is_file()
+
+
+MODULES = sorted(ROOT.rglob("*.py"))
+
+
+def _edges() -> dict[str, set[str]]:
+    edges: dict[str, set[str]] = {}
+    for path in MODULES:
+        if "_bundled" in path.parts:
+            continue
+        src = module_name(path)
+        for target, _line, _local in imports_of(path):
+            if target != src and not (target == "sim" and src.startswith("sim")):
+                edges.setdefault(src, set()).add(target)
+    return edges
+
+
+def test_no_import_runs_upward():
+    bad = []
+    for path in MODULES:
+        if "_bundled" in path.parts:
+            continue
+        src = module_name(path)
+        for target, line, local in imports_of(path):
+            if target == "sim":  # the package root holds only the version and lazy API wrappers
+                continue
+            if layer_of(target) > layer_of(src):
+                bad.append(f"{path.relative_to(ROOT.parent)}:{line}: {src} (layer {layer_of(src)}) imports "
+                           f"{target} (layer {layer_of(target)}){' in a function' if local else ''}")
+    assert not bad, "upward imports:\n" + "\n".join(bad)
+
+
+def test_no_import_cycle():
+    edges = _edges()
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if state.get(nxt) is None:
+                found = visit(nxt)
+                if found:
+                    return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(edges):
+        if state.get(node) is None:
+            cycle = visit(node)
+            assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+@pytest.mark.parametrize("module", ["sim.costs", "sim.engine.simulation", "sim.lowering.decode"])
+def test_core_stages_read_no_yaml(module):
+    """The loader is the only YAML reader: the core stages do not import yaml."""
+    path = ROOT.parent.joinpath(*module.split(".")).with_suffix(".py")
+    tree = ast.parse(path.read_text())
+    names = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    names |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert "yaml" not in names
