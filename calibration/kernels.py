@@ -25,7 +25,7 @@ Sections (``--only a,b``; default order, cheap and important first):
   elementwise copy, add, mul, silu, silu*mul, casts, F.rms_norm, HF fp32 RMSNorm, softmax,
               sum, cat over 4 KB..1 GB; argmax and vocab softmax over logits rows;
               index_copy_, index_select, F.embedding, index_add_ of B rows in a 1 GB table
-  gemm        bf16 F.linear(x[M,K], W[N,K]) for M 1..256 over ~42 (N,K) projection/LM-head pairs
+  gemm        bf16 F.linear(x[M,K], W[N,K]) for M 1..256 over 45 (N,K) projection/LM-head pairs
   gemm_fp8    torch._scaled_mm with e4m3 weights (GEMM alone), the activation quantization
               alone, and the whole plain-PyTorch FP8 linear
   gemm_wonly  int4 tinygemm (torch._weight_int4pack_mm, groups 32/64/128), int8 weight-only
@@ -311,6 +311,15 @@ def one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {msg}"[:300]
 
 
+def coverage_order(values: list) -> list:
+    """values reordered so that a prefix spans the range: every other one first, then the rest.
+
+    Sweeps loop over this order outermost, so a run cut by the budget still covers every
+    (N,K) pair or class at spread-out M values or sizes.
+    """
+    return values[::2] + values[1::2]
+
+
 def cdiv(a: int, b: int) -> int:
     """Ceiling division of positive integers."""
     return -(-a // b)
@@ -503,6 +512,7 @@ class Bench:
             self.record_error(st, f"{name}:setup", one_line(e))
             self.csv.row(config_id=f"{name}:setup", section=name, error=one_line(e))
             cfgs = []
+        cfgs = unique_configs(cfgs)
         st.configs = len(cfgs)
         ready = self.warm_all(cfgs, deadline, st)
         kinfo = self.profile_all(name, ready, deadline)
@@ -607,6 +617,17 @@ class Bench:
             st.errors += 1
         if len(st.first_errors) < 8:
             st.first_errors.append(f"{cid}: {msg}")
+
+
+def unique_configs(cfgs: list) -> list:
+    """Drops configurations whose id repeats an earlier one (e.g. row ops at the two
+    smallest sizes both have one row)."""
+    seen, out = set(), []
+    for c in cfgs:
+        if c.cid not in seen:
+            seen.add(c.cid)
+            out.append(c)
+    return out
 
 
 def kernels_by_config(events: list, cuda: bool) -> dict:
@@ -807,7 +828,7 @@ def ew_simple_specs():
 def elementwise_configs(b: Bench) -> list:
     """All elementwise-section configurations."""
     cfgs = []
-    for size in ew_sizes(b):
+    for size in coverage_order(ew_sizes(b)):
         for spec in ew_simple_specs():
             cfgs.append(_ew_simple_cfg(b, size, *spec))
         cfgs += _row_op_cfgs(b, size)
@@ -1008,10 +1029,10 @@ def gemm_configs(b: Bench) -> list:
     Ms, NKs = gemm_shapes(b)
     gemm_check(b)
     cfgs = []
-    for (N, K) in NKs:
-        wbytes = N * K * 2
-        n_slots = b.slots_for(wbytes, cap=256)
-        for M in Ms:
+    for M in coverage_order(Ms):
+        for (N, K) in NKs:
+            wbytes = N * K * 2
+            n_slots = b.slots_for(wbytes, cap=256)
             meta = dict(impl="F.linear", kclass="gemm", dtype="bf16", M=M, N=N, K=K, M_padded=M,
                         bytes_read=wbytes + M * K * 2, bytes_written=M * N * 2, flops=2 * M * N * K,
                         note="lm_head" if (N, K) in LM_HEAD_NK else "")
@@ -1076,14 +1097,12 @@ def gemm_fp8_configs(b: Bench) -> list:
     fp8_check(b)
     cfgs = []
     pools: dict = {}
-    for (N, K) in NKs:
-        wbytes = N * K
-        n_slots = b.slots_for(wbytes, cap=256)
-        for M in Ms:
+    for M in coverage_order(Ms):
+        for (N, K) in NKs:
+            n_slots = b.slots_for(N * K, cap=256)
             for impl in ("torch._scaled_mm", "fp8_linear"):
                 cfgs.append(_fp8_cfg(b, impl, M, N, K, n_slots, pools))
-    for K in sorted({k for _, k in NKs}):
-        for M in Ms:
+        for K in sorted({k for _, k in NKs}):
             cfgs.append(_fp8_quant_cfg(b, M, K))
     return cfgs
 
@@ -1336,8 +1355,8 @@ def gemm_wonly_configs(b: Bench) -> list:
     g4 = 128 if b.cuda else 32
     pools: dict = {}
     cfgs = []
-    for (N, K) in NKs:
-        for M in Ms:
+    for M in coverage_order(Ms):
+        for (N, K) in NKs:
             for G in (32, 64, 128):
                 cfgs.append(_tinygemm_cfg(b, M, N, K, G, pools))
             cfgs.append(_int8_unfused_cfg(b, M, N, K, pools))
