@@ -13,7 +13,8 @@ configuration in one CUDA graph (R so that one replay lasts ~1.5 ms), rotating t
 buffers whose total size is >= 2x L2 where the invocation count allows it, so each invocation
 reads from HBM; time >= 7 replays with CUDA events behind a `torch.cuda._sleep` backlog;
 per-invocation time = replay time / R (this includes the ~1 us gap between kernels of a graph
-replay). If capture fails, the row falls back to back-to-back eager calls timed with events
+replay). Gathers and scatters draw fresh random row indices between replays (outside the
+timed interval). If capture fails, the row falls back to back-to-back eager calls timed with events
 (column `timing` says which). Each section first runs every configuration once eagerly
 (warm-up, error check), then profiles one call of each with torch.profiler to record which
 kernels ran (names, grids, blocks, registers, shared memory, durations), then times them.
