@@ -8,7 +8,7 @@ that reads these CSVs models each kernel as start-up + bytes / achieved bandwidt
 by bytes and by parallelism) + matrix time by M/N/K tiling. Whole decode steps are never
 measured here.
 
-Timing (the method of /work/wt/BRIEF.md): warm up, then capture R invocations of the
+Timing (the calibration method shared by these scripts): warm up, then capture R invocations of the
 configuration in one CUDA graph (R so that one replay lasts ~1.5 ms), rotating through input
 buffers whose total size is >= 2x L2 where the invocation count allows it, so each invocation
 reads from HBM; time >= 7 replays with CUDA events behind a `torch.cuda._sleep` backlog;
