@@ -99,10 +99,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from _common import ClockSampler, CsvOut, log, machine_facts, nvidia_smi_snapshot, pct, write_json  # noqa: E402
 from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
-
-from _common import (ClockSampler, CsvOut, log, machine_facts, nvidia_smi_snapshot, pct,  # noqa: E402
-                     write_json)
 
 try:
     import triton
@@ -415,7 +413,7 @@ def sample_configs(n, seed):
         col = [lv[i % len(lv)] for i in range(rest)]
         rng.shuffle(col)
         cols.append(col)
-    rows = [list(r) for r in zip(*cols)]
+    rows = [list(r) for r in zip(*cols, strict=True)]
     _repair_rows(rows, rng)
     for r in rows:
         t = tuple(r)
@@ -926,6 +924,9 @@ def measure_eager(ctx, case, ref, reps):
     """Times HF's eager block end to end on the host clock, rotating weight copies and labels."""
     s = case.shape
 
+    for i in range(reps):  # slots and routers built (H2D copies) before anything is timed
+        case.router_for(i)
+
     def call(i):
         slot = case.slot(i)
         return hf_eager_moe(case.x, case.router_for(i), slot.w13, slot.w2, s.top_k)
@@ -1333,12 +1334,28 @@ def print_final_table(path_moe):
             log(f" {impl:18s} {len(xs):7d}   {med:12.1f}          {lo:8.1f} {hi:8.1f}   {errs[impl]:4d}")
 
 
+def print_host_table(path_host):
+    """Host us per call (idle device) of every op, one column per repeat, and busy-device medians."""
+    table = collections.OrderedDict()
+    with open(path_host) as fh:
+        for r in csv.DictReader(fh):
+            if r["host_us_per_call_median"]:
+                key = (r["op"], r["variant"][:40])
+                table.setdefault(key, {})[(r["repeat"], r["device_busy"])] = float(r["host_us_per_call_median"])
+    log("\n op                 variant                                   idle us/call per repeat   busy (r0)")
+    for (op, variant), vals in table.items():
+        idle = "  ".join(f"{v:7.2f}" for (rep, busy), v in sorted(vals.items()) if busy == "False")
+        busy = vals.get(("0", "True"))
+        log(f" {op:18s} {variant:40s}  {idle:26s}  {'' if busy is None else f'{busy:7.2f}'}")
+
+
 def main(argv=None):
     """Runs the host section, the MoE sweep and the remaining host repeats within the budget."""
     args = parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     ctx = Ctx(args)
-    summary = {"script": "calibration/moe_host.py", "args": vars(args), "facts": machine_facts(ctx.cuda),
+    summary = {"script": "calibration/moe_host.py", "expected_wall_s_default": "100-150 (capped by --budget-s)",
+               "args": vars(args), "facts": machine_facts(ctx.cuda),
                "triton_available": HAVE_TRITON, "triton_interpret": ctx.interpret,
                "grouped_mm_available": hasattr(torch, "_grouped_mm"),
                "grouped_triton_tiles": "vLLM get_default_config (bf16, no tuned file): tokens <= E -> "
@@ -1370,6 +1387,8 @@ def main(argv=None):
     summary["clocks"] = clocks.stop() if clocks else None
     summary["smi_after"] = nvidia_smi_snapshot() if ctx.cuda else None
     write_json(os.path.join(args.out, "moe_host_summary.json"), summary)
+    if not args.skip_host:
+        print_host_table(os.path.join(args.out, "host_dispatch.csv"))
     if not args.skip_moe:
         print_final_table(os.path.join(args.out, "moe.csv"))
     log(f"\ndone in {ctx.elapsed_s():.1f} s (budget {args.budget_s:.0f} s); "
