@@ -1376,7 +1376,7 @@ def main(argv=None):
         run_moe_sweep(ctx, configs, args.budget_s - reserve_s, summary)
     summary["moe_sweep_s"] = time.time() - t_sweep
     for rep in range(1, args.host_repeats if not args.skip_host else 0):
-        if ctx.elapsed_s() + (host_s[0] if host_s else 0.0) > args.budget_s + 5.0:
+        if ctx.elapsed_s() + 1.2 * (host_s[0] if host_s else 0.0) > args.budget_s:
             summary["host_repeats_truncated_by_budget"] = True
             break
         host_s.append(run_host_section(ctx, hout, rep))
