@@ -1,0 +1,1740 @@
+#!/usr/bin/env python3
+"""Kernel-class microbenchmarks of one GPU, for decodesim's kernel-level cost model.
+
+Each row is one kernel class at one shape: a bf16 GEMM, an FP8 GEMM, a weight-only quantized
+GEMV, an elementwise/reduction/gather kernel, a streaming read at a given number of programs,
+an empty kernel at a given grid, or two kernels contending for HBM on two streams. The fit
+that reads these CSVs models each kernel as start-up + bytes / achieved bandwidth (bandwidth
+by bytes and by parallelism) + matrix time by M/N/K tiling. Whole decode steps are never
+measured here.
+
+Timing (the calibration method shared by these scripts): warm up, then capture R invocations of the
+configuration in one CUDA graph (R so that one replay lasts ~1.5 ms), rotating through input
+buffers whose total size is >= 2x L2 where the invocation count allows it, so each invocation
+reads from HBM; time >= 7 replays with CUDA events behind a `torch.cuda._sleep` backlog;
+per-invocation time = replay time / R (this includes the ~1 us gap between kernels of a graph
+replay). Gathers and scatters draw fresh random row indices between replays (outside the
+timed interval). If capture fails, the row falls back to back-to-back eager calls timed with events
+(column `timing` says which). Each section first runs every configuration once eagerly
+(warm-up, error check), then profiles one call of each with torch.profiler to record which
+kernels ran (names, grids, blocks, registers, shared memory, durations), then times them.
+
+Sections (``--only a,b``; default order, cheap and important first):
+  launch      Triton empty / one-store kernels at grids {1,132,1320,13200} x blocks {128,1024}
+  grid        Triton streaming read (each program one contiguous chunk), sizes 1..1024 MiB x
+              programs 1..4224; Triton persistent strided read at 1x and 4x the SM count
+  elementwise copy, add, mul, silu, silu*mul, casts, F.rms_norm, HF fp32 RMSNorm, softmax,
+              sum, cat over 4 KB..1 GB; argmax and vocab softmax over logits rows;
+              index_copy_, index_select, F.embedding, index_add_ of B rows in a 1 GB table
+  gemm        bf16 F.linear(x[M,K], W[N,K]) for M 1..256 over 45 (N,K) projection/LM-head pairs
+  gemm_fp8    torch._scaled_mm with e4m3 weights (GEMM alone), the activation quantization
+              alone, and the whole plain-PyTorch FP8 linear
+  gemm_wonly  int4 tinygemm (torch._weight_int4pack_mm, groups 32/64/128), int8 weight-only
+              unfused (plain PyTorch), and Triton fused-dequant split-K GEMV for int8
+              (per-channel) and int4 (asymmetric, group 128, 2 per byte)
+  overlap     a bf16 GEMV and a decode SDPA alone and together on two streams (graphs), and
+              two GEMVs together
+
+Expected wall time of the default run on one H200: about 150 s (EXPECTED_SECONDS below, plus
+~10 s start-up); ``--budget-s`` (default 170) stops starting new configurations in time, and
+each section leaves room for the ones after it.
+
+Output files (in --out):
+
+kernels.csv: one row per timed configuration (all sections; columns a section does not use
+are empty):
+  config_id        unique id "<section>:<impl>:<shape>" (key into kernel_names.csv)
+  section, impl    section name; the implementation (e.g. F.linear, torch._scaled_mm,
+                   triton_splitk_int4_g128, copy_, hf_rmsnorm_fp32)
+  kclass           kernel class for the cost model (gemm, gemv_wq, elementwise, reduction,
+                   row_norm, gather, scatter, stream_read, launch, overlap, ...)
+  dtype            data type of the main operand (bf16, fp32, fp8_e4m3, int8, int4)
+  M, N, K          GEMM shape: x[M,K], W[N,K], y[M,N]
+  M_padded         M actually passed to the kernel (if padding was needed; else = M)
+  group_size       quantization group along K (0 = per output channel)
+  elements         elements of the main tensor (elementwise sections)
+  rows, row_width  row count and row width in elements (row-wise ops, gathers, scatters)
+  size_bytes       the nominal size of the sweep axis (elementwise: bytes read + written,
+                   except rms_norm rows = size/8 KiB; grid: bytes read)
+  n_programs       launched programs (Triton sections)
+  block_threads    threads per program (launch section)
+  bytes_read       minimal bytes the operation must read (inputs once)
+  bytes_written    minimal bytes the operation must write (outputs once)
+  bytes_intermediate extra bytes the eager kernels move through HBM/L2 for intermediates
+                   (written + read back; estimate from the op sequence; 0 for one kernel)
+  flops            floating-point operations (2*M*N*K for GEMMs; 0 where not meaningful)
+  reps             invocations per graph replay (R)
+  replays          timed replays
+  timing           graph | eager_backlog | cpu_host (meaningless numbers)
+  median_us, p10_us, p90_us   per-invocation time over replays (replay time / R)
+  achieved_GBps    (bytes_read + bytes_written) / median, decimal GB/s
+  achieved_TFLOPs  flops / median
+  rotation_bytes   bytes touched by distinct buffers within one replay (rotation pool)
+  hbm_cold         True if rotation_bytes >= 2x L2 (inputs come from HBM), else False
+  kernels          kernels (incl. memset/memcpy) one invocation launched (profiler)
+  grid, block      grid and block of the longest kernel (profiler), "x*y*z"
+  kernel_main      name of the longest kernel (truncated)
+  kernels_sum_us   sum of the profiled kernel durations of one eager invocation
+  rel_err          relative error against a float64 reference where checked
+  alone_a_us, alone_b_us, together_us, sequential_us, finish_a_us, finish_b_us,
+  bytes_a, bytes_b, reps_a, reps_b
+                   overlap section only: makespan of stream a's graph alone, b's alone, both
+                   launched together on two streams, both one after the other on one stream;
+                   time from the common start to the end of a and of b when together;
+                   bytes per invocation of a and b; invocations per graph (whole graphs, not
+                   per invocation)
+  note             free text
+  error            exception type and message (one line) when the configuration failed
+
+kernel_names.csv: config_id, section, kernel_index, kind (kernel|memcpy|memset), name, grid,
+  block, registers, shared_memory_bytes, duration_us (one profiled eager invocation).
+
+kernels_summary.json: machine facts (_common.machine_facts), arguments, expected and used
+  seconds per section, budget, truncated_by_budget, rows/errors per section (first error
+  messages), numerics checks, skipped configurations.
+
+Usage on the device:   python3 calibration/kernels.py --out $OUT/kernels
+GPU smoke test (<15 s): python3 calibration/kernels.py --quick --out /tmp/kq
+CPU plumbing check:     TRITON_INTERPRET=1 python calibration/kernels.py --cpu --out /tmp/k
+"""
+from __future__ import annotations
+
+import argparse
+import bisect
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Callable
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from _common import GB, CsvOut, Timer, log, machine_facts, nvidia_smi_snapshot, pct, write_json  # noqa: E402
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
+
+try:
+    import triton
+    import triton.language as tl
+    HAVE_TRITON = True
+except Exception:  # noqa: BLE001
+    HAVE_TRITON = False
+
+KiB, MiB, GiB = 1024, 1024 ** 2, 1024 ** 3
+
+# Expected seconds per section on one H200 at the default (full) sweep, including Triton
+# compiles and the profiler pass. Start-up (import, CUDA init, pool fill) adds ~10 s.
+EXPECTED_SECONDS = {
+    "launch": 5,
+    "grid": 12,
+    "elementwise": 25,
+    "gemm": 38,
+    "gemm_fp8": 20,
+    "gemm_wonly": 30,
+    "overlap": 8,
+}
+DEFAULT_ORDER = ["launch", "grid", "elementwise", "gemm", "gemm_fp8", "gemm_wonly", "overlap"]
+
+REPLAY_TARGET_US = 1500.0      # one graph replay lasts about this long
+MAX_GRAPH_NODES = 1200         # R * kernels per invocation stays below this
+MAX_REPS = 600
+ROTATION_TARGET_BYTES = 256 * MiB   # rotating input pools are at least this large
+SLEEP_CYCLES = 400_000         # ~0.2 ms backlog before the timed replays
+
+CSV_FIELDS = [
+    "config_id", "section", "impl", "kclass", "dtype", "M", "N", "K", "M_padded", "group_size",
+    "elements", "rows", "row_width", "size_bytes", "n_programs", "block_threads",
+    "bytes_read", "bytes_written", "bytes_intermediate", "flops", "reps", "replays", "timing",
+    "median_us", "p10_us", "p90_us", "achieved_GBps", "achieved_TFLOPs", "rotation_bytes",
+    "hbm_cold", "kernels", "grid", "block", "kernel_main", "kernels_sum_us", "rel_err",
+    "alone_a_us", "alone_b_us", "together_us", "sequential_us", "finish_a_us", "finish_b_us",
+    "bytes_a", "bytes_b", "reps_a", "reps_b", "note", "error",
+]
+NAME_FIELDS = ["config_id", "section", "kernel_index", "kind", "name", "grid", "block",
+               "registers", "shared_memory_bytes", "duration_us"]
+
+
+# ============================================================================ Triton kernels
+
+if HAVE_TRITON:
+    @triton.jit
+    def _launch_kernel(out_ptr, STORE: tl.constexpr):
+        """Empty program (STORE=False) or one int32 store per program (STORE=True)."""
+        pid = tl.program_id(0)
+        if STORE:
+            tl.store(out_ptr + pid, pid)
+
+    @triton.jit(do_not_specialize=["chunk_elems", "n_elem"])
+    def _chunk_read_kernel(x_ptr, out_ptr, chunk_elems, n_elem, BLOCK: tl.constexpr):
+        """Program p sums elements [p*chunk, (p+1)*chunk) of x; one fp32 partial per program."""
+        pid = tl.program_id(0)
+        start = pid.to(tl.int64) * chunk_elems
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        for off in range(0, chunk_elems, BLOCK):
+            idx = off + tl.arange(0, BLOCK)
+            offs = start + idx
+            acc += tl.load(x_ptr + offs, mask=(idx < chunk_elems) & (offs < n_elem), other=0.0)
+        tl.store(out_ptr + pid, tl.sum(acc, axis=0))
+
+    @triton.jit(do_not_specialize=["n_elem", "iters"])
+    def _strided_read_kernel(x_ptr, out_ptr, n_elem, iters, BLOCK: tl.constexpr):
+        """Persistent read: program p reads blocks p, p+P, p+2P, ...; one partial per program."""
+        pid = tl.program_id(0)
+        nprog = tl.num_programs(0)
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        for it in range(iters):
+            offs = (it * nprog + pid).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+            acc += tl.load(x_ptr + offs, mask=offs < n_elem, other=0.0)
+        tl.store(out_ptr + pid, tl.sum(acc, axis=0))
+
+    @triton.jit(do_not_specialize=["M", "kb_per_prog"])
+    def _wq_splitk_kernel(x_ptr, w_ptr, s_ptr, z_ptr, part_ptr, y_ptr, M, N, K, kb_per_prog,
+                          BITS: tl.constexpr, GROUP: tl.constexpr, HAS_ZERO: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                          USE_DOT: tl.constexpr, DOT_FP32: tl.constexpr, DIRECT: tl.constexpr):
+        """Weight-only quantized y[M,N] = x[M,K] @ dequant(W)[N,K]^T, split over K.
+
+        Program (n, s) dequantizes [BLOCK_N, BLOCK_K] weight tiles of K blocks
+        s*kb_per_prog .. (s+1)*kb_per_prog-1 and accumulates in fp32. W is int8 [N,K]
+        (BITS=8) or uint8 [N,K/2] holding two 4-bit values (BITS=4, even k in the low
+        nibble). Scales (and zeros) are [K/GROUP, N] (GROUP=0: one row, per output channel);
+        w = (q - z) * s. DIRECT writes bf16 y
+        (one split); otherwise fp32 partials [splits, M, N] for _splitk_reduce_kernel.
+        BLOCK_M == 1 uses a multiply-and-sum instead of tl.dot.
+        """
+        pid_n = tl.program_id(0)
+        pid_s = tl.program_id(1)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < N
+        offs_m = tl.arange(0, BLOCK_M)
+        m_mask = offs_m < M
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        kb0 = pid_s * kb_per_prog
+        for kb in range(kb0, kb0 + kb_per_prog):
+            offs_k = kb * BLOCK_K + tl.arange(0, BLOCK_K)
+            k_mask = offs_k < K
+            wmask = n_mask[:, None] & k_mask[None, :]
+            if BITS == 8:
+                q = tl.load(w_ptr + offs_n[:, None] * K + offs_k[None, :], mask=wmask,
+                            other=0).to(tl.float32)
+            else:
+                b = tl.load(w_ptr + offs_n[:, None] * (K // 2) + (offs_k // 2)[None, :],
+                            mask=wmask, other=0).to(tl.int32)
+                q = ((b >> ((offs_k % 2) * 4)[None, :]) & 0xF).to(tl.float32)
+            if GROUP == 0:
+                g = 0
+            else:
+                g = (kb * BLOCK_K) // GROUP
+            smask = n_mask & (kb * BLOCK_K < K)
+            s = tl.load(s_ptr + g * N + offs_n, mask=smask, other=0.0).to(tl.float32)
+            if HAS_ZERO:
+                z = tl.load(z_ptr + g * N + offs_n, mask=smask, other=0.0).to(tl.float32)
+                w = (q - z[:, None]) * s[:, None]
+            else:
+                w = q * s[:, None]
+            x = tl.load(x_ptr + offs_m[:, None] * K + offs_k[None, :],
+                        mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+            if USE_DOT:
+                if DOT_FP32:
+                    acc += tl.dot(x.to(tl.float32), tl.trans(w))
+                else:
+                    acc += tl.dot(x.to(tl.bfloat16), tl.trans(w.to(tl.bfloat16)))
+            else:
+                acc += tl.sum(x.to(tl.float32) * w, axis=1)[None, :]
+        y_offs = offs_m[:, None] * N + offs_n[None, :]
+        mask = m_mask[:, None] & n_mask[None, :]
+        if DIRECT:
+            tl.store(y_ptr + y_offs, acc.to(tl.bfloat16), mask=mask)
+        else:
+            tl.store(part_ptr + pid_s * M * N + y_offs, acc, mask=mask)
+
+    @triton.jit(do_not_specialize=["MN", "splits"])
+    def _splitk_reduce_kernel(part_ptr, y_ptr, MN, splits, BLOCK: tl.constexpr):
+        """y[i] = bf16(sum over splits of part[s, i])."""
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < MN
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        for s in range(splits):
+            acc += tl.load(part_ptr + s * MN + offs, mask=mask, other=0.0)
+        tl.store(y_ptr + offs, acc.to(tl.bfloat16), mask=mask)
+
+
+# ============================================================================ infrastructure
+
+@dataclass
+class Config:
+    """One measured configuration.
+
+    build() returns fn(i) (one invocation, rotating its buffers by i) and may raise.
+    meta holds the CSV fields known before timing (shape, bytes, flops, note...).
+    n_slots and bytes_per_slot describe the rotation (for rotation_bytes / hbm_cold).
+    between(), if set, runs between timed replays (outside the timed interval), e.g. to draw
+    fresh random row indices so that indexed rows are not L2-resident from the last replay.
+    """
+
+    cid: str
+    section: str
+    meta: dict
+    build: Callable[[], Callable[[int], object]]
+    est_us: float = 10.0
+    n_slots: int = 1
+    bytes_per_slot: int = 0
+    between: Callable | None = None
+    fn: Callable | None = None
+    error: str = ""
+
+
+@dataclass
+class SectionStats:
+    """Bookkeeping of one section for the summary."""
+
+    expected_s: float
+    used_s: float = 0.0
+    configs: int = 0
+    rows: int = 0
+    errors: int = 0
+    skipped_unsupported: int = 0
+    skipped_budget: int = 0
+    not_started: bool = False
+    first_errors: list = field(default_factory=list)
+
+
+def one_line(e: BaseException) -> str:
+    """Exception type and first line of its message, for the `error` column."""
+    msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return f"{type(e).__name__}: {msg}"[:300]
+
+
+def coverage_order(values: list) -> list:
+    """values reordered so that a prefix spans the range: every other one first, then the rest.
+
+    Sweeps loop over this order outermost, so a run cut by the budget still covers every
+    (N,K) pair or class at spread-out M values or sizes.
+    """
+    return values[::2] + values[1::2]
+
+
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division of positive integers."""
+    return -(-a // b)
+
+
+class Bench:
+    """Holds device, pools, budget and output writers; runs sections of Configs."""
+
+    def __init__(self, args):
+        self.args = args
+        self.cuda = not args.cpu
+        self.mode = "cpu" if args.cpu else ("quick" if args.quick else "full")
+        self.dev = torch.device("cuda" if self.cuda else "cpu")
+        self.t_start = time.time()
+        self.deadline = self.t_start + args.budget_s
+        self.truncated = False
+        props = torch.cuda.get_device_properties(0) if self.cuda else None
+        self.nsm = props.multi_processor_count if self.cuda else 4
+        self.l2_bytes = (getattr(props, "L2_cache_size", 60 * MiB) or 60 * MiB) if self.cuda else 1 * MiB
+        self.triton_ok = HAVE_TRITON and (self.cuda or os.environ.get("TRITON_INTERPRET") == "1")
+        self.interpret = os.environ.get("TRITON_INTERPRET") == "1"
+        self.csv = CsvOut(os.path.join(args.out, "kernels.csv"), CSV_FIELDS)
+        self.names = CsvOut(os.path.join(args.out, "kernel_names.csv"), NAME_FIELDS)
+        self.stats: dict[str, SectionStats] = {}
+        self.checks: dict = {}
+        self.notes: dict = {}
+        self.skipped: list = []
+        self.pool_bytes = {"full": 3 * GiB, "quick": 512 * MiB, "cpu": 32 * MiB}[self.mode]
+        self.rot_target = ROTATION_TARGET_BYTES if self.cuda else 2 * MiB
+        self._pool = None
+        self.reps_cap = MAX_REPS if self.cuda else 2
+        self.replays = {"full": 7, "quick": 3, "cpu": 2}[self.mode]
+
+    # ------------------------------------------------------------------ basics
+    def elapsed_s(self) -> float:
+        """Seconds since start."""
+        return time.time() - self.t_start
+
+    def sync(self):
+        """Wait for the device (no-op on CPU)."""
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def pool(self) -> torch.Tensor:
+        """A flat uint8 buffer filled with bf16 N(0,1) values; views of it feed every section."""
+        if self._pool is None:
+            n = self.pool_bytes // 2
+            self._pool = torch.empty(n, dtype=torch.bfloat16, device=self.dev).normal_().view(torch.uint8)
+            self.sync()
+        return self._pool
+
+    def carve(self, specs, n_slots: int):
+        """n_slots sets of tensors (one per spec = (shape, dtype)) carved from the pool.
+
+        Views are 256-byte aligned and laid out one after the other; raises if they do not fit.
+        """
+        pool = self.pool()
+        off = 0
+        slots = []
+        for _ in range(n_slots):
+            views = []
+            for shape, dtype in specs:
+                nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+                if off + nbytes > pool.numel():
+                    raise MemoryError(f"rotation pool of {pool.numel()} bytes too small")
+                views.append(pool[off:off + nbytes].view(dtype).view(shape))
+                off += cdiv(nbytes, 256) * 256
+            slots.append(views)
+        return slots
+
+    def slots_for(self, bytes_per_slot: int, cap: int = 1024) -> int:
+        """Number of rotating buffer sets so that they total >= the rotation target."""
+        fit = max(1, int(self.pool_bytes * 0.95) // max(1, bytes_per_slot))
+        return max(1, min(cap, fit, cdiv(self.rot_target, max(1, bytes_per_slot))))
+
+    # ------------------------------------------------------------------ budget
+    def section_deadline(self, name: str, order: list) -> float:
+        """Wall-clock time after which this section starts no configuration.
+
+        The global deadline minus 70% of the expected time of the sections after it.
+        """
+        later = order[order.index(name) + 1:]
+        reserve = 0.7 * sum(EXPECTED_SECONDS.get(s, 0) for s in later) if self.mode == "full" else 0.0
+        return self.deadline - reserve
+
+    # ------------------------------------------------------------------ timing
+    def choose_reps(self, cfg: Config, n_kernels: int, prof_us: float) -> int:
+        """Invocations per graph replay: ~REPLAY_TARGET_US per replay, bounded by graph size,
+        and raised (within bounds) so the rotation exceeds 2x L2 where possible."""
+        if not self.cuda:
+            return self.reps_cap
+        est = max(cfg.est_us, prof_us, 1.5 * max(1, n_kernels))
+        reps = int(REPLAY_TARGET_US / est)
+        node_cap = max(1, MAX_GRAPH_NODES // max(1, n_kernels))
+        cap = min(self.reps_cap, node_cap)
+        if cfg.bytes_per_slot and cfg.n_slots > 1:
+            want = cdiv(2 * self.l2_bytes, cfg.bytes_per_slot)
+            if est * want < 8 * REPLAY_TARGET_US:
+                reps = max(reps, min(want, cfg.n_slots))
+        return max(1, min(reps, cap))
+
+    def time_graph(self, fn, reps: int, between=None) -> list:
+        """Per-invocation microseconds, one value per replay of a graph of `reps` invocations."""
+        main = torch.cuda.current_stream()
+        side = torch.cuda.Stream()
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            for i in range(2):
+                fn(i)
+        main.wait_stream(side)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for i in range(reps):
+                fn(i)
+        g.replay()
+        torch.cuda.synchronize()
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                  for _ in range(self.replays)]
+        torch.cuda._sleep(SLEEP_CYCLES)
+        for a, b in events:
+            a.record()
+            g.replay()
+            b.record()
+            if between is not None:
+                between()
+        torch.cuda.synchronize()
+        us = [a.elapsed_time(b) * 1e3 / reps for a, b in events]
+        del g
+        return us
+
+    def time_eager(self, fn, reps: int) -> list:
+        """Fallback: back-to-back eager calls, each between CUDA events (queue backlogged)."""
+        return Timer(True, batch=min(48, reps)).time(fn, max(reps, 10), warmup=2)
+
+    def time_cpu(self, fn, reps: int, between=None) -> list:
+        """CPU plumbing: host time per call (meaningless as a measurement)."""
+        out = []
+        for _ in range(self.replays):
+            t0 = time.perf_counter()
+            for i in range(reps):
+                fn(i)
+            out.append((time.perf_counter() - t0) * 1e6 / reps)
+            if between is not None:
+                between()
+        return out
+
+    def measure(self, cfg: Config, reps: int):
+        """Times one built configuration; returns (per-call us list, timing method, note)."""
+        if not self.cuda:
+            return self.time_cpu(cfg.fn, reps, cfg.between), "cpu_host", ""
+        try:
+            return self.time_graph(cfg.fn, reps, cfg.between), "graph", ""
+        except Exception as e:  # noqa: BLE001
+            note = f"graph failed ({one_line(e)}); eager fallback"
+            torch.cuda.synchronize()
+            return self.time_eager(cfg.fn, reps), "eager_backlog", note
+
+    # ------------------------------------------------------------------ profiler
+    def profile(self, cfgs: list) -> dict:
+        """One profiled eager call per configuration; returns cid -> list of kernel dicts."""
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
+        with profile(activities=acts) as prof:
+            for c in cfgs:
+                with record_function(f"cfg:{c.cid}"):
+                    try:
+                        c.fn(1)
+                        self.sync()
+                    except Exception:  # noqa: BLE001
+                        pass
+        with tempfile.TemporaryDirectory() as td:
+            path = os.path.join(td, "trace.json")
+            prof.export_chrome_trace(path)
+            with open(path) as fh:
+                trace = json.load(fh)
+        return kernels_by_config(trace.get("traceEvents", []), self.cuda)
+
+    # ------------------------------------------------------------------ running
+    def run_section(self, name: str, make_configs: Callable, order: list):
+        """Builds, warms, profiles and times every configuration of one section."""
+        st = self.stats.setdefault(name, SectionStats(EXPECTED_SECONDS.get(name, 0)))
+        t0 = time.time()
+        deadline = self.section_deadline(name, order)
+        log(f"== section {name} (expected {EXPECTED_SECONDS.get(name, 0)} s, "
+            f"deadline in {deadline - time.time():.0f} s)")
+        try:
+            cfgs = make_configs()
+        except Exception as e:  # noqa: BLE001
+            traceback.print_exc()
+            self.record_error(st, f"{name}:setup", one_line(e))
+            self.csv.row(config_id=f"{name}:setup", section=name, error=one_line(e))
+            cfgs = []
+        cfgs = unique_configs(cfgs)
+        st.configs = len(cfgs)
+        ready = self.warm_all(cfgs, deadline, st)
+        kinfo = self.profile_all(name, ready, deadline)
+        for c in cfgs:
+            if c.fn is None and c.error:
+                continue
+            if c.fn is None or time.time() > deadline:
+                st.skipped_budget += 1
+                self.truncated = True
+                self.skipped.append(c.cid)
+                continue
+            self.time_and_write(c, kinfo.get(c.cid, []), st)
+            c.fn = None
+        del cfgs, ready
+        if self.cuda:
+            torch.cuda.empty_cache()
+        st.used_s = time.time() - t0
+        log(f"== section {name}: {st.rows} rows, {st.errors} errors, {st.skipped_unsupported} "
+            f"unsupported, {st.skipped_budget} skipped by budget, {st.used_s:.1f} s (expected {st.expected_s} s); total {self.elapsed_s():.1f} s")
+
+    def warm_all(self, cfgs: list, deadline: float, st: SectionStats) -> list:
+        """Builds each configuration and runs it once; failures become error rows."""
+        ready = []
+        for c in cfgs:
+            if time.time() > deadline:
+                break
+            try:
+                c.fn = c.build()
+                c.fn(0)
+                self.sync()
+                ready.append(c)
+            except Exception as e:  # noqa: BLE001
+                c.fn = None
+                self.write_error(c, e, st)
+        return ready
+
+    def profile_all(self, name: str, ready: list, deadline: float) -> dict:
+        """Profiler pass over the warmed configurations; writes kernel_names.csv rows."""
+        if not ready or time.time() > deadline - 2:
+            return {}
+        try:
+            t0 = time.time()
+            kinfo = self.profile(ready)
+            for c in ready:
+                for j, k in enumerate(kinfo.get(c.cid, [])):
+                    self.names.row(config_id=c.cid, section=name, kernel_index=j, **k)
+            log(f"   profiled {len(ready)} configurations in {time.time() - t0:.1f} s")
+            return kinfo
+        except Exception as e:  # noqa: BLE001
+            traceback.print_exc()
+            self.notes[f"{name}_profiler_error"] = one_line(e)
+            return {}
+
+    def time_and_write(self, c: Config, kernels: list, st: SectionStats):
+        """Times one configuration and writes its kernels.csv row."""
+        n_k = len(kernels)
+        prof_us = sum(k["duration_us"] for k in kernels) if self.cuda else 0.0
+        meta = dict(c.meta)
+        try:
+            reps = self.choose_reps(c, n_k, prof_us)
+            us, timing, note = self.measure(c, reps)
+            self.sync()
+        except Exception as e:  # noqa: BLE001
+            self.write_error(c, e, st)
+            return
+        med = statistics.median(us)
+        moved = (meta.get("bytes_read") or 0) + (meta.get("bytes_written") or 0)
+        flops = meta.get("flops") or 0
+        rot = min(reps, c.n_slots) * c.bytes_per_slot
+        main = max(kernels, key=lambda k: k["duration_us"]) if kernels else {}
+        meta["note"] = "; ".join(x for x in (meta.get("note", ""), note) if x)
+        self.csv.row(config_id=c.cid, section=c.section, reps=reps, replays=len(us), timing=timing,
+                     median_us=med, p10_us=pct(us, 10), p90_us=pct(us, 90),
+                     achieved_GBps=moved / (med * 1e-6) / GB if moved else "",
+                     achieved_TFLOPs=flops / (med * 1e-6) / 1e12 if flops else "",
+                     rotation_bytes=rot, hbm_cold=rot >= 2 * self.l2_bytes,
+                     kernels=n_k if kernels else "", grid=main.get("grid", ""),
+                     block=main.get("block", ""), kernel_main=main.get("name", "")[:120],
+                     kernels_sum_us=prof_us if kernels else "", **meta)
+        st.rows += 1
+        gbps = moved / (med * 1e-6) / GB if moved else 0.0
+        log(f"   {c.cid:58s} {med:10.2f} us  {gbps:8.1f} GB/s  R={reps:4d} k={n_k} {timing}")
+
+    def write_error(self, c: Config, e: BaseException, st: SectionStats):
+        """Error row for a failed configuration; the sweep continues."""
+        msg = one_line(e)
+        c.error = msg
+        self.csv.row(config_id=c.cid, section=c.section, error=msg, **c.meta)
+        self.record_error(st, c.cid, msg)
+        log(f"   !! {c.cid}: {msg}")
+        if self.cuda:
+            try:
+                torch.cuda.synchronize()
+            except Exception as e2:  # noqa: BLE001
+                log(f"   !! device error after {c.cid}: {one_line(e2)}")
+
+    def record_error(self, st: SectionStats, cid: str, msg: str):
+        """Counts an error (or a clear skip) and keeps the first few messages for the summary."""
+        if "skipped:" in msg:
+            st.skipped_unsupported += 1
+        else:
+            st.errors += 1
+        if len(st.first_errors) < 8:
+            st.first_errors.append(f"{cid}: {msg}")
+
+
+def unique_configs(cfgs: list) -> list:
+    """Drops configurations whose id repeats an earlier one (e.g. row ops at the two
+    smallest sizes both have one row)."""
+    seen, out = set(), []
+    for c in cfgs:
+        if c.cid not in seen:
+            seen.add(c.cid)
+            out.append(c)
+    return out
+
+
+def kernels_by_config(events: list, cuda: bool) -> dict:
+    """Maps chrome-trace device events to the `cfg:<id>` ranges whose launch they came from.
+
+    On CUDA a kernel is matched through its correlation id to the runtime/driver launch
+    call, whose CPU timestamp lies inside one range; kernels without a matched launch are
+    placed by their own timestamp. On CPU (plumbing) the aten ops inside a range stand in.
+    """
+    ranges = sorted((e["ts"], e["ts"] + e.get("dur", 0), e["name"][4:]) for e in events
+                    if e.get("ph") == "X" and e.get("cat") == "user_annotation"
+                    and str(e.get("name", "")).startswith("cfg:"))
+    starts = [r[0] for r in ranges]
+
+    def find(ts):
+        i = bisect.bisect_right(starts, ts) - 1
+        if i >= 0 and ts <= ranges[i][1]:
+            return ranges[i][2]
+        return None
+
+    kinds = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
+    if not cuda:
+        kinds = {"cpu_op": "cpu_op"}
+    launch_ts = {}
+    for e in events:
+        if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {}):
+            launch_ts[e["args"]["correlation"]] = e["ts"]
+    out: dict = {}
+    for e in sorted((e for e in events if e.get("ph") == "X" and e.get("cat") in kinds),
+                    key=lambda e: e["ts"]):
+        a = e.get("args", {})
+        ts = launch_ts.get(a.get("correlation"), e["ts"])
+        cid = find(ts)
+        if cid is None:
+            continue
+        out.setdefault(cid, []).append({
+            "kind": kinds[e["cat"]], "name": e.get("name", ""),
+            "grid": "*".join(str(v) for v in a.get("grid", [])),
+            "block": "*".join(str(v) for v in a.get("block", [])),
+            "registers": a.get("registers per thread", ""),
+            "shared_memory_bytes": a.get("shared memory", ""),
+            "duration_us": float(e.get("dur", 0.0)),
+        })
+    return out
+
+
+def skip_config(section: str, cid: str, meta: dict, why: str) -> Config:
+    """A configuration that fails at build with a clear reason (e.g. needs CUDA)."""
+    return Config(cid, section, meta, _raiser(f"skipped: {why}"))
+
+
+def dtype_name(dt) -> str:
+    """Short dtype label for the CSV."""
+    return {torch.bfloat16: "bf16", torch.float32: "fp32", torch.float16: "fp16",
+            torch.int8: "int8", torch.uint8: "uint8"}.get(dt, str(dt).replace("torch.", ""))
+
+
+def esize(dt) -> int:
+    """Bytes per element of a dtype."""
+    return torch.empty((), dtype=dt).element_size()
+
+
+# ============================================================================ section: launch
+
+def launch_configs(b: Bench) -> list:
+    """Triton empty and one-store kernels at several grids and block sizes."""
+    grids = {"full": [1, 132, 1320, 13200], "quick": [1, 13200], "cpu": [1, 4, 16]}[b.mode]
+    blocks = [128, 1024] if b.cuda else [128]
+    out = torch.zeros(max(grids), dtype=torch.int32, device=b.dev)
+    cfgs = []
+    for store in (False, True):
+        impl = "triton_store1" if store else "triton_empty"
+        for threads in blocks:
+            for g in grids:
+                meta = dict(impl=impl, kclass="launch", dtype="int32", n_programs=g,
+                            block_threads=threads, bytes_read=0, bytes_written=4 * g if store else 0,
+                            flops=0)
+                cid = f"launch:{impl}:grid{g}_block{threads}"
+                if not b.triton_ok:
+                    cfgs.append(skip_config("launch", cid, meta, "Triton needs CUDA or TRITON_INTERPRET=1"))
+                    continue
+
+                def build(g=g, threads=threads, store=store):
+                    nw = threads // 32 if b.cuda else 1
+                    return lambda i: _launch_kernel[(g,)](out, STORE=store, num_warps=nw)
+                cfgs.append(Config(cid, "launch", meta, build, est_us=2.5 + g / (8 * b.nsm) * 0.5))
+    return cfgs
+
+
+# ============================================================================ section: grid
+
+def grid_configs(b: Bench) -> list:
+    """Streaming read bandwidth vs number of programs (chunked) and a persistent read."""
+    if b.cuda and b.mode == "full":
+        sizes = [1, 4, 16, 64, 256, 1024]
+        progs = [1, 2, 4, 8, 16, 33, 66, 132, 264, 528, 1056, 4224]
+    elif b.cuda:
+        sizes, progs = [4, 64], [1, 132, 1056]
+    else:
+        sizes, progs = [1 / 16, 1 / 4], [1, 4, 16]
+    BLOCK = 4096 if b.cuda else 1024
+    nw = 8 if b.cuda else 1
+    partial = torch.zeros(max(progs + [8 * b.nsm]), dtype=torch.float32, device=b.dev)
+    cfgs = []
+    for s_mib in sizes:
+        nbytes = int(s_mib * MiB)
+        n = nbytes // 4
+        for p in progs:
+            cfgs.append(_grid_cfg(b, "triton_chunk_read", nbytes, n, p, BLOCK, nw, partial))
+        for per_sm in (1, 4):
+            cfgs.append(_grid_cfg(b, f"triton_persistent_{per_sm}x_sm", nbytes, n, per_sm * b.nsm,
+                                  BLOCK, nw, partial))
+    return cfgs
+
+
+def _grid_cfg(b: Bench, impl, nbytes, n, p, BLOCK, nw, partial) -> Config:
+    """One streaming-read configuration: n fp32 elements read by p programs."""
+    meta = dict(impl=impl, kclass="stream_read", dtype="fp32", elements=n, size_bytes=nbytes,
+                n_programs=p, bytes_read=nbytes, bytes_written=4 * p, flops=n)
+    cid = f"grid:{impl}:bytes{nbytes}_prog{p}"
+    if not b.triton_ok:
+        return skip_config("grid", cid, meta, "Triton needs CUDA or TRITON_INTERPRET=1")
+    n_slots = b.slots_for(nbytes)
+    per_cta_GBps = 25.0
+    est = 3.0 + nbytes / min(3.0e12, p * per_cta_GBps * 1e9) * 1e6
+
+    def build():
+        views = [v[0] for v in b.carve([((n,), torch.float32)], n_slots)]
+        if impl == "triton_chunk_read":
+            chunk = cdiv(n, p)
+            return lambda i: _chunk_read_kernel[(p,)](views[i % n_slots], partial, chunk, n,
+                                                       BLOCK=BLOCK, num_warps=nw)
+        iters = cdiv(n, p * BLOCK)
+        return lambda i: _strided_read_kernel[(p,)](views[i % n_slots], partial, n, iters,
+                                                     BLOCK=BLOCK, num_warps=nw)
+    return Config(cid, "grid", meta, build, est_us=est, n_slots=n_slots, bytes_per_slot=nbytes)
+
+
+def check_grid_kernels(b: Bench):
+    """Both read kernels against a float64 sum (stored in the summary's checks)."""
+    if not b.triton_ok:
+        b.checks["grid_read"] = "skipped: no Triton"
+        return
+    try:
+        n = 100_003 if b.cuda else 5_003
+        x = torch.randn(n, device=b.dev)
+        part = torch.zeros(64, device=b.dev)
+        BLOCK = 4096 if b.cuda else 64
+        ref = x.double().sum().item()
+        _chunk_read_kernel[(7,)](x, part, cdiv(n, 7), n, BLOCK=BLOCK)
+        got_c = part[:7].double().sum().item()
+        part.zero_()
+        _strided_read_kernel[(5,)](x, part, n, cdiv(n, 5 * BLOCK), BLOCK=BLOCK)
+        got_s = part[:5].double().sum().item()
+        tol = 1e-3 * math.sqrt(n)
+        b.checks["grid_read"] = {"ref": ref, "chunk": got_c, "strided": got_s,
+                                 "ok": abs(got_c - ref) < tol and abs(got_s - ref) < tol}
+    except Exception as e:  # noqa: BLE001
+        b.checks["grid_read"] = f"failed: {one_line(e)}"
+    log("   check grid_read:", b.checks["grid_read"])
+
+
+# ============================================================================ section: elementwise
+
+def ew_sizes(b: Bench) -> list:
+    """Nominal sizes (bytes read + written): 14 log-spaced powers of two, 4 KiB .. 1 GiB."""
+    if b.mode == "cpu":
+        return [4 * KiB, 64 * KiB, 1 * MiB]
+    if b.mode == "quick":
+        return [4 * KiB, 16 * MiB]
+    return sorted({4 * KiB * 2 ** round(k * 18 / 13) for k in range(14)})
+
+
+def _round_to(n: int, m: int) -> int:
+    """n rounded down to a multiple of m (at least m)."""
+    return max(m, (n // m) * m)
+
+
+def ew_simple_specs():
+    """(impl, kclass, in dtypes, out dtype, eager kernels, intermediate bytes/elem, op).
+
+    op(ins, out) runs one invocation on a rotation slot.
+    """
+    bf, f32 = torch.bfloat16, torch.float32
+    return [
+        ("copy_", "elementwise", [bf], bf, 0, lambda x, y: y.copy_(x[0])),
+        ("add", "elementwise", [bf, bf], bf, 0, lambda x, y: torch.add(x[0], x[1], out=y)),
+        ("mul", "elementwise", [bf, bf], bf, 0, lambda x, y: torch.mul(x[0], x[1], out=y)),
+        ("silu", "elementwise", [bf], bf, 0, lambda x, y: torch.ops.aten.silu.out(x[0], out=y)),
+        ("silu_mul", "elementwise", [bf, bf], bf, 4, lambda x, y: torch.mul(F.silu(x[0]), x[1], out=y)),
+        ("cast_bf16_fp32", "elementwise", [bf], f32, 0, lambda x, y: y.copy_(x[0])),
+        ("cast_fp32_bf16", "elementwise", [f32], bf, 0, lambda x, y: y.copy_(x[0])),
+        ("sum", "reduction", [bf], None, 0, lambda x, y: x[0].sum()),
+        ("cat2", "concat", [bf, bf], "cat", 0, lambda x, y: torch.cat([x[0], x[1]], out=y)),
+    ]
+
+
+def elementwise_configs(b: Bench) -> list:
+    """All elementwise-section configurations."""
+    cfgs = []
+    for size in coverage_order(ew_sizes(b)):
+        for spec in ew_simple_specs():
+            cfgs.append(_ew_simple_cfg(b, size, *spec))
+        cfgs += _row_op_cfgs(b, size)
+    cfgs += _logit_cfgs(b)
+    cfgs += _index_cfgs(b)
+    return cfgs
+
+
+def _ew_simple_cfg(b: Bench, size, impl, kclass, in_dts, out_dt, inter_per_elem, op) -> Config:
+    """A 1-D elementwise/reduction/concat op whose bytes read + written total `size`."""
+    per_elem = sum(esize(d) for d in in_dts)
+    if out_dt == "cat":
+        per_elem *= 2
+    elif out_dt is not None:
+        per_elem += esize(out_dt)
+    n = _round_to(size // per_elem, 256)
+    in_bytes = n * sum(esize(d) for d in in_dts)
+    if out_dt == "cat":
+        out_spec, out_bytes = ((2 * n,), in_dts[0]), in_bytes
+    elif out_dt is None:
+        out_spec, out_bytes = None, 4
+    else:
+        out_spec, out_bytes = ((n,), out_dt), n * esize(out_dt)
+    specs = [((n,), d) for d in in_dts] + ([out_spec] if out_spec else [])
+    per_slot = in_bytes + (out_bytes if out_spec else 0)
+    n_slots = b.slots_for(per_slot)
+    note = "eager: silu then mul (2 kernels)" if impl == "silu_mul" else ""
+    moves_only = impl.startswith(("copy", "cast", "cat"))
+    meta = dict(impl=impl, kclass=kclass, dtype=dtype_name(in_dts[0]), elements=n, size_bytes=size,
+                bytes_read=in_bytes, bytes_written=out_bytes, bytes_intermediate=inter_per_elem * n,
+                flops=0 if moves_only else n, note=note)
+
+    def build():
+        slots = b.carve(specs, n_slots)
+        k = len(in_dts)
+        return lambda i: op(slots[i % n_slots][:k], slots[i % n_slots][k] if out_spec else None)
+    return Config(f"elementwise:{impl}:n{n}", "elementwise", meta, build,
+                  est_us=3.0 + per_slot / 2.5e12 * 1e6, n_slots=n_slots, bytes_per_slot=per_slot)
+
+
+def hf_rmsnorm(x, w, eps=1e-6):
+    """RMSNorm as Hugging Face's LlamaRMSNorm writes it (fp32 statistics, bf16 output)."""
+    h = x.float()
+    var = h.pow(2).mean(-1, keepdim=True)
+    h = h * torch.rsqrt(var + eps)
+    return w * h.to(x.dtype)
+
+
+def _row_op_cfgs(b: Bench, size) -> list:
+    """F.rms_norm, HF RMSNorm and softmax over bf16 rows of width 4096 (rows = size / 8 KiB)."""
+    W = 4096 if b.cuda else 256
+    rows = max(1, size // (2 * W))
+    n = rows * W
+    nb = 2 * n
+    w = torch.ones(W, dtype=torch.bfloat16, device=b.dev)
+    n_slots = b.slots_for(2 * nb)
+    specs = [((rows, W), torch.bfloat16), ((rows, W), torch.bfloat16)]
+    items = [
+        ("F.rms_norm", "row_norm", 0, "", lambda x, y: F.rms_norm(x, (W,), weight=w, eps=1e-6)),
+        ("hf_rmsnorm_fp32", "row_norm", 32 * n,
+         "x.float(); pow(2).mean(-1); +eps; rsqrt; mul; .to(bf16); *w (eager group); "
+         "bytes_intermediate ~ 32 B/elem estimate", lambda x, y: hf_rmsnorm(x, w)),
+        ("softmax", "row_softmax", 0, "", lambda x, y: torch.ops.aten._softmax.out(x, -1, False, out=y)),
+    ]
+    cfgs = []
+    for impl, kclass, inter, note, op in items:
+        meta = dict(impl=impl, kclass=kclass, dtype="bf16", elements=n, rows=rows, row_width=W,
+                    size_bytes=size, bytes_read=nb + (2 * W if "rms" in impl else 0), bytes_written=nb,
+                    bytes_intermediate=inter, flops=4 * n, note=note)
+
+        def build(op=op):
+            slots = b.carve(specs, n_slots)
+            return lambda i: op(slots[i % n_slots][0], slots[i % n_slots][1])
+        cfgs.append(Config(f"elementwise:{impl}:rows{rows}_w{W}", "elementwise", meta, build,
+                           est_us=3.0 + 2 * nb / 2.5e12 * 1e6, n_slots=n_slots, bytes_per_slot=2 * nb))
+    return cfgs
+
+
+def _logit_cfgs(b: Bench) -> list:
+    """argmax (bf16 and fp32 logits) and fp32 softmax over vocab-width rows."""
+    widths = [32000, 128256, 151936] if b.cuda else [1000]
+    row_counts = [1, 8, 64] if b.mode != "quick" else [1, 64]
+    cfgs = []
+    for W in widths:
+        for rows in row_counts:
+            for impl, dt in (("argmax", torch.bfloat16), ("argmax", torch.float32),
+                             ("softmax_vocab", torch.float32)):
+                nb = rows * W * esize(dt)
+                out_b = rows * 8 if impl == "argmax" else nb
+                n_slots = b.slots_for(nb)
+                meta = dict(impl=impl, kclass="row_reduce" if impl == "argmax" else "row_softmax",
+                            dtype=dtype_name(dt), elements=rows * W, rows=rows, row_width=W,
+                            bytes_read=nb, bytes_written=out_b, flops=rows * W)
+
+                def build(rows=rows, W=W, dt=dt, impl=impl, n_slots=n_slots):
+                    xs = [s[0] for s in b.carve([((rows, W), dt)], n_slots)]
+                    if impl == "argmax":
+                        return lambda i: torch.argmax(xs[i % n_slots], dim=-1)
+                    return lambda i: torch.softmax(xs[i % n_slots], dim=-1)
+                cfgs.append(Config(f"elementwise:{impl}:{dtype_name(dt)}_rows{rows}_w{W}", "elementwise",
+                                   meta, build, est_us=4.0 + (nb + out_b) / 2e12 * 1e6,
+                                   n_slots=n_slots, bytes_per_slot=nb))
+    return cfgs
+
+
+def _index_cfgs(b: Bench) -> list:
+    """index_copy_ / index_add_ of B rows into a 1 GB table; index_select / embedding gathers."""
+    table_bytes = {"full": 1 * GiB, "quick": 256 * MiB, "cpu": 4 * MiB}[b.mode]
+    Bs = [1, 8, 64] if b.mode != "quick" else [1, 64]
+    cfgs = []
+    scatter_row_bytes = [1 * KiB, 2 * KiB, 4 * KiB, 8 * KiB] if b.mode != "quick" else [8 * KiB]
+    gather_widths = [2048, 4096, 8192] if b.cuda else [256]
+    if b.mode == "quick":
+        gather_widths = [4096]
+    for B in Bs:
+        for rb in scatter_row_bytes:
+            for impl in ("index_copy_", "index_add_"):
+                cfgs.append(_index_cfg(b, impl, B, rb // 2, table_bytes))
+        for W in gather_widths:
+            for impl in ("index_select", "F.embedding"):
+                cfgs.append(_index_cfg(b, impl, B, W, table_bytes))
+    return cfgs
+
+
+def _index_cfg(b: Bench, impl, B, W, table_bytes) -> Config:
+    """One indexed-row op: B rows of W bf16 elements against a table of table_bytes.
+
+    Each of the up to MAX_REPS invocations of a replay has its own B random row indices, and
+    between replays all indices are drawn again, so the touched rows are not L2-resident.
+    """
+    row_b = 2 * W
+    n_rows = table_bytes // row_b
+    rows_b = B * row_b
+    idx_b = B * 8
+    if impl in ("index_copy_", "index_add_"):
+        kclass = "scatter"
+        rd = rows_b + idx_b + (rows_b if impl == "index_add_" else 0)
+        wr = rows_b
+    else:
+        kclass = "gather"
+        rd, wr = rows_b + idx_b, rows_b
+    meta = dict(impl=impl, kclass=kclass, dtype="bf16", rows=B, row_width=W, elements=B * W,
+                size_bytes=table_bytes, bytes_read=rd, bytes_written=wr, flops=0,
+                note=f"table {n_rows} rows x {W} bf16; fresh random row indices per invocation")
+    n_sets = MAX_REPS if b.cuda else 4
+    idx_all = torch.zeros(n_sets, B, dtype=torch.int64, device=b.dev)
+
+    def refresh():
+        idx_all.random_(0, n_rows)
+
+    def build():
+        table = b.carve([((n_rows, W), torch.bfloat16)], 1)[0][0]
+        refresh()
+        idx = list(idx_all.unbind(0))
+        src = [torch.randn(B, W, device=b.dev, dtype=torch.bfloat16) for _ in range(4)]
+        out = torch.empty(B, W, device=b.dev, dtype=torch.bfloat16)
+        if impl == "index_copy_":
+            return lambda i: table.index_copy_(0, idx[i % n_sets], src[i % 4])
+        if impl == "index_add_":
+            return lambda i: table.index_add_(0, idx[i % n_sets], src[i % 4])
+        if impl == "index_select":
+            return lambda i: torch.index_select(table, 0, idx[i % n_sets], out=out)
+        return lambda i: F.embedding(idx[i % n_sets], table)
+    return Config(f"elementwise:{impl}:B{B}_w{W}", "elementwise", meta, build, est_us=4.0,
+                  n_slots=1, bytes_per_slot=table_bytes, between=refresh)
+
+
+# ============================================================================ section: gemm
+
+PROJECTION_NK = [
+    (1536, 2048), (2048, 2048), (6144, 2048), (2048, 6144), (1024, 2048), (2048, 768),
+    (3072, 3072), (9216, 3072), (16384, 3072), (3072, 8192),
+    (6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (512, 4096), (1024, 4096),
+    (7168, 5120), (5120, 5120), (27648, 5120), (5120, 13824),
+    (8192, 8192), (57344, 8192), (8192, 28672), (10240, 8192),
+    (7680, 2560), (2560, 2560), (20480, 2560), (2560, 10240),
+    (6144, 5120), (5120, 4096), (28672, 5120), (5120, 14336),
+    (7168, 7168), (4096, 7168), (7168, 2048),
+]
+LM_HEAD_NK = [
+    (32000, 4096), (32064, 3072), (128256, 2048), (128256, 3072), (128256, 4096),
+    (131072, 5120), (151936, 2048), (152064, 5120), (151936, 4096), (32000, 5120),
+]
+GEMM_M = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+
+
+def gemm_shapes(b: Bench):
+    """(M list, (N,K) list) for the bf16 GEMM sweep."""
+    if b.mode == "cpu":
+        return [1, 4, 16], [(64, 128), (256, 128), (1000, 64)]
+    if b.mode == "quick":
+        return [1, 64], [(4096, 4096), (32000, 4096)]
+    return GEMM_M, PROJECTION_NK + LM_HEAD_NK
+
+
+def gemm_configs(b: Bench) -> list:
+    """bf16 F.linear(x[M,K], W[N,K]) over (N,K) pairs and M; W rotates through the pool."""
+    Ms, NKs = gemm_shapes(b)
+    gemm_check(b)
+    cfgs = []
+    for M in coverage_order(Ms):
+        for (N, K) in NKs:
+            wbytes = N * K * 2
+            n_slots = b.slots_for(wbytes, cap=256)
+            meta = dict(impl="F.linear", kclass="gemm", dtype="bf16", M=M, N=N, K=K, M_padded=M,
+                        bytes_read=wbytes + M * K * 2, bytes_written=M * N * 2, flops=2 * M * N * K,
+                        note="lm_head" if (N, K) in LM_HEAD_NK else "")
+
+            def build(M=M, N=N, K=K, n_slots=n_slots):
+                Ws = [s[0] for s in b.carve([((N, K), torch.bfloat16)], n_slots)]
+                x = torch.randn(M, K, device=b.dev, dtype=torch.bfloat16)
+                return lambda i: F.linear(x, Ws[i % n_slots])
+            est = 4.0 + max(wbytes / 3.0e12, 2 * M * N * K / 500e12) * 1e6
+            cfgs.append(Config(f"gemm:F.linear:M{M}_N{N}_K{K}", "gemm", meta, build, est_us=est,
+                               n_slots=n_slots, bytes_per_slot=wbytes))
+    return cfgs
+
+
+def gemm_check(b: Bench):
+    """Relative error of bf16 F.linear against float64 (summary check)."""
+    try:
+        x = torch.randn(16, 512, device=b.dev, dtype=torch.bfloat16)
+        w = torch.randn(384, 512, device=b.dev, dtype=torch.bfloat16)
+        ref = x.double() @ w.double().T
+        b.checks["gemm_bf16_rel_err"] = float((F.linear(x, w).double() - ref).norm() / ref.norm())
+    except Exception as e:  # noqa: BLE001
+        b.checks["gemm_bf16_rel_err"] = f"failed: {one_line(e)}"
+
+
+# ============================================================================ section: gemm_fp8
+
+FP8_NK = [(2048, 2048), (6144, 2048), (3072, 3072), (16384, 3072), (3072, 8192),
+          (4096, 4096), (6144, 4096), (28672, 4096), (4096, 14336), (5120, 5120),
+          (27648, 5120), (5120, 13824), (8192, 8192), (57344, 8192), (8192, 28672),
+          (128256, 4096)]
+FP8_M = [1, 4, 16, 64, 256]
+FP8_MAX = 448.0
+
+
+def fp8_quantize(x):
+    """Per-tensor dynamic e4m3 quantization as plain PyTorch writes it; returns (xq, scale)."""
+    scale = (x.abs().amax().float() / FP8_MAX).clamp(min=1e-12)
+    return (x / scale).to(torch.float8_e4m3fn), scale
+
+
+def fp8_linear(x, w8t, w_scale):
+    """Plain-PyTorch FP8 linear: quantize x, torch._scaled_mm with the e4m3 weight, bf16 out."""
+    xq, xs = fp8_quantize(x)
+    return torch._scaled_mm(xq, w8t, scale_a=xs, scale_b=w_scale, out_dtype=torch.bfloat16)
+
+
+def fp8_weight_pool(b: Bench, N, K, n_slots):
+    """n_slots e4m3 weight copies [N,K] (values from the bf16 pool, scaled to about +-4)."""
+    src = b.carve([((N, K), torch.bfloat16)], n_slots)
+    return [(s[0] * 2.0).to(torch.float8_e4m3fn) for s in src]
+
+
+def gemm_fp8_configs(b: Bench) -> list:
+    """FP8 GEMM alone, activation quantization alone, and the whole FP8 linear."""
+    if b.mode == "cpu":
+        Ms, NKs = [1, 16], [(64, 128), (256, 128)]
+    elif b.mode == "quick":
+        Ms, NKs = [1, 64], [(4096, 4096)]
+    else:
+        Ms, NKs = FP8_M, FP8_NK
+    fp8_check(b)
+    cfgs = []
+    pools: dict = {}
+    for M in coverage_order(Ms):
+        for (N, K) in NKs:
+            n_slots = b.slots_for(N * K, cap=256)
+            for impl in ("torch._scaled_mm", "fp8_linear"):
+                cfgs.append(_fp8_cfg(b, impl, M, N, K, n_slots, pools))
+        for K in sorted({k for _, k in NKs}):
+            cfgs.append(_fp8_quant_cfg(b, M, K))
+    return cfgs
+
+
+def _fp8_cfg(b: Bench, impl, M, N, K, n_slots, pools) -> Config:
+    """_scaled_mm alone (pre-quantized x) or the whole FP8 linear, at one shape."""
+    wbytes = N * K
+    meta = dict(impl=impl, kclass="gemm_fp8", dtype="fp8_e4m3", M=M, N=N, K=K, M_padded=M,
+                bytes_read=wbytes + M * K * (1 if impl == "torch._scaled_mm" else 2) + 8,
+                bytes_written=M * N * 2, flops=2 * M * N * K,
+                bytes_intermediate=0 if impl == "torch._scaled_mm" else 7 * M * K,
+                note="per-tensor fp32 scales; W passed as W8.t() (column-major)")
+    if impl == "fp8_linear":
+        meta["note"] += "; quantize (abs, amax, /448, clamp, div, cast) + _scaled_mm"
+
+    def build():
+        if (N, K) not in pools:
+            pools[(N, K)] = fp8_weight_pool(b, N, K, n_slots)
+        Ws = pools[(N, K)]
+        ws = torch.tensor(0.5, device=b.dev)
+        x = torch.randn(M, K, device=b.dev, dtype=torch.bfloat16)
+        mp = _fp8_m_padded(b, x, Ws[0], ws)
+        if mp != M:
+            meta["M_padded"] = mp
+            meta["note"] += f"; M padded {M}->{mp} (_scaled_mm rejected M={M})"
+            x = torch.cat([x, x.new_zeros(mp - M, K)])
+        if impl == "torch._scaled_mm":
+            xq, xs = fp8_quantize(x)
+            return lambda i: torch._scaled_mm(xq, Ws[i % n_slots].t(), scale_a=xs, scale_b=ws,
+                                              out_dtype=torch.bfloat16)
+        return lambda i: fp8_linear(x, Ws[i % n_slots].t(), ws)
+    est = 5.0 + max(wbytes / 3.0e12, 2 * M * N * K / 1000e12) * 1e6
+    return Config(f"gemm_fp8:{impl}:M{M}_N{N}_K{K}", "gemm_fp8", meta, build, est_us=est,
+                  n_slots=n_slots, bytes_per_slot=wbytes)
+
+
+def _fp8_m_padded(b: Bench, x, w8, ws) -> int:
+    """M as given if _scaled_mm accepts it, else M rounded up to 16 (raises if that fails too)."""
+    M, K = x.shape
+    try:
+        xq, xs = fp8_quantize(x)
+        torch._scaled_mm(xq, w8.t(), scale_a=xs, scale_b=ws, out_dtype=torch.bfloat16)
+        b.sync()
+        return M
+    except Exception:  # noqa: BLE001
+        mp = cdiv(M, 16) * 16
+        if mp == M:
+            raise
+        xp = torch.cat([x, x.new_zeros(mp - M, K)])
+        xq, xs = fp8_quantize(xp)
+        torch._scaled_mm(xq, w8.t(), scale_a=xs, scale_b=ws, out_dtype=torch.bfloat16)
+        b.sync()
+        return mp
+
+
+def _fp8_quant_cfg(b: Bench, M, K) -> Config:
+    """The activation quantization kernels alone (abs, amax, scale, divide, cast)."""
+    meta = dict(impl="fp8_quantize", kclass="quantize", dtype="bf16", M=M, K=K, elements=M * K,
+                bytes_read=2 * M * K, bytes_written=M * K + 4, bytes_intermediate=7 * M * K,
+                flops=3 * M * K, note="x.abs().amax() -> scale -> (x/scale).to(e4m3) (eager group)")
+
+    def build():
+        xs = [torch.randn(M, K, device=b.dev, dtype=torch.bfloat16) for _ in range(4)]
+        return lambda i: fp8_quantize(xs[i % 4])
+    return Config(f"gemm_fp8:fp8_quantize:M{M}_K{K}", "gemm_fp8", meta, build, est_us=15.0)
+
+
+def fp8_check(b: Bench):
+    """Relative error of the FP8 linear against float64 of the dequantized operands."""
+    try:
+        x = torch.randn(16, 512, device=b.dev, dtype=torch.bfloat16)
+        w8 = (torch.randn(256, 512, device=b.dev) * 2).to(torch.float8_e4m3fn)
+        ws = torch.tensor(0.5, device=b.dev)
+        y = fp8_linear(x, w8.t(), ws)
+        ref = x.double() @ (w8.double() * 0.5).T
+        b.checks["fp8_linear_rel_err_vs_unquantized_x"] = float((y.double() - ref).norm() / ref.norm())
+    except Exception as e:  # noqa: BLE001
+        b.checks["fp8_linear_rel_err_vs_unquantized_x"] = f"failed: {one_line(e)}"
+    log("   check fp8:", b.checks["fp8_linear_rel_err_vs_unquantized_x"])
+
+
+# ============================================================================ section: gemm_wonly
+
+WONLY_NK = [(4096, 4096), (6144, 4096), (28672, 4096), (4096, 14336), (2048, 2048),
+            (3072, 8192), (5120, 5120), (27648, 5120), (8192, 8192), (128256, 4096)]
+WONLY_M = [1, 4, 16, 64]
+
+
+@dataclass
+class QuantWeights:
+    """One rotation pool of quantized weights: per slot (w, scales, zeros); bytes per slot."""
+
+    slots: list
+    bytes_per_slot: int
+
+
+def quant_int8_pool(b: Bench, N, K, n_slots) -> QuantWeights:
+    """Symmetric per-output-channel int8 weights [N,K] with bf16 scales [1,N]."""
+    slots = []
+    for _ in range(n_slots):
+        w = torch.randint(-127, 128, (N, K), dtype=torch.int8, device=b.dev)
+        s = (torch.rand(1, N, device=b.dev) * 0.01 + 0.001).to(torch.bfloat16)
+        slots.append((w, s, None))
+    return QuantWeights(slots, N * K + 2 * N)
+
+
+def quant_int4_pool(b: Bench, N, K, group, n_slots) -> QuantWeights:
+    """Asymmetric int4 weights packed two per byte [N,K/2] (even k low nibble), bf16 scales
+    and zero points [K/group, N]; w = (q - z) * s."""
+    slots = []
+    for _ in range(n_slots):
+        w = torch.randint(0, 256, (N, K // 2), dtype=torch.uint8, device=b.dev)
+        s = (torch.rand(K // group, N, device=b.dev) * 0.01 + 0.001).to(torch.bfloat16)
+        z = torch.randint(0, 16, (K // group, N), device=b.dev).to(torch.bfloat16)
+        slots.append((w, s, z))
+    return QuantWeights(slots, N * K // 2 + 4 * N * (K // group))
+
+
+def dequant_ref(w, s, z, bits, group):
+    """float64 [N,K] weights from a quantized slot (the reference for numerics checks)."""
+    if bits == 8:
+        return w.double() * s.double().view(1, -1).T
+    q = torch.stack([(w & 0xF), (w >> 4)], dim=-1).reshape(w.shape[0], -1).double()
+    sk = s.double().T.repeat_interleave(group, dim=1)
+    zk = z.double().T.repeat_interleave(group, dim=1)
+    return (q - zk) * sk
+
+
+class SplitKGemv:
+    """Launcher of the Triton fused-dequant split-K kernel for one shape and weight format."""
+
+    def __init__(self, b: Bench, M, N, K, bits, group):
+        self.M, self.N, self.K, self.bits, self.group = M, N, K, bits, group
+        self.BLOCK_N = 64 if b.cuda else 16
+        self.BLOCK_K = 128 if b.cuda else 32
+        if bits == 4:
+            assert group % self.BLOCK_K == 0, "group must be a multiple of BLOCK_K"
+        self.BLOCK_M = 1 if M == 1 else max(16, triton.next_power_of_2(M))
+        n_blocks = cdiv(N, self.BLOCK_N)
+        k_blocks = cdiv(K, self.BLOCK_K)
+        target = 4 * b.nsm
+        self.splits = max(1, min(k_blocks, round(target / n_blocks)))
+        self.kb_per_prog = cdiv(k_blocks, self.splits)
+        self.splits = cdiv(k_blocks, self.kb_per_prog)
+        self.dot_fp32 = b.interpret
+        self.num_warps = 4 if b.cuda else 1
+        dev = b.dev
+        self.part = (torch.empty(self.splits, M, N, device=dev, dtype=torch.float32)
+                     if self.splits > 1 else torch.empty(1, device=dev))
+        self.y = torch.empty(M, N, device=dev, dtype=torch.bfloat16)
+        self.kernels = 1 if self.splits == 1 else 2
+
+    def __call__(self, x, w, s, z):
+        """y = x @ dequant(w)^T (bf16), one or two kernels."""
+        grid = (cdiv(self.N, self.BLOCK_N), self.splits)
+        direct = self.splits == 1
+        _wq_splitk_kernel[grid](
+            x, w, s, z if z is not None else s, self.part, self.y, self.M, self.N, self.K,
+            self.kb_per_prog, BITS=self.bits, GROUP=self.group, HAS_ZERO=z is not None,
+            BLOCK_M=self.BLOCK_M, BLOCK_N=self.BLOCK_N, BLOCK_K=self.BLOCK_K,
+            USE_DOT=self.BLOCK_M > 1, DOT_FP32=self.dot_fp32, DIRECT=direct,
+            num_warps=self.num_warps)
+        if not direct:
+            MN = self.M * self.N
+            BLOCK = 1024 if self.num_warps > 1 else 64
+            _splitk_reduce_kernel[(cdiv(MN, BLOCK),)](self.part, self.y, MN, self.splits, BLOCK=BLOCK)
+        return self.y
+
+
+def check_splitk(b: Bench):
+    """Triton split-K int8/int4 kernels against float64 of the dequantized weights."""
+    if not b.triton_ok:
+        b.checks["splitk"] = "skipped: no Triton"
+        return
+    res = {}
+    N, K = (256, 1024) if b.cuda else (32, 256)
+    for bits, group in ((8, 0), (4, 128 if b.cuda else 32)):
+        pool = quant_int8_pool(b, N, K, 1) if bits == 8 else quant_int4_pool(b, N, K, group, 1)
+        w, s, z = pool.slots[0]
+        wd = dequant_ref(w, s, z, bits, group)
+        for M in (1, 5, 16):
+            for force_split in (None, 1):
+                try:
+                    g = SplitKGemv(b, M, N, K, bits, group)
+                    if force_split == 1:
+                        g.splits, g.kb_per_prog = 1, cdiv(K, g.BLOCK_K)
+                    x = torch.randn(M, K, device=b.dev, dtype=torch.bfloat16)
+                    y = g(x, w, s, z).double()
+                    ref = x.double() @ wd.T
+                    err = float((y - ref).norm() / ref.norm())
+                    res[f"int{bits}_M{M}_splits{g.splits}"] = {"rel_err": err, "ok": err < 1e-2}
+                except Exception as e:  # noqa: BLE001
+                    res[f"int{bits}_M{M}_split{force_split}"] = f"failed: {one_line(e)}"
+    b.checks["splitk"] = res
+    log("   check splitk:", json.dumps(res))
+
+
+def tinygemm_pool(b: Bench, N, K, group, n_slots) -> QuantWeights:
+    """tinygemm int4 weights (torch._convert_weight_to_int4pack, inner_k_tiles 8) and
+    qScaleAndZeros [K/group, N, 2] bf16; slots are clones of one conversion."""
+    q = torch.randint(0, 256, (N, K // 2), dtype=torch.uint8, device=b.dev)
+    packed = torch._convert_weight_to_int4pack(q, 8)
+    sz = torch.empty(K // group, N, 2, device=b.dev, dtype=torch.bfloat16)
+    sz[..., 0] = torch.rand(K // group, N, device=b.dev) * 0.01 + 0.001
+    sz[..., 1] = torch.randn(K // group, N, device=b.dev) * 0.01
+    slots = [(packed.clone(), sz.clone(), None) for _ in range(n_slots)]
+    return QuantWeights(slots, N * K // 2 + 4 * N * (K // group))
+
+
+def check_tinygemm(b: Bench):
+    """tinygemm against w = (q - 8) * scale + zero with q from the uint8 nibbles (high = even k).
+
+    Records the error for both nibble orders so a layout surprise is visible, not fatal.
+    """
+    if not b.cuda:
+        b.checks["tinygemm"] = "skipped: needs CUDA"
+        return
+    try:
+        N, K, G = 256, 1024, 128
+        q8 = torch.randint(0, 256, (N, K // 2), dtype=torch.uint8, device=b.dev)
+        packed = torch._convert_weight_to_int4pack(q8, 8)
+        sz = torch.empty(K // G, N, 2, device=b.dev, dtype=torch.bfloat16)
+        sz[..., 0] = torch.rand(K // G, N, device=b.dev) * 0.01 + 0.001
+        sz[..., 1] = torch.randn(K // G, N, device=b.dev) * 0.01
+        x = torch.randn(4, K, device=b.dev, dtype=torch.bfloat16)
+        y = torch._weight_int4pack_mm(x, packed, G, sz).double()
+        s = sz[..., 0].double().T.repeat_interleave(G, 1)
+        z = sz[..., 1].double().T.repeat_interleave(G, 1)
+        res = {}
+        for order, (a, c) in {"high_even": (q8 >> 4, q8 & 15), "low_even": (q8 & 15, q8 >> 4)}.items():
+            q = torch.stack([a, c], -1).reshape(N, K).double()
+            ref = x.double() @ ((q - 8) * s + z).T
+            res[order] = float((y - ref).norm() / ref.norm())
+        b.checks["tinygemm_rel_err"] = res
+    except Exception as e:  # noqa: BLE001
+        b.checks["tinygemm_rel_err"] = f"failed: {one_line(e)}"
+    log("   check tinygemm:", b.checks.get("tinygemm_rel_err"))
+
+
+def gemm_wonly_configs(b: Bench) -> list:
+    """Weight-only int4/int8 GEMV/GEMM: tinygemm, plain-PyTorch int8, Triton split-K."""
+    if b.mode == "cpu":
+        Ms, NKs = [1, 4, 16], [(64, 256), (128, 512)]
+    elif b.mode == "quick":
+        Ms, NKs = [1, 16], [(4096, 4096)]
+    else:
+        Ms, NKs = WONLY_M, WONLY_NK
+    check_splitk(b)
+    check_tinygemm(b)
+    g4 = 128 if b.cuda else 32
+    pools: dict = {}
+    cfgs = []
+    for M in coverage_order(Ms):
+        for (N, K) in NKs:
+            for G in (32, 64, 128):
+                cfgs.append(_tinygemm_cfg(b, M, N, K, G, pools))
+            cfgs.append(_int8_unfused_cfg(b, M, N, K, pools))
+            cfgs.append(_splitk_cfg(b, M, N, K, 8, K, pools))
+            cfgs.append(_splitk_cfg(b, M, N, K, 4, g4, pools))
+    return cfgs
+
+
+def _pool_get(b: Bench, pools, key, make):
+    """Rotation pools are shared by the M values (and impls) of one (N,K) and format."""
+    if key not in pools:
+        pools[key] = make()
+    return pools[key]
+
+
+def _wq_meta(impl, bits, group, M, N, K, wbytes, inter=0, note=""):
+    """CSV fields of a weight-only quantized GEMM row."""
+    return dict(impl=impl, kclass="gemv_wq", dtype=f"int{bits}", M=M, N=N, K=K, M_padded=M,
+                group_size=group, bytes_read=wbytes + 2 * M * K, bytes_written=2 * M * N,
+                bytes_intermediate=inter, flops=2 * M * N * K, note=note)
+
+
+def _n_slots_q(b: Bench, bytes_per_slot) -> int:
+    """Rotation count for quantized weights (each slot is its own allocation)."""
+    return b.slots_for(bytes_per_slot, cap=64)
+
+
+def _tinygemm_cfg(b: Bench, M, N, K, G, pools) -> Config:
+    """torch._weight_int4pack_mm at one shape and group size."""
+    wbytes = N * K // 2 + 4 * N * (K // G)
+    meta = _wq_meta(f"tinygemm_int4_g{G}", 4, G, M, N, K, wbytes,
+                    note="torch._weight_int4pack_mm, inner_k_tiles 8, bf16 scale+zero")
+    cid = f"gemm_wonly:tinygemm_int4_g{G}:M{M}_N{N}_K{K}"
+    if not b.cuda:
+        return Config(cid, "gemm_wonly", meta, _raiser("skipped: tinygemm int4 needs CUDA"))
+    n_slots = _n_slots_q(b, wbytes)
+
+    def build():
+        if not hasattr(torch, "_weight_int4pack_mm"):
+            raise RuntimeError("torch._weight_int4pack_mm not available")
+        pool = _pool_get(b, pools, ("tiny", N, K, G), lambda: tinygemm_pool(b, N, K, G, n_slots))
+        x = torch.randn(M, K, device=b.dev, dtype=torch.bfloat16)
+        sl = pool.slots
+        return lambda i: torch._weight_int4pack_mm(x, sl[i % n_slots][0], G, sl[i % n_slots][1])
+    return Config(cid, "gemm_wonly", meta, build, est_us=5.0 + wbytes / 2.5e12 * 1e6,
+                  n_slots=n_slots, bytes_per_slot=wbytes)
+
+
+def _raiser(msg):
+    """A build() that raises msg (for clear skips)."""
+    def build():
+        raise RuntimeError(msg)
+    return build
+
+
+def _int8_unfused_cfg(b: Bench, M, N, K, pools) -> Config:
+    """Plain PyTorch int8 weight-only: F.linear(x, W8.to(bf16)) * scales (3 kernels)."""
+    wbytes = N * K + 2 * N
+    meta = _wq_meta("int8_unfused", 8, 0, M, N, K, wbytes, inter=4 * N * K,
+                    note="F.linear(x, W_int8.to(bf16)) * scale[N]; the cast writes and the GEMM "
+                         "reads a bf16 copy of W (bytes_intermediate)")
+    n_slots = _n_slots_q(b, wbytes)
+
+    def build():
+        pool = _pool_get(b, pools, ("int8", N, K), lambda: quant_int8_pool(b, N, K, n_slots))
+        x = torch.randn(M, K, device=b.dev, dtype=torch.bfloat16)
+        sl = pool.slots
+        return lambda i: F.linear(x, sl[i % n_slots][0].to(torch.bfloat16)) * sl[i % n_slots][1]
+    return Config(f"gemm_wonly:int8_unfused:M{M}_N{N}_K{K}", "gemm_wonly", meta, build,
+                  est_us=10.0 + 5 * N * K / 2.5e12 * 1e6, n_slots=n_slots, bytes_per_slot=wbytes)
+
+
+def _splitk_cfg(b: Bench, M, N, K, bits, group, pools) -> Config:
+    """Triton fused-dequant split-K GEMV (int8 per-channel or int4 asymmetric grouped)."""
+    g_label = 0 if bits == 8 else group
+    impl = f"triton_splitk_int{bits}" + (f"_g{group}" if bits == 4 else "")
+    wbytes = N * K + 2 * N if bits == 8 else N * K // 2 + 4 * N * (K // group)
+    cid = f"gemm_wonly:{impl}:M{M}_N{N}_K{K}"
+    meta = _wq_meta(impl, bits, g_label, M, N, K, wbytes)
+    if not b.triton_ok:
+        return Config(cid, "gemm_wonly", meta, _raiser("skipped: Triton needs CUDA or TRITON_INTERPRET=1"))
+    n_slots = _n_slots_q(b, wbytes)
+    ok = b.checks.get("splitk")
+    if isinstance(ok, dict) and not all(isinstance(v, dict) and v.get("ok") for v in ok.values()):
+        meta["note"] = "numerics check failed or incomplete (see summary)"
+
+    def build():
+        key = ("int8", N, K) if bits == 8 else ("int4", N, K, group)
+        make = (lambda: quant_int8_pool(b, N, K, n_slots)) if bits == 8 else \
+            (lambda: quant_int4_pool(b, N, K, group, n_slots))
+        pool = _pool_get(b, pools, key, make)
+        g = SplitKGemv(b, M, N, K, bits, 0 if bits == 8 else group)
+        meta["n_programs"] = cdiv(N, g.BLOCK_N) * g.splits
+        meta["bytes_intermediate"] = 0 if g.splits == 1 else 2 * 4 * g.splits * M * N
+        tiling = f"splits={g.splits} BLOCK_N={g.BLOCK_N} BLOCK_K={g.BLOCK_K} BLOCK_M={g.BLOCK_M}"
+        tiling += "; fp32 partials + reduce kernel" if g.splits > 1 else "; one split, bf16 out"
+        meta["note"] = "; ".join(x for x in (meta.get("note", ""), tiling) if x)
+        x = torch.randn(M, K, device=b.dev, dtype=torch.bfloat16)
+        sl = pool.slots
+        return lambda i: g(x, *sl[i % n_slots])
+    return Config(cid, "gemm_wonly", meta, build, est_us=6.0 + wbytes / 2.0e12 * 1e6,
+                  n_slots=n_slots, bytes_per_slot=wbytes)
+
+
+# ============================================================================ section: overlap
+
+def overlap_section(b: Bench, st: SectionStats):
+    """GEMV and decode attention alone and concurrently on two streams (CUDA graphs)."""
+    if not b.cuda:
+        msg = "skipped: overlap needs CUDA streams and graphs"
+        b.csv.row(config_id="overlap:skipped", section="overlap", kclass="overlap", error=msg)
+        b.record_error(st, "overlap:skipped", msg)
+        return
+    quick = b.mode == "quick"
+    N, K = (28672, 4096)
+    B, L = (32, 8192) if not quick else (8, 1024)
+    Ws = [torch.randn(N, K, device=b.dev, dtype=torch.bfloat16) for _ in range(4)]
+    x = torch.randn(1, K, device=b.dev, dtype=torch.bfloat16)
+    q = torch.randn(B, 32, 1, 128, device=b.dev, dtype=torch.bfloat16)
+    kc = torch.randn(B, 8, L, 128, device=b.dev, dtype=torch.bfloat16)
+    vc = torch.randn(B, 8, L, 128, device=b.dev, dtype=torch.bfloat16)
+    gemv_bytes = N * K * 2 + 2 * K + 2 * N
+    sdpa_bytes = 2 * kc.numel() * 2 + 2 * q.numel() * 2
+    work = {
+        "gemv_a": (lambda i: F.linear(x, Ws[i % 2]), gemv_bytes),
+        "gemv_b": (lambda i: F.linear(x, Ws[2 + i % 2]), gemv_bytes),
+        "sdpa": (lambda i: F.scaled_dot_product_attention(q, kc, vc, enable_gqa=True), sdpa_bytes),
+    }
+    try:
+        _capture(work["sdpa"][0], 2)
+    except Exception as e:  # noqa: BLE001
+        b.notes["overlap_sdpa_default_capture"] = f"failed ({one_line(e)}); using the flash backend"
+        work["sdpa"] = (lambda i: _sdpa_flash(q, kc, vc), sdpa_bytes)
+    pairs = [("gemv_a", "sdpa"), ("gemv_a", "gemv_b")]
+    try:
+        kinfo = _overlap_profile(b, work)
+        per_call = {k: _overlap_per_call_us(b, fn) for k, (fn, _) in work.items()}
+        log("   overlap per-call us:", {k: round(v, 2) for k, v in per_call.items()})
+    except Exception as e:  # noqa: BLE001
+        b.csv.row(config_id="overlap:setup", section="overlap", kclass="overlap", error=one_line(e))
+        b.record_error(st, "overlap:setup", one_line(e))
+        return
+    for a, c in pairs:
+        if time.time() > b.deadline:
+            b.truncated = True
+            st.skipped_budget += 1
+            continue
+        _overlap_pair(b, st, work, per_call, kinfo, a, c, quick)
+
+
+def _sdpa_flash(q, k, v):
+    """Decode SDPA restricted to the flash backend (fallback when the default cannot be captured)."""
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+
+def _overlap_profile(b: Bench, work) -> dict:
+    """Kernel names of one call of each overlap workload (kernel_names.csv)."""
+    cfgs = [Config(f"overlap:{k}", "overlap", {}, lambda: None) for k in work]
+    for c, (fn, _) in zip(cfgs, work.values(), strict=True):
+        c.fn = fn
+        fn(0)
+    b.sync()
+    kinfo = b.profile(cfgs)
+    for c in cfgs:
+        for j, k in enumerate(kinfo.get(c.cid, [])):
+            b.names.row(config_id=c.cid, section="overlap", kernel_index=j, **k)
+    return kinfo
+
+
+def _capture(fn, reps):
+    """A CUDA graph of `reps` invocations of fn (after a warm-up on a side stream)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn(0)
+        fn(1)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(reps):
+            fn(i)
+    g.replay()
+    torch.cuda.synchronize()
+    return g
+
+
+def _overlap_per_call_us(b: Bench, fn) -> float:
+    """Per-invocation time from a small graph (to size the real graphs)."""
+    g = _capture(fn, 4)
+    mk, _ = _launch_graphs(b, [(g, torch.cuda.Stream())], 3)
+    return statistics.median(mk) / 4
+
+
+def _launch_graphs(b: Bench, graph_streams, replays):
+    """Launches graphs on their streams from one common start; returns makespans (us) and,
+    per graph, the time from the start to its end (us), over `replays` repetitions."""
+    main = torch.cuda.current_stream()
+    makespans, finishes = [], []
+    for _ in range(replays):
+        torch.cuda._sleep(SLEEP_CYCLES)
+        e0 = torch.cuda.Event(enable_timing=True)
+        e0.record(main)
+        ends = []
+        for g, s in graph_streams:
+            s.wait_stream(main)
+            with torch.cuda.stream(s):
+                g.replay()
+                e = torch.cuda.Event(enable_timing=True)
+                e.record(s)
+            ends.append(e)
+        for _, s in graph_streams:
+            main.wait_stream(s)
+        e1 = torch.cuda.Event(enable_timing=True)
+        e1.record(main)
+        torch.cuda.synchronize()
+        makespans.append(e0.elapsed_time(e1) * 1e3)
+        finishes.append([e0.elapsed_time(e) * 1e3 for e in ends])
+    return makespans, finishes
+
+
+def _overlap_pair(b: Bench, st, work, per_call, kinfo, a, c, quick):
+    """Alone, together (two streams) and sequential (one stream) times of workloads a and c."""
+    target_us = 1000.0 if quick else 3000.0
+    reps = {k: max(1, round(target_us / per_call[k])) for k in (a, c)}
+    cid = f"overlap:{a}+{c}"
+    meta = dict(impl=f"{a}+{c}", kclass="overlap", dtype="bf16", reps_a=reps[a], reps_b=reps[c],
+                bytes_a=work[a][1], bytes_b=work[c][1],
+                bytes_read=work[a][1] * reps[a] + work[c][1] * reps[c],
+                note="graph of reps_a invocations of a on stream 1 and reps_b of b on stream 2; "
+                     "times are whole-graph makespans in us (not per invocation); "
+                     "gemv = F.linear(x[1,4096], W[28672,4096]) rotating 2 weight copies; "
+                     "sdpa = q[32,32,1,128] vs K,V[32,8,8192,128] bf16, enable_gqa")
+    try:
+        ga, gc = _capture(work[a][0], reps[a]), _capture(work[c][0], reps[c])
+        sa, sc = torch.cuda.Stream(), torch.cuda.Stream()
+        n = b.replays
+        alone_a, _ = _launch_graphs(b, [(ga, sa)], n)
+        alone_c, _ = _launch_graphs(b, [(gc, sc)], n)
+        together, fin = _launch_graphs(b, [(ga, sa), (gc, sc)], n)
+        seq, _ = _launch_graphs(b, [(ga, sa), (gc, sa)], n)
+        med = statistics.median
+        ka, kc_ = kinfo.get(f"overlap:{a}", []), kinfo.get(f"overlap:{c}", [])
+        b.csv.row(config_id=cid, section="overlap", replays=n, timing="graph",
+                  alone_a_us=med(alone_a), alone_b_us=med(alone_c), together_us=med(together),
+                  sequential_us=med(seq), finish_a_us=med(f[0] for f in fin),
+                  finish_b_us=med(f[1] for f in fin), median_us=med(together),
+                  p10_us=pct(together, 10), p90_us=pct(together, 90),
+                  achieved_GBps=meta["bytes_read"] / (med(together) * 1e-6) / GB,
+                  kernels=f"{len(ka)}+{len(kc_)}",
+                  kernel_main=" | ".join(k["name"][:60] for k in ka[:1] + kc_[:1]), **meta)
+        st.rows += 1
+        log(f"   {cid}: alone {med(alone_a):.0f} / {med(alone_c):.0f} us, together {med(together):.0f} us, "
+            f"sequential {med(seq):.0f} us")
+        del ga, gc
+    except Exception as e:  # noqa: BLE001
+        b.csv.row(config_id=cid, section="overlap", error=one_line(e), **meta)
+        b.record_error(st, cid, one_line(e))
+        log(f"   !! {cid}: {one_line(e)}")
+
+
+# ============================================================================ main
+
+SECTION_CONFIGS = {
+    "launch": launch_configs,
+    "grid": grid_configs,
+    "elementwise": elementwise_configs,
+    "gemm": gemm_configs,
+    "gemm_fp8": gemm_fp8_configs,
+    "gemm_wonly": gemm_wonly_configs,
+}
+
+
+def parse_args(argv=None):
+    """Command-line arguments."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True, help="output directory")
+    ap.add_argument("--budget-s", type=float, default=170.0,
+                    help="stop starting configurations after this many seconds (default 170)")
+    ap.add_argument("--quick", action="store_true", help="tiny GPU smoke run of every code path")
+    ap.add_argument("--cpu", action="store_true", help="plumbing check on CPU, tiny shapes")
+    ap.add_argument("--only", default=",".join(DEFAULT_ORDER),
+                    help="comma-separated sections, run in the default order")
+    return ap.parse_args(argv)
+
+
+def run_sections(b: Bench, order: list):
+    """Runs the selected sections in order, each guarded so a failure costs only itself."""
+    for name in order:
+        if time.time() > b.deadline:
+            b.truncated = True
+            b.stats.setdefault(name, SectionStats(EXPECTED_SECONDS.get(name, 0))).not_started = True
+            log(f"== section {name} skipped: budget spent")
+            continue
+        try:
+            if name == "overlap":
+                st = b.stats.setdefault(name, SectionStats(EXPECTED_SECONDS[name]))
+                t0 = time.time()
+                log(f"== section overlap (expected {EXPECTED_SECONDS[name]} s)")
+                overlap_section(b, st)
+                st.used_s = time.time() - t0
+            else:
+                if name == "grid":
+                    check_grid_kernels(b)
+                b.run_section(name, lambda name=name: SECTION_CONFIGS[name](b), order)
+        except Exception as e:  # noqa: BLE001
+            traceback.print_exc()
+            st = b.stats.setdefault(name, SectionStats(EXPECTED_SECONDS.get(name, 0)))
+            b.record_error(st, f"{name}:section", one_line(e))
+        write_summary(b, order, final=False)
+
+
+def write_summary(b: Bench, order: list, final: bool, facts=None):
+    """kernels_summary.json (rewritten after every section, so a cut run keeps one)."""
+    path = os.path.join(b.args.out, "kernels_summary.json")
+    if facts is None:
+        facts = getattr(b, "facts", {})
+    obj = {
+        "script": "calibration/kernels.py", "final": final, "mode": b.mode,
+        "args": vars(b.args), "sections": order,
+        "budget_s": b.args.budget_s, "elapsed_s": round(b.elapsed_s(), 2),
+        "truncated_by_budget": b.truncated,
+        "expected_seconds": EXPECTED_SECONDS,
+        "section_stats": {k: vars(v) for k, v in b.stats.items()},
+        "rows_total": sum(v.rows for v in b.stats.values()),
+        "errors_total": sum(v.errors for v in b.stats.values()),
+        "checks": b.checks, "notes": b.notes, "skipped_by_budget": b.skipped[:500],
+        "l2_bytes": b.l2_bytes, "sm_count": b.nsm,
+        "timing": {"replay_target_us": REPLAY_TARGET_US, "max_graph_nodes": MAX_GRAPH_NODES,
+                   "rotation_target_bytes": b.rot_target, "replays": b.replays},
+        "machine": facts,
+    }
+    write_json(path, obj)
+
+
+def print_table(b: Bench):
+    """Short final table: per section rows, errors, skips and seconds."""
+    log(f"{'section':12s} {'rows':>5s} {'errors':>6s} {'unsupp':>6s} {'budget':>6s} {'used_s':>7s} "
+        f"{'expected_s':>10s}")
+    for name, st in b.stats.items():
+        log(f"{name:12s} {st.rows:5d} {st.errors:6d} {st.skipped_unsupported:6d} {st.skipped_budget:6d} "
+            f"{st.used_s:7.1f} {st.expected_s:10.0f}" + ("  (not started: budget)" if st.not_started else ""))
+    log(f"total {b.elapsed_s():.1f} s of budget {b.args.budget_s:.0f} s; truncated_by_budget={b.truncated}")
+    log("checks:", json.dumps(b.checks, default=str)[:2000])
+
+
+def main(argv=None):
+    """Entry point."""
+    args = parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    if not args.cpu and not torch.cuda.is_available():
+        log("no CUDA device; use --cpu for a plumbing check")
+        return 2
+    b = Bench(args)
+    facts = machine_facts(b.cuda)
+    if b.cuda:
+        facts["nvidia_smi_before"] = nvidia_smi_snapshot()
+    b.facts = facts
+    log("machine:", {k: v for k, v in facts.items() if not k.startswith("nvidia_smi")})
+    wanted = [s.strip() for s in args.only.split(",") if s.strip()]
+    unknown = [s for s in wanted if s not in DEFAULT_ORDER]
+    if unknown:
+        log(f"unknown sections {unknown}; known: {DEFAULT_ORDER}")
+        return 2
+    order = [s for s in DEFAULT_ORDER if s in wanted]
+    log(f"mode {b.mode}, sections {order}, budget {args.budget_s:.0f} s, "
+        f"expected {sum(EXPECTED_SECONDS[s] for s in order)} s + start-up")
+    run_sections(b, order)
+    if b.cuda:
+        facts["nvidia_smi_after"] = nvidia_smi_snapshot()
+    write_summary(b, order, final=True, facts=facts)
+    b.csv.close()
+    b.names.close()
+    print_table(b)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
