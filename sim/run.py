@@ -14,6 +14,7 @@ table and the event log.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 from sim.analytic import analyse
@@ -38,7 +39,8 @@ def capacity(setup: Setup) -> dict:
     """Bytes one chip must hold (the fullest stage) against its backing store."""
     model = setup.model
     weights = max(weight_bytes_per_chip(setup, s) for s in range(setup.pp))
-    per_layer_kv = max(sum(setup.kv.kv_footprint(c, setup.k_width, setup.v_width) for c in step.contexts)
+    footprint = setup.kv.kv_footprint
+    per_layer_kv = max(sum(n * footprint(c, setup.k_width, setup.v_width) for c, n in Counter(step.contexts).items())
                        for step in setup.steps)
     kv = per_layer_kv * setup.layers_per_stage
     batch = max(step.batch for step in setup.steps)
