@@ -69,15 +69,15 @@ def lower_step(setup: Setup, contexts: tuple[int, ...], step: int = 0, position:
         if stage == 0:
             row = setup.weights.weight_bytes(1, m.hidden)
             b.add("embed", -1, "vector", [
-                Access(setup.store, batch * row, "weights", granule=row),
-                Access(setup.act_level, act_row, "act", write=True),
+                Access(setup.store, batch * row, "weights", granule=row, role="w"),
+                Access(setup.act_level, act_row, "act", write=True, role="y"),
             ], vector_ops=batch * m.hidden, parallelism=batch, kernels=kernels(setup, "embed"))
         else:
-            b.add("recv_activations", -1, "p2p", [Access("link", act_row, "link")],
+            b.add("recv_activations", -1, "p2p", [Access("link", act_row, "link", role="link")],
                   collective=("p2p", act_row, 2), deps=(ops[-1].idx,), parallelism=1, kernels=kernels(setup, "p2p"))
         lower_layers(setup, b, setup.stage_layers(stage), contexts, position)
         if stage == setup.pp - 1:
-            vector(setup, b, "final_norm", -1, reads=act_row + norm_bytes(setup), writes=act_row,
+            vector(setup, b, "final_norm", -1, reads=act_row, weights=norm_bytes(setup), writes=act_row,
                    ops=batch * m.hidden * VEC_OPS["rmsnorm"], rows=batch, kernels=kernels(setup, "rmsnorm"))
             matmul(setup, b, "lm_head", -1, batch, m.hidden, setup.vocab)
             tokens = vector(setup, b, "argmax", -1, reads=batch * setup.vocab * ACT_BYTES, writes=batch * 8,
@@ -129,7 +129,7 @@ def lower_layer(setup: Setup, b: Builder, layer: int, contexts: tuple[int, ...],
     m = setup.model
     batch = len(contexts)
     act_row = batch * m.hidden * ACT_BYTES
-    norm = dict(reads=act_row + norm_bytes(setup), writes=act_row, ops=batch * m.hidden * VEC_OPS["rmsnorm"],
+    norm = dict(reads=act_row, weights=norm_bytes(setup), writes=act_row, ops=batch * m.hidden * VEC_OPS["rmsnorm"],
                 rows=batch, kernels=kernels(setup, "rmsnorm"))
     vector(setup, b, "attn_norm", layer, **norm)
     qkv = setup.q_width + setup.k_width + setup.v_width
@@ -139,7 +139,7 @@ def lower_layer(setup: Setup, b: Builder, layer: int, contexts: tuple[int, ...],
            writes=batch * setup.q_width * ACT_BYTES,
            ops=batch * (setup.q_width + setup.k_width) * VEC_OPS["rope"] + batch * (setup.k_width + setup.v_width) * 4,
            rows=batch, kernels=kernels(setup, "rope_append"),
-           extra=(Access(setup.store, batch * append.stream_bytes, "kv", write=True),))
+           extra=(Access(setup.store, batch * append.stream_bytes, "kv", write=True, role="cache"),))
     attention(setup, b, layer, contexts)
     matmul(setup, b, "o_proj", layer, batch, setup.q_width, m.hidden, residual=True)
     collective(setup, b, "allreduce_attn", layer, "allreduce", act_row, setup.tp)

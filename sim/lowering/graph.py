@@ -30,6 +30,7 @@ class Access:
     category: str
     write: bool = False
     granule: int | None = None  # None: a long stream; else gathers of this many bytes
+    role: str = ""  # which tensor of the op: x, w, y, res, kv, cache, idx, link, pcie, noc, fetch
 
 
 @dataclass(frozen=True, slots=True)

@@ -68,12 +68,13 @@ def matmul(setup: Setup, b: Builder, name: str, layer: int, batch: int, k: int, 
     act = setup.act_level
     extra = batch * n * ACT_BYTES if residual else 0
     accesses = [
-        Access(setup.store, w.stream_bytes, "weights"),
-        Access(act, batch * k * ACT_BYTES + extra, "act"),
-        Access(act, batch * n * ACT_BYTES, "act", write=True),
+        Access(setup.store, w.stream_bytes, "weights", role="w"),
+        Access(act, batch * k * ACT_BYTES, "act", role="x"),
+        Access(act, extra, "act", role="res"),
+        Access(act, batch * n * ACT_BYTES, "act", write=True, role="y"),
     ]
     if w.gather_bytes:
-        accesses.append(Access(setup.store, w.gather_bytes, "outliers", granule=w.gather_granule_bytes))
+        accesses.append(Access(setup.store, w.gather_bytes, "outliers", granule=w.gather_granule_bytes, role="w"))
     return b.add(name, layer, "matmul", accesses, matrix_flops=2 * batch * k * n, matrix_m=batch,
                  vector_ops=w.dequant_ops + (batch * n if residual else 0), dequant_ops=w.dequant_ops,
                  dtype=setup.weights.matmul_dtype, parallelism=math.ceil(n / 64) * math.ceil(k / 512),  # split-K
@@ -81,16 +82,19 @@ def matmul(setup: Setup, b: Builder, name: str, layer: int, batch: int, k: int, 
 
 
 def vector(setup: Setup, b: Builder, name: str, layer: int, *, reads: int, writes: int, ops: int, rows: int,
-           kernels: int = 1, extra=(), **fields) -> Op:
+           kernels: int = 1, weights: int = 0, extra=(), **fields) -> Op:
+    """An element-wise or row-wise op: reads ``reads`` activation bytes (and ``weights`` bytes
+    of a small weight vector, e.g. a norm's gain), writes ``writes``."""
     act = setup.act_level
-    accesses = [Access(act, reads, "act"), Access(act, writes, "act", write=True), *extra]
+    accesses = [Access(act, reads, "act", role="x"), Access(act, weights, "act", role="w"),
+                Access(act, writes, "act", write=True, role="y"), *extra]
     return b.add(name, layer, "vector", accesses, vector_ops=ops, parallelism=max(1, rows), kernels=kernels, **fields)
 
 
 def collective(setup: Setup, b: Builder, name: str, layer: int, kind: str, size: int, group: int) -> Op | None:
     if group <= 1:
         return None
-    return b.add(name, layer, "collective", [Access("link", size, "link")], collective=(kind, size, group),
+    return b.add(name, layer, "collective", [Access("link", size, "link", role="link")], collective=(kind, size, group),
                  parallelism=group, kernels=kernels(setup, "allreduce"))
 
 
@@ -101,10 +105,10 @@ def attention(setup: Setup, b: Builder, layer: int, contexts: tuple[int, ...]) -
     batch = len(contexts)
     act = setup.act_level
     accesses = [
-        Access(setup.store, stream, "kv"),
-        Access(setup.store, gather, "outliers", granule=granule or None),
-        Access(act, batch * setup.q_width * ACT_BYTES, "act"),
-        Access(act, batch * setup.q_width * ACT_BYTES, "act", write=True),
+        Access(setup.store, stream, "kv", role="kv"),
+        Access(setup.store, gather, "outliers", granule=granule or None, role="kv"),
+        Access(act, batch * setup.q_width * ACT_BYTES, "act", role="x"),
+        Access(act, batch * setup.q_width * ACT_BYTES, "act", write=True, role="y"),
     ]
     return b.add("attention", layer, "attention", accesses, matrix_flops=4 * setup.heads * m.head_dim * total_ctx,
                  matrix_m=m.heads // m.kv_heads,
