@@ -17,8 +17,8 @@ final norm, LM head on the last position, fp32 copy of the logits and argmax (gr
 MoE block (Hugging Face Mixtral/OLMoE): router linear, softmax in fp32, top-k, renormalise
 (Mixtral; OLMoE has norm_topk_prob false), cast to bf16, then one of four executions:
   loop       per touched expert: gather its tokens, gate, up, silu*mul, down, times its router
-             weight, index_add_ into the output. Token-to-expert order comes from a stable
-             argsort on the device each step; the touched experts and their token counts are
+             weight, index_add_ into the output. Token-to-expert order comes from an argsort
+             of the expert ids on the device each step; the touched experts and their token counts are
              read once before capture (the routing of the captured step), so the step is
              graph-safe and the graph replays exactly that routing.
   loop_sync  Hugging Face's eager loop: one_hot, nonzero over the hit experts (host sync), and
@@ -394,7 +394,7 @@ class DecodeStep:
         self.recording = False             # read every layer's routing (one extra eager step)
         self.names = [{op: f"L{i}.{op}" for op in ("attn_norm", "qkv", "qk_norm", "rope", "kv_append", "attention",
                                                     "o_proj", "residual", "mlp_norm", "gate_up", "silu_mul",
-                                                    "down", "router", "experts")} for i in range(s.layers)]
+                                                    "down", "router", "experts", "expert")} for i in range(s.layers)]
 
     # -- attention -------------------------------------------------------------------
     def project_qkv(self, i, lw, x):
@@ -471,20 +471,21 @@ class DecodeStep:
         return counts
 
     def moe_loop(self, i, lw, x2, routing_weights, selected):
-        """Graph-safe loop over the touched experts (segments of a stable argsort)."""
+        """Graph-safe loop over the touched experts (segments of an argsort of the expert ids)."""
         if self.plan[i] is None:
             counts = self.record_routing(i, selected)
             starts = [sum(counts[:e]) for e in range(len(counts))]
             self.plan[i] = [(e, starts[e], n) for e, n in enumerate(counts) if n]
         flat = selected.view(-1)
-        order = torch.argsort(flat, stable=True)
+        order = torch.argsort(flat)  # one in-place sort kernel for <= 4096 slots; order within an expert is free
         token_of = order // self.s.top_k
         weight_of = routing_weights.view(-1)[order]
         out = torch.zeros_like(x2)
         for e, start, n in self.plan[i]:
-            tok = token_of[start:start + n]
-            y = self.expert_mlp(lw, e, x2[tok]) * weight_of[start:start + n, None]
-            out.index_add_(0, tok, y)
+            with mark(self.names[i]["expert"]):
+                tok = token_of[start:start + n]
+                y = self.expert_mlp(lw, e, x2[tok]) * weight_of[start:start + n, None]
+                out.index_add_(0, tok, y)
         return out
 
     def moe_loop_sync(self, i, lw, x2, routing_weights, selected):
@@ -495,11 +496,12 @@ class DecodeStep:
         expert_mask = F.one_hot(selected, num_classes=self.s.experts).permute(2, 1, 0)
         expert_hit = torch.greater(expert_mask.sum(dim=(-1, -2)), 0).nonzero()
         for expert_idx in expert_hit:
-            e = int(expert_idx)  # Hugging Face indexes its ModuleList of experts with this
-            idx, top_x = torch.where(expert_mask[e])
-            current_state = x2[None, top_x].reshape(-1, x2.shape[-1])
-            y = self.expert_mlp(lw, e, current_state) * routing_weights[top_x, idx, None]
-            out.index_add_(0, top_x, y.to(x2.dtype))
+            with mark(self.names[i]["expert"]):
+                e = int(expert_idx)  # Hugging Face indexes its ModuleList of experts with this
+                idx, top_x = torch.where(expert_mask[e])
+                current_state = x2[None, top_x].reshape(-1, x2.shape[-1])
+                y = self.expert_mlp(lw, e, current_state) * routing_weights[top_x, idx, None]
+                out.index_add_(0, top_x, y.to(x2.dtype))
         return out
 
     def moe_dense_all(self, i, lw, x2, routing_weights, selected):
@@ -562,7 +564,7 @@ class DecodeStep:
 # ----------------------------------------------------------------------------- Triton fused MoE
 
 if HAVE_TRITON:
-    @triton.jit
+    @triton.jit(do_not_specialize=["n_slots", "max_padded", "max_blocks"])
     def _moe_align_kernel(ids_ptr, sorted_ptr, expert_ids_ptr, n_post_ptr, scratch_ptr, n_slots, n_experts,
                           max_padded, max_blocks, BLOCK_M: tl.constexpr, NP: tl.constexpr, EP: tl.constexpr,
                           MBP: tl.constexpr, FILL: tl.constexpr):
@@ -599,7 +601,7 @@ if HAVE_TRITON:
         expert = tl.where(block_start < total, expert, -1)
         tl.store(expert_ids_ptr + blocks, expert, mask=blocks < max_blocks)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["n_slots", "top_k"])  # one compile per weight shape, any batch
     def _grouped_gemm_kernel(a_ptr, w_ptr, c_ptr, sorted_ptr, expert_ids_ptr, n_post_ptr, rw_ptr, N, K, n_slots,
                              top_k, stride_am, stride_we, stride_wn, stride_cm, A_PER_TOKEN: tl.constexpr,
                              MUL_WEIGHT: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -769,6 +771,8 @@ def check_grouped(step: DecodeStep, with_reference: bool) -> dict:
         ref = moe_reference(x2.cpu(), lw.w_gate_up.cpu(), lw.w_down.cpu(), routing_weights.cpu(), selected.cpu())
         result["grouped_vs_float64"] = rel_err(grouped.cpu(), ref)
         result["loop_vs_float64"] = rel_err(loop.cpu(), ref)
+        for name, run in (("loop_sync", probe.moe_loop_sync), ("dense_all", probe.moe_dense_all)):
+            result[f"{name}_vs_float64"] = rel_err(run(0, lw, x2, routing_weights, selected).cpu(), ref)
     return result
 
 
@@ -1148,7 +1152,8 @@ class Runner:
             trace = profile_trace(step, self.cuda)
         kernels = parse_kernels(trace)
         eager_counts = count_device_events(trace)
-        facts = {"case_id": case.id, "eager_step": eager_counts,
+        annotations = sum(1 for e in trace.get("traceEvents", []) if e.get("cat") == "user_annotation")
+        facts = {"case_id": case.id, "eager_step": eager_counts, "annotations": annotations,
                  "layer0_kernels": sum(1 for k in kernels if k["op"].startswith("L0.")),
                  "outside_kernels": sum(1 for k in kernels if not k["op"].startswith("L")),
                  "op_source": {src: sum(1 for k in kernels if k["op_source"] == src)
