@@ -38,15 +38,21 @@ Timing (the project's method): torch-graph captures one decode step (positions f
 context) in a CUDA graph after two warm-up steps on a side stream, replays it once untimed and
 then >= 20 times, each replay bracketed by CUDA events and synchronized: median, p10, p90.
 torch-eager runs the step 3 times to warm up, then >= 10 times, each followed by
-torch.cuda.synchronize(), timed with the host clock. Kernel counts: one torch.profiler pass per
-(model, stack, execution, weights) group, at the group's first case (smallest batch): an
-annotated eager step names every kernel's op and layer, and for torch-graph one profiled graph
-replay counts what the graph runs.
+torch.cuda.synchronize(), timed with the host clock. Kernel counts: after all timing (so the
+profiler can neither slow nor crash a timed step), one torch.profiler pass per (model, stack,
+execution, weights) group, at the group's smallest measured case, rebuilt for it: an annotated
+eager step names every kernel's op and layer, and for torch-graph one profiled graph replay
+counts what the graph runs.
+
+Budget: cases are timed in an order that puts the smallest case of every group first; no new
+case starts after --budget-s minus --profile-reserve-s (240 - 45 s by default), and no new
+profile after --budget-s. Cases not started get a row with skipped_reason "budget".
 
 Outputs in --out:
   steps.csv: case_id, model, stack, execution, weights, batch, context, median_ms, p10_ms,
-      p90_ms, reps, kernels_per_step (profiled cases only; from the graph replay for
-      torch-graph), error, skipped_reason, layers_run (layers actually built: fewer under
+      p90_ms, reps, kernels_per_step (profiled cases only, from the graph replay for
+      torch-graph; filled in when the run ends: steps.csv is rewritten then, and a run that dies
+      earlier leaves the row-by-row file without them), error, skipped_reason, layers_run (layers actually built: fewer under
       --quick and --cpu), experts_touched_mean (MoE: distinct experts per layer, mean),
       host_syncs_per_step (loop_sync: 1 + 2 x touched per MoE layer; 0 otherwise),
       check_rel_err (grouped: |grouped - loop| / |loop| for layer 0's MoE), wall_s
@@ -57,11 +63,14 @@ Outputs in --out:
       range; previous: inherited from the kernel before it), kernel, grid, block,
       registers_per_thread, shared_memory, duration_us
   routing.csv: case_id, layer, expert, tokens (MoE cases: the routing the measured step used)
+  profiles.csv: case_id, model, stack, execution, weights, batch, context, kernels_per_step,
+      eager_step_kernels, graph_replay_kernels, layer0_kernels, outside_kernels, memcpy, memset,
+      annotations, error, wall_s (one row per profiled case, written as it is profiled)
   steps_summary.json: machine facts (calibration/_common.py), arguments, budget use,
       truncated_by_budget, cases not run, per-group profile facts, grouped-kernel checks.
 
-Usage on the device (expected wall time of the default run: 150-240 s; --budget-s stops
-starting new cases after 240 s, and the case in flight finishes, at most ~10 s):
+Usage on the device (expected wall time of the default run: 120-240 s; nothing new starts
+after 240 s, and the case in flight finishes, at most ~10 s):
   python3 validation/whole_step.py --out $OUT
 Smoke run of every code path on the GPU (< 15 s): python3 validation/whole_step.py --quick --out $OUT
 Plumbing check on the CPU (tiny shapes; graph stacks run eagerly; numbers mean nothing):
@@ -112,6 +121,9 @@ KERNEL_FIELDS = ["case_id", "model", "stack", "execution", "weights", "batch", "
                  "op", "op_source", "kernel", "grid", "block", "registers_per_thread", "shared_memory",
                  "duration_us"]
 ROUTING_FIELDS = ["case_id", "layer", "expert", "tokens"]
+PROFILE_FIELDS = ["case_id", "model", "stack", "execution", "weights", "batch", "context", "kernels_per_step",
+                  "eager_step_kernels", "graph_replay_kernels", "layer0_kernels", "outside_kernels", "memcpy",
+                  "memset", "annotations", "error", "wall_s"]
 
 
 # ----------------------------------------------------------------------------- models
@@ -994,6 +1006,9 @@ class Runner:
         self.out.mkdir(parents=True, exist_ok=True)
         self.steps = CsvOut(str(self.out / "steps.csv"), STEP_FIELDS)
         self.routing_csv = CsvOut(str(self.out / "routing.csv"), ROUTING_FIELDS)
+        self.profiles_csv = CsvOut(str(self.out / "profiles.csv"), PROFILE_FIELDS)
+        self.case_of: dict = {}
+        self.profiles_not_run: list[str] = []
         self.kernel_csvs: dict = {}
         self.weights_key = None
         self.weights: Weights | None = None
@@ -1038,7 +1053,7 @@ class Runner:
         if key == self.weights_key:
             return self.weights
         if key in self.weights_error:
-            raise RuntimeError(self.weights_error[key])
+            raise MemoryError(self.weights_error[key])
         self.free_weights()
         shape = self.shape_of(case.model)
         need = shape.weight_bytes(case.weights == "fp8")
@@ -1049,7 +1064,8 @@ class Runner:
         self.weights = build_weights(shape, ARCH[case.model], case.weights == "fp8", self.device)
         self.sync()
         self.weights_key = key
-        log(f"  built {case.model} {case.weights}: {shape.layers} layers, {need / GB:.2f} GB in {time.time() - t:.1f} s")
+        log(f"  built {case.model} {case.weights}: {shape.layers} layers, {need / GB:.2f} GB "
+            f"in {time.time() - t:.1f} s")
         return self.weights
 
     # -- one case --------------------------------------------------------------------
@@ -1062,44 +1078,56 @@ class Runner:
             return f"KV cache {kv / GB:.1f} GB + workspace {work / GB:.1f} GB > {free / GB:.1f} GB free"
         return ""
 
-    def run_case(self, case: Case, profile: bool):
+    def new_step(self, case: Case, row: dict) -> DecodeStep | None:
+        """The case's decode step, or None with the skip reason in row."""
+        if case.stack == "torch-graph" and case.execution == "loop_sync":
+            raise ValueError("loop_sync synchronizes with the host and cannot be captured")
+        weights = self.get_weights(case)
+        row["layers_run"] = weights.shape.layers
+        reason = self.fits(case, weights.shape)
+        if reason:
+            row["skipped_reason"] = reason
+            return None
+        return DecodeStep(weights, case.batch, case.context, case.execution, self.device,
+                          seed=zlib.crc32(case.id.encode()), grouped_cfg=self.grouped_cfg)
+
+    def cleanup(self):
+        """Free what a case left behind (its KV cache, its graph's pool)."""
+        gc.collect()
+        if self.cuda:
+            with contextlib.suppress(Exception):
+                torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+
+    def error_text(self, case: Case, e: Exception, row: dict):
+        """A skip (weights that do not fit) or a one-line error, into row."""
+        if isinstance(e, MemoryError) and str(e) == self.weights_error.get((case.model, case.weights)):
+            row["skipped_reason"] = str(e)
+        else:
+            row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:400]
+            if self.args.verbose:
+                traceback.print_exc()
+
+    def time_case(self, case: Case) -> dict:
+        """Build, check (grouped), time and read the routing of one case; never raises."""
         row = {"case_id": case.id, "model": case.model, "stack": case.stack, "execution": case.execution,
                "weights": case.weights, "batch": case.batch, "context": case.context}
         t = time.time()
         step = graph = None
         try:
-            if case.stack == "torch-graph" and case.execution == "loop_sync":
-                raise ValueError("loop_sync synchronizes with the host and cannot be captured")
-            weights = self.get_weights(case)
-            row["layers_run"] = weights.shape.layers
-            reason = self.fits(case, weights.shape)
-            if reason:
-                row["skipped_reason"] = reason
-                return row
-            step = DecodeStep(weights, case.batch, case.context, case.execution, self.device,
-                              seed=zlib.crc32(case.id.encode()), grouped_cfg=self.grouped_cfg)
-            if case.execution == "grouped":
-                row["check_rel_err"] = self.grouped_check(case, step)
-            with torch.no_grad():
-                graph = self.measure(case, step, row)
-                self.record_moe(case, step, row)
-                if profile:
-                    row["kernels_per_step"] = self.profile(case, step, graph)
-            self.sync()
+            step = self.new_step(case, row)
+            if step is not None:
+                if case.execution == "grouped":
+                    row["check_rel_err"] = self.grouped_check(case, step)
+                with torch.no_grad():
+                    graph = self.measure(case, step, row)
+                    self.record_moe(case, step, row)
+                self.sync()
         except Exception as e:  # noqa: BLE001
-            if isinstance(e, MemoryError) and str(e) == self.weights_error.get((case.model, case.weights)):
-                row["skipped_reason"] = str(e)
-            else:
-                row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:400]
-                if self.args.verbose:
-                    traceback.print_exc()
+            self.error_text(case, e, row)
         finally:
             del step, graph
-            gc.collect()
-            if self.cuda:
-                with contextlib.suppress(Exception):
-                    torch.cuda.synchronize()
-                torch.cuda.empty_cache()
+            self.cleanup()
             row["wall_s"] = round(time.time() - t, 2)
         return row
 
@@ -1146,19 +1174,47 @@ class Runner:
             self.kernel_csvs[key] = CsvOut(str(self.out / f"kernels_{case.model}_{case.stack}.csv"), KERNEL_FIELDS)
         return self.kernel_csvs[key]
 
-    def profile(self, case: Case, step: DecodeStep, graph):
+    def profile_case(self, case: Case) -> dict:
+        """Rebuild a measured case and profile it; never raises."""
+        facts = {"case_id": case.id, "model": case.model, "stack": case.stack, "execution": case.execution,
+                 "weights": case.weights, "batch": case.batch, "context": case.context}
+        t = time.time()
+        step = graph = None
+        try:
+            step = self.new_step(case, facts)
+            if step is None:
+                raise MemoryError(facts.pop("skipped_reason"))
+            with torch.no_grad():
+                if case.stack == "torch-graph" and self.cuda:
+                    graph = capture_graph(step)
+                else:
+                    time_eager(step, 0, 2, self.cuda)  # warm-up (and the loop's routing)
+                self.profile(case, step, graph, facts)
+            self.sync()
+        except Exception as e:  # noqa: BLE001
+            facts["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:400]
+            if self.args.verbose:
+                traceback.print_exc()
+        finally:
+            del step, graph
+            self.cleanup()
+            facts["wall_s"] = round(time.time() - t, 2)
+        return facts
+
+    def profile(self, case: Case, step: DecodeStep, graph, facts: dict):
         """Annotated eager step (names every kernel's op) and, for a graph, one profiled replay."""
         with annotating():
             trace = profile_trace(step, self.cuda)
         kernels = parse_kernels(trace)
         eager_counts = count_device_events(trace)
-        annotations = sum(1 for e in trace.get("traceEvents", []) if e.get("cat") == "user_annotation")
-        facts = {"case_id": case.id, "eager_step": eager_counts, "annotations": annotations,
-                 "layer0_kernels": sum(1 for k in kernels if k["op"].startswith("L0.")),
-                 "outside_kernels": sum(1 for k in kernels if not k["op"].startswith("L")),
-                 "op_source": {src: sum(1 for k in kernels if k["op_source"] == src)
-                               for src in ("launch", "gpu_range", "previous")}}
-        per_layer = {}
+        facts["annotations"] = sum(1 for e in trace.get("traceEvents", []) if e.get("cat") == "user_annotation")
+        facts["eager_step_kernels"] = eager_counts["kernels"]
+        facts["memcpy"], facts["memset"] = eager_counts["memcpy"], eager_counts["memset"]
+        facts["layer0_kernels"] = sum(1 for k in kernels if k["op"].startswith("L0."))
+        facts["outside_kernels"] = sum(1 for k in kernels if not k["op"].startswith("L"))
+        facts["op_source"] = {src: sum(1 for k in kernels if k["op_source"] == src)
+                              for src in ("launch", "gpu_range", "previous")}
+        per_layer: dict = {}
         for k in kernels:
             if k["op"].startswith("L"):
                 layer = k["op"].split(".")[0]
@@ -1173,43 +1229,89 @@ class Runner:
                         weights=case.weights, batch=case.batch, context=case.context, scope=scope, index=index,
                         **k)
                 index += 1
-        count = eager_counts["kernels"]
+        facts["kernels_per_step"] = eager_counts["kernels"]
         if graph is not None:
             replay = count_device_events(profile_trace(graph.replay, True))
-            facts["graph_replay"] = replay
-            count = replay["kernels"]
-        self.profiled["|".join(case.group)] = facts
-        return count
+            facts["graph_replay_kernels"] = replay["kernels"]
+            facts["kernels_per_step"] = replay["kernels"]
 
     # -- the sweep -------------------------------------------------------------------
     def profile_key(self, case: Case):
         """One profile per (model, stack, execution, weights); per code path under --quick."""
         return case.path if self.args.quick else case.group
 
-    def run(self, cases: list[Case]):
-        profiled_groups = set()
+    def skip_rows(self, cases: list[Case], reason: str):
+        for c in cases:
+            row = {"case_id": c.id, "model": c.model, "stack": c.stack, "execution": c.execution,
+                   "weights": c.weights, "batch": c.batch, "context": c.context, "skipped_reason": reason}
+            self.steps.row(**row)
+            self.results.append(row)
+
+    def time_all(self, cases: list[Case]):
+        """Phase 1: time every case while the timing share of the budget lasts."""
+        limit = self.args.budget_s - self.args.profile_reserve_s
         for n, case in enumerate(cases):
-            if self.elapsed() > self.args.budget_s:
+            if self.elapsed() > limit:
                 self.not_run = [c.id for c in cases[n:]]
-                for c in cases[n:]:
-                    self.steps.row(case_id=c.id, model=c.model, stack=c.stack, execution=c.execution,
-                                   weights=c.weights, batch=c.batch, context=c.context, skipped_reason="budget")
-                log(f"budget of {self.args.budget_s:.0f} s reached: {len(self.not_run)} cases not run")
+                self.skip_rows(cases[n:], "budget")
+                log(f"timing budget of {limit:.0f} s reached: {len(self.not_run)} cases not run")
                 break
-            profile = self.args.profile_all or self.profile_key(case) not in profiled_groups
-            row = self.run_case(case, profile)
-            if profile and not row.get("error") and not row.get("skipped_reason"):
-                profiled_groups.add(self.profile_key(case))
+            row = self.time_case(case)
             self.steps.row(**row)
             self.results.append(row)
             log(f"[{self.elapsed():6.1f} s] {n + 1}/{len(cases)} {case.id}: {status_of(row)}")
+
+    def profile_all(self):
+        """Phase 2 (after all timing, so the profiler cannot slow or crash a timing): one
+        profiled step per group, at its smallest measured case, while the budget lasts."""
+        chosen: dict = OrderedDict()
+        for row in self.results:
+            if row.get("median_ms") is None or row.get("error"):
+                continue
+            case = self.case_of[row["case_id"]]
+            key = case.id if self.args.profile_all else self.profile_key(case)
+            best = chosen.get(key)
+            if best is None or (case.batch, case.context) < (best.batch, best.context):
+                chosen[key] = case
+        for n, case in enumerate(chosen.values()):
+            if self.elapsed() > self.args.budget_s:
+                self.profiles_not_run = [c.id for c in list(chosen.values())[n:]]
+                log(f"budget reached: {len(self.profiles_not_run)} profiles not run")
+                break
+            facts = self.profile_case(case)
+            self.profiled[case.id] = facts
+            self.profiles_csv.row(**facts)
+            log(f"[{self.elapsed():6.1f} s] profile {n + 1}/{len(chosen)} {case.id}: "
+                f"{facts.get('error') or str(facts.get('kernels_per_step')) + ' kernels'}")
+
+    def run(self, cases: list[Case]):
+        self.case_of = {c.id: c for c in cases}
+        self.time_all(cases)
+        self.profile_all()
         self.free_weights()
+
+    def write_steps_with_kernels(self):
+        """Rewrite steps.csv with the profiled kernel counts (atomically; the row-by-row file
+        written during the run stays valid if the process dies before this)."""
+        for row in self.results:
+            facts = self.profiled.get(row["case_id"])
+            if facts and "kernels_per_step" in facts:
+                row["kernels_per_step"] = facts["kernels_per_step"]
+        path = self.out / "steps.csv"
+        tmp = self.out / ".steps.csv.tmp"
+        out = CsvOut(str(tmp), STEP_FIELDS)
+        for row in self.results:
+            out.row(**row)
+        out.close()
+        os.replace(tmp, path)
 
     def close(self):
         self.steps.close()
         self.routing_csv.close()
+        self.profiles_csv.close()
         for csv in self.kernel_csvs.values():
             csv.close()
+        self.write_steps_with_kernels()
 
 
 def status_of(row: dict) -> str:
@@ -1244,6 +1346,8 @@ def parse_args(argv=None):
     p.add_argument("--graph-reps", type=int, default=25, help="timed graph replays (>= 20)")
     p.add_argument("--eager-reps", type=int, default=10, help="timed eager steps (>= 10)")
     p.add_argument("--profile-all", action="store_true", help="profile every case, not one per group")
+    p.add_argument("--profile-reserve-s", type=float, default=45.0,
+                   help="seconds of the budget kept for the profiler passes after the timing")
     p.add_argument("--verbose", action="store_true", help="print tracebacks")
     args = p.parse_args(argv)
     if args.quick or args.cpu:
@@ -1288,7 +1392,9 @@ def main(argv=None) -> int:
         runner.close()
         summary.update({
             "wall_s": round(runner.elapsed(), 1), "budget_s": args.budget_s,
-            "truncated_by_budget": bool(runner.not_run), "not_run": runner.not_run,
+            "truncated_by_budget": bool(runner.not_run or runner.profiles_not_run), "not_run": runner.not_run,
+            "profiles_not_run": runner.profiles_not_run,
+            "profile_errors": {k: v["error"] for k, v in runner.profiled.items() if v.get("error")},
             "cases": len(cases), "measured": sum(1 for r in runner.results if r.get("median_ms") is not None
                                                  and not r.get("error")),
             "errors": {r["case_id"]: r["error"] for r in runner.results if r.get("error")},
