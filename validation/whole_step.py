@@ -52,8 +52,9 @@ Outputs in --out:
   steps.csv: case_id, model, stack, execution, weights, batch, context, median_ms, p10_ms,
       p90_ms, reps, kernels_per_step (profiled cases only, from the graph replay for
       torch-graph; filled in when the run ends: steps.csv is rewritten then, and a run that dies
-      earlier leaves the row-by-row file without them), error, skipped_reason, layers_run (layers actually built: fewer under
-      --quick and --cpu), experts_touched_mean (MoE: distinct experts per layer, mean),
+      earlier leaves the row-by-row file without them), error, skipped_reason, layers_run
+      (layers actually built: fewer under --quick and --cpu), experts_touched_mean (MoE:
+      distinct experts per layer, mean),
       host_syncs_per_step (loop_sync: 1 + 2 x touched per MoE layer; 0 otherwise),
       check_rel_err (grouped: |grouped - loop| / |loop| for layer 0's MoE), wall_s
   kernels_<model>_<stack>.csv: case_id, model, stack, execution, weights, batch, context,
@@ -79,6 +80,7 @@ Plumbing check on the CPU (tiny shapes; graph stacks run eagerly; numbers mean n
 from __future__ import annotations
 
 import argparse
+import bisect
 import contextlib
 import gc
 import json
@@ -767,7 +769,8 @@ def selftest_grouped(device) -> float:
 
 
 def check_grouped(step: DecodeStep, with_reference: bool) -> dict:
-    """Layer 0's MoE on one input: the grouped kernel against the loop (and float64)."""
+    """Layer 0's MoE on one input: the grouped kernel, loop_sync and dense_all against the loop
+    (and all four against float64 when with_reference: the CPU check)."""
     s = step.s
     lw = step.w.layers[0]
     gen = torch.Generator(device="cpu").manual_seed(7)
@@ -776,15 +779,14 @@ def check_grouped(step: DecodeStep, with_reference: bool) -> dict:
     probe = DecodeStep.__new__(DecodeStep)
     probe.__dict__.update(step.__dict__)
     probe.plan, probe.routing = [None] * s.layers, [None] * s.layers
-    loop = probe.moe_loop(0, lw, x2, routing_weights, selected)
-    grouped = fused_moe(x2, lw.w_gate_up, lw.w_down, routing_weights, selected, step.grouped_cfg)
-    result = {"grouped_vs_loop": rel_err(grouped, loop)}
+    outs = {"loop": probe.moe_loop(0, lw, x2, routing_weights, selected),
+            "grouped": fused_moe(x2, lw.w_gate_up, lw.w_down, routing_weights, selected, step.grouped_cfg),
+            "loop_sync": probe.moe_loop_sync(0, lw, x2, routing_weights, selected),
+            "dense_all": probe.moe_dense_all(0, lw, x2, routing_weights, selected)}
+    result = {f"{name}_vs_loop": rel_err(out, outs["loop"]) for name, out in outs.items() if name != "loop"}
     if with_reference:
         ref = moe_reference(x2.cpu(), lw.w_gate_up.cpu(), lw.w_down.cpu(), routing_weights.cpu(), selected.cpu())
-        result["grouped_vs_float64"] = rel_err(grouped.cpu(), ref)
-        result["loop_vs_float64"] = rel_err(loop.cpu(), ref)
-        for name, run in (("loop_sync", probe.moe_loop_sync), ("dense_all", probe.moe_dense_all)):
-            result[f"{name}_vs_float64"] = rel_err(run(0, lw, x2, routing_weights, selected).cpu(), ref)
+        result.update({f"{name}_vs_float64": rel_err(out.cpu(), ref) for name, out in outs.items()})
     return result
 
 
@@ -861,22 +863,30 @@ def profile_trace(fn, cuda: bool) -> dict:
             return json.load(fh)
 
 
-def _innermost(ranges, ts):
-    """Name of the shortest (start, end, name) range containing ts, or ''."""
-    best, best_len = "", None
-    for start, end, name in ranges:
-        if start <= ts <= end and (best_len is None or end - start < best_len):
-            best, best_len = name, end - start
-    return best
+class Ranges:
+    """Named time ranges (profiler annotations), nested or disjoint; finds the innermost one
+    containing a time: the latest-starting range that has not ended (a nested range starts
+    after, and ends before, the range around it)."""
+
+    def __init__(self, ranges):
+        self.ranges = sorted(ranges)
+        self.starts = [r[0] for r in self.ranges]
+
+    def innermost(self, ts) -> str:
+        for j in range(bisect.bisect_right(self.starts, ts) - 1, -1, -1):
+            start, end, name = self.ranges[j]
+            if end >= ts:
+                return name
+        return ""
 
 
 def parse_kernels(trace: dict) -> list[dict]:
     """Device kernels in time order, each with the op annotation it was launched under."""
     events = trace.get("traceEvents", [])
-    cpu_ranges = [(e["ts"], e["ts"] + e.get("dur", 0), e["name"]) for e in events
-                  if e.get("cat") == "user_annotation" and "ts" in e]
-    gpu_ranges = [(e["ts"], e["ts"] + e.get("dur", 0), e["name"]) for e in events
-                  if e.get("cat") == "gpu_user_annotation" and "ts" in e]
+    cpu_ranges = Ranges((e["ts"], e["ts"] + e.get("dur", 0), e["name"]) for e in events
+                        if e.get("cat") == "user_annotation" and "ts" in e)
+    gpu_ranges = Ranges((e["ts"], e["ts"] + e.get("dur", 0), e["name"]) for e in events
+                        if e.get("cat") == "gpu_user_annotation" and "ts" in e)
     launch_ts = {}
     for e in events:
         if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {}):
@@ -888,9 +898,9 @@ def parse_kernels(trace: dict) -> list[dict]:
         op, source = "", ""
         corr = args.get("correlation")
         if corr in launch_ts:
-            op, source = _innermost(cpu_ranges, launch_ts[corr]), "launch"
+            op, source = cpu_ranges.innermost(launch_ts[corr]), "launch"
         if not op:
-            op, source = _innermost(gpu_ranges, e["ts"] + e.get("dur", 0) / 2), "gpu_range"
+            op, source = gpu_ranges.innermost(e["ts"] + e.get("dur", 0) / 2), "gpu_range"
         if not op:
             op, source = previous, "previous"
         previous = op
@@ -909,7 +919,10 @@ def count_device_events(trace: dict) -> dict:
 def _selftest_parser():
     """The kernel-to-op mapping on a made-up trace (the CPU has no kernel events)."""
     trace = {"traceEvents": [
+        {"cat": "user_annotation", "name": "L0.experts", "ts": 5, "dur": 20},
         {"cat": "user_annotation", "name": "L0.qkv", "ts": 10, "dur": 10},
+        {"cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 22, "dur": 1, "args": {"correlation": 3}},
+        {"cat": "kernel", "name": "after_nested", "ts": 55, "dur": 1, "args": {"correlation": 3}},
         {"cat": "user_annotation", "name": "lm_head", "ts": 30, "dur": 10},
         {"cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 12, "dur": 1, "args": {"correlation": 1}},
         {"cat": "cuda_driver", "name": "cuLaunchKernel", "ts": 32, "dur": 1, "args": {"correlation": 2}},
@@ -919,8 +932,9 @@ def _selftest_parser():
     ]}
     rows = parse_kernels(trace)
     assert [(r["kernel"], r["op"], r["op_source"]) for r in rows] == [
-        ("gemv", "L0.qkv", "launch"), ("gemv2", "lm_head", "launch"), ("orphan", "lm_head", "previous")], rows
-    assert count_device_events(trace)["kernels"] == 3
+        ("gemv", "L0.qkv", "launch"), ("after_nested", "L0.experts", "launch"), ("gemv2", "lm_head", "launch"),
+        ("orphan", "lm_head", "previous")], rows
+    assert count_device_events(trace)["kernels"] == 4
 
 
 # ----------------------------------------------------------------------------- cases
