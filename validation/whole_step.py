@@ -66,14 +66,16 @@ Outputs in --out:
   routing.csv: case_id, layer, expert, tokens (MoE cases: the routing the measured step used)
   profiles.csv: case_id, model, stack, execution, weights, batch, context, kernels_per_step,
       eager_step_kernels, graph_replay_kernels, layer0_kernels, outside_kernels, memcpy, memset,
-      annotations, error, wall_s (one row per profiled case, written as it is profiled)
+      annotations, error, note, wall_s (one row per profiled case, written as it is profiled)
   steps_summary.json: machine facts (calibration/_common.py), arguments, budget use,
       truncated_by_budget, cases not run, per-group profile facts, grouped-kernel checks.
 
 Usage on the device (expected wall time of the default run: 120-240 s; nothing new starts
 after 240 s, and the case in flight finishes, at most ~10 s):
   python3 validation/whole_step.py --out $OUT
-Smoke run of every code path on the GPU (< 15 s): python3 validation/whole_step.py --quick --out $OUT
+Smoke run of every code path on the GPU (2 layers per model, 16 cases, 8 profiles; about 20-30 s,
+mostly Triton compilation and CUDA/cuBLAS/cuDNN start-up):
+  python3 validation/whole_step.py --quick --out $OUT
 Plumbing check on the CPU (tiny shapes; graph stacks run eagerly; numbers mean nothing):
   TRITON_INTERPRET=1 python3 validation/whole_step.py --cpu --out /tmp/v
 """
@@ -125,7 +127,7 @@ KERNEL_FIELDS = ["case_id", "model", "stack", "execution", "weights", "batch", "
 ROUTING_FIELDS = ["case_id", "layer", "expert", "tokens"]
 PROFILE_FIELDS = ["case_id", "model", "stack", "execution", "weights", "batch", "context", "kernels_per_step",
                   "eager_step_kernels", "graph_replay_kernels", "layer0_kernels", "outside_kernels", "memcpy",
-                  "memset", "annotations", "error", "wall_s"]
+                  "memset", "annotations", "error", "note", "wall_s"]
 
 
 # ----------------------------------------------------------------------------- models
@@ -1244,10 +1246,15 @@ class Runner:
                         **k)
                 index += 1
         facts["kernels_per_step"] = eager_counts["kernels"]
+        if self.cuda and not eager_counts["kernels"]:
+            facts["error"] = "the profiler recorded no kernel events"
         if graph is not None:
             replay = count_device_events(profile_trace(graph.replay, True))
             facts["graph_replay_kernels"] = replay["kernels"]
-            facts["kernels_per_step"] = replay["kernels"]
+            if replay["kernels"]:
+                facts["kernels_per_step"] = replay["kernels"]
+            else:  # CUPTI saw nothing of the replay: keep the eager count, and say so
+                facts["note"] = "graph replay: no kernel events recorded; kernels_per_step is the eager count"
 
     # -- the sweep -------------------------------------------------------------------
     def profile_key(self, case: Case):
