@@ -44,7 +44,8 @@ execution, weights) group, at the group's smallest measured case, rebuilt for it
 eager step names every kernel's op and layer, and for torch-graph one profiled graph replay
 counts what the graph runs.
 
-Budget: cases are timed in an order that puts the smallest case of every group first; no new
+Budget: cases are timed in an order that puts the smallest case of every group first (the
+grouped Triton cases after all others, in the same way); no new
 case starts after --budget-s minus --profile-reserve-s (240 - 45 s by default), and no new
 profile after --budget-s. Cases not started get a row with skipped_reason "budget".
 
@@ -973,15 +974,21 @@ def load_cases(path: Path) -> list[Case]:
 
 def order_cases(cases: list[Case]) -> list[Case]:
     """First the smallest case of every (model, stack, execution, weights) group, so every
-    group is measured early; then the rest, model by model (fewer rebuilds)."""
+    group is measured early; then the rest, model by model (fewer rebuilds). The grouped
+    (Triton) cases come after all others, in the same two passes: a fault in a hand-written
+    kernel can poison the CUDA context for everything after it."""
     groups: dict = OrderedDict()
     for c in cases:
         groups.setdefault(c.group, []).append(c)
     models = list(OrderedDict.fromkeys(c.model for c in cases))
     key = lambda c: (models.index(c.model), c.weights, c.stack, c.execution, c.batch, c.context)  # noqa: E731
-    firsts = sorted((min(g, key=lambda c: (c.batch, c.context)) for g in groups.values()), key=key)
-    first_ids = {c.id for c in firsts}
-    return firsts + sorted((c for c in cases if c.id not in first_ids), key=key)
+    firsts = {min(g, key=lambda c: (c.batch, c.context)).id for g in groups.values()}
+    ordered = []
+    for grouped in (False, True):
+        part = [c for c in cases if (c.execution == "grouped") == grouped]
+        ordered += sorted((c for c in part if c.id in firsts), key=key)
+        ordered += sorted((c for c in part if c.id not in firsts), key=key)
+    return ordered
 
 
 def smoke_cases(cases: list[Case], cpu: bool) -> list[Case]:
