@@ -655,12 +655,13 @@ def cache_bytes(fmt, sh):
 
 class Pool:
     """``copies`` copies of each tensor of a format, each copy 16-byte aligned inside one
-    allocation per tensor; with ``guard`` the gaps between copies hold NaN (floats) so an
-    unmasked out-of-bounds read shows up as NaN in the output (CPU checks)."""
+    allocation per tensor; with ``guard`` the gaps between copies hold NaN (floats) or all-ones
+    (integers) so an unmasked out-of-bounds read shows up in the output (CPU checks)."""
 
     def __init__(self, shapes, copies, device, guard):
         self.copies = copies
         self.bufs = {}
+        self.stacked = {}
         self.views = [dict() for _ in range(copies)]
         for name, (shape, dt) in shapes.items():
             esz = torch.tensor([], dtype=dt).element_size()
@@ -671,42 +672,55 @@ class Pool:
             if guard:
                 buf.fill_(float("nan") if dt.is_floating_point else (255 if dt == torch.uint8 else -1))
             self.bufs[name] = buf
+            # all copies at once, [copies, *shape], the gaps left out
+            self.stacked[name] = buf[:copies * stride].view(copies, stride)[:, :numel].view(copies, *shape)
             for j in range(copies):
                 self.views[j][name] = buf[j * stride: j * stride + numel].view(shape)
 
 
+def _uniform(shape, lo, hi, gen, dev, dtype):
+    """Uniform values in [lo, hi)."""
+    return torch.rand(shape, generator=gen, device=dev, dtype=dtype).mul_(hi - lo).add_(lo)
+
+
+def _outlier_structure(sh, copies, gen, dev):
+    """Outlier channel ids [copies, Hkv, no] (distinct, sorted) and per-token sparse columns
+    [copies, B, Hkv, L*no] (distinct within a token: base + k*step mod D)."""
+    no = n_outliers(sh.D)
+    ch = torch.rand(copies * sh.Hkv, sh.D, generator=gen, device=dev).argsort(dim=1)[:, :no]
+    ch = ch.sort(dim=1).values.view(copies, sh.Hkv, no)
+    base = torch.randint(0, sh.D, (copies, sh.B, sh.Hkv, sh.L, 1), generator=gen, device=dev)
+    step = max(1, sh.D // no - 1)
+    cols = (base + step * torch.arange(no, device=dev)) % sh.D
+    return ch.to(torch.int16), cols.view(copies, sh.B, sh.Hkv, sh.L * no).to(torch.int16)
+
+
 def fill_random(fmt, sh, pool, gen):
     """Random codes and plausible scales/zeros (dequantized values of order 1), the KIVI fp16
-    window, distinct outlier channels per head and distinct sparse columns per token."""
+    window, distinct outlier channels per head and distinct sparse columns per token; one
+    generator call per tensor for all copies."""
     dev = next(iter(pool.bufs.values())).device
-    no = n_outliers(sh.D)
-    for v in pool.views:
-        for name, t in v.items():
-            kind = name[1]
-            if fmt.code == FMT_BF16 or kind == "x" and fmt.code == FMT_KIVI:
-                t.copy_(torch.randn(t.shape, generator=gen, device=dev, dtype=torch.float32))
-            elif kind == "c":
-                if t.dtype == torch.int8:
-                    t.copy_(torch.randint(-127, 128, t.shape, generator=gen, device=dev, dtype=torch.int8))
-                else:
-                    t.copy_(torch.randint(0, 256, t.shape, generator=gen, device=dev, dtype=torch.uint8))
-            elif kind == "s":
-                lo, hi = {FMT_INT8: (0.006, 0.012), FMT_INT4: (0.12, 0.25)}.get(fmt.code, (0.4, 0.8))
-                t.copy_(lo + (hi - lo) * torch.rand(t.shape, generator=gen, device=dev))
-            elif kind == "z":
-                t.copy_(-1.5 - 0.5 * torch.rand(t.shape, generator=gen, device=dev))
-        if fmt.code == FMT_OUTLIER:
-            H = sh.Hkv
-            ch = torch.stack([torch.randperm(sh.D, generator=gen, device=dev)[:no] for _ in range(H)])
-            v["kx"].copy_(ch.sort(dim=1).values.to(torch.int16))
-            v["ky"].copy_(4.0 * torch.randn(v["ky"].shape, generator=gen, device=dev))
-            n_tok = sh.B * H * sh.L
-            base = torch.randint(0, sh.D, (n_tok, 1), generator=gen, device=dev)
-            step = max(1, sh.D // no - 1)
-            cols = (base + step * torch.arange(no, device=dev)[None, :]) % sh.D
-            v["vy"].copy_(cols.view(v["vy"].shape).to(torch.int16))
-            v["vw"].copy_(4.0 * torch.randn(v["vw"].shape, generator=gen, device=dev))
-            v["vx"].copy_((torch.arange(sh.L + 1, device=dev, dtype=torch.int32) * no).expand(v["vx"].shape))
+    scale_range = {FMT_INT8: (0.006, 0.012), FMT_INT4: (0.12, 0.25)}.get(fmt.code, (0.4, 0.8))
+    for name, t in pool.stacked.items():
+        kind = name[1]
+        if fmt.code == FMT_BF16 or (kind == "x" and fmt.code == FMT_KIVI):
+            t.copy_(torch.randn(t.shape, generator=gen, device=dev, dtype=t.dtype))
+        elif kind == "c" and t.dtype == torch.int8:
+            t.copy_(torch.randint(-127, 128, t.shape, generator=gen, device=dev, dtype=torch.int8))
+        elif kind == "c":
+            t.copy_(torch.randint(0, 256, t.shape, generator=gen, device=dev, dtype=torch.uint8))
+        elif kind == "s":
+            t.copy_(_uniform(t.shape, *scale_range, gen, dev, t.dtype))
+        elif kind == "z":
+            t.copy_(_uniform(t.shape, -2.0, -1.5, gen, dev, t.dtype))
+    if fmt.code == FMT_OUTLIER:
+        st = pool.stacked
+        ch, cols = _outlier_structure(sh, pool.copies, gen, dev)
+        st["kx"].copy_(ch)
+        st["vy"].copy_(cols)
+        st["ky"].copy_(torch.randn(st["ky"].shape, generator=gen, device=dev, dtype=torch.float16).mul_(4.0))
+        st["vw"].copy_(torch.randn(st["vw"].shape, generator=gen, device=dev, dtype=torch.float16).mul_(4.0))
+        st["vx"].copy_(torch.arange(sh.L + 1, device=dev, dtype=torch.int32) * n_outliers(sh.D))
 
 
 # ============================================================================ fp64 reference
