@@ -89,6 +89,7 @@ Offline sm_90 compile:  python3 calibration/kv_attention.py --compile-check --ou
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import re
@@ -109,6 +110,13 @@ from _common import GB, CsvOut, log, machine_facts, nvidia_smi_snapshot, pct, wr
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+from torch.profiler import ProfilerActivity, profile  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.backends.nvidia.compiler import get_ptxas  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+AsyncCompileMode = getattr(triton, "AsyncCompileMode", None)  # Triton >= 3.4
 
 MiB = 1024 ** 2
 REL_ERR_OK = 2e-2
@@ -905,7 +913,6 @@ class SdpaImpl:
     def backends(self):
         """The SDPBackend list to force, or None for the default choice."""
         if self.name == "sdpa_flash":
-            from torch.nn.attention import SDPBackend
             return [SDPBackend.FLASH_ATTENTION]
         return None
 
@@ -921,7 +928,6 @@ class SdpaImpl:
         if self.name == "sdpa_flash":
             return "FLASH_ATTENTION"
         try:
-            from torch.nn.attention import SDPBackend
             v = self.pool.views[0]
             c = torch._fused_sdp_choice(self.qpool[0].unsqueeze(2), v["kc"], v["vc"], enable_gqa=True)
             return SDPBackend(c).name
@@ -942,7 +948,6 @@ class sdpa_context:
 
     def __enter__(self):
         if self.bl is not None:
-            from torch.nn.attention import sdpa_kernel
             self.cm = sdpa_kernel(self.bl)
             self.cm.__enter__()
         return self
@@ -1001,7 +1006,6 @@ def sdpa_profile(impls, cuda):
     """Kernel names, grids and registers of one call of each SDPA implementation (profiler)."""
     if not cuda:
         return {}
-    from torch.profiler import ProfilerActivity, profile
     out = {}
     for impl in impls:
         with sdpa_context(impl):
@@ -1017,7 +1021,6 @@ def sdpa_profile(impls, cuda):
             r = rows.setdefault(e.name, {"kernel": e.name, "count": 0})
             r["count"] += 1
         try:
-            import json
             with tempfile.NamedTemporaryFile("w+", suffix=".json", delete=False) as fh:
                 path = fh.name
             prof.export_chrome_trace(path)
@@ -1076,9 +1079,11 @@ class Run:
     profiled_shapes: int = 0
 
     def elapsed(self):
+        """Seconds since the run started."""
         return time.time() - self.t0
 
     def over_budget(self):
+        """True once no new configuration may start."""
         return self.elapsed() > self.args.budget_s
 
 
@@ -1136,20 +1141,21 @@ def check_and_time(run, phase, impl, fmt, sh, pool, qpool, check_idx, row):
         torch.cuda.synchronize()
 
 
-def run_config(run, phase, cid, fmt, impl_name, sh, pool, qpool, check_idx):
-    """Check (and in the sweep phase time) one (shape, fmt, impl); writes its CSV row."""
+def run_config(run, phase, cid, fmt, impl_name, sh, pool, qpool, check_idx, launches=None):
+    """Check (and in the sweep phase time) one (shape, fmt, impl); writes its CSV row.
+    ``launches``: kernels per call seen by the profiler (SDPA), if known."""
     row = base_row(cid, phase, impl_name, fmt, sh, pool.copies)
     impl = None
     try:
         impl = make_impl(run, impl_name, fmt, sh, pool, qpool)
-        row.update(kernels=impl.kernels, partial_bytes=impl.partial_bytes)
+        row.update(kernels=impl.kernels if launches is None else launches, partial_bytes=impl.partial_bytes)
         if isinstance(impl, TritonImpl):
             row.update(num_splits=impl.plan.S_q, block_n=impl.tile.block_n, num_warps=impl.tile.num_warps)
         else:
             row["backend"] = impl.chosen_backend()
             run.backends.setdefault(impl_name, {})[f"B{sh.B}_L{sh.L}"] = row["backend"]
         check_and_time(run, phase, impl, fmt, sh, pool, qpool, check_idx, row)
-        if isinstance(impl, TritonImpl) and impl.compiled is not None and phase == "sweep":
+        if isinstance(impl, TritonImpl) and phase == "sweep":
             record_triton_kernels(run, cid, impl, row)
         run.counts["ok" if row.get("ok") else "not_ok"] += 1
     except Exception as e:  # noqa: BLE001
@@ -1194,15 +1200,19 @@ def build_pool(run, fmt, sh, copies, gen):
 
 
 def profile_sdpa_shape(run, cid, impls):
-    """Profiler pass over the SDPA implementations of one shape -> kv_attention_kernels.csv."""
+    """Profiler pass over the SDPA implementations of one shape -> kv_attention_kernels.csv;
+    returns {impl: kernel launches per call}."""
+    launches = {}
     try:
         prof = sdpa_profile(impls, run.cuda)
         for name, rows in prof.items():
             for r in rows:
                 run.kcsv.row(config_id=cid, impl=name, source="profiler", **r)
+            launches[name] = sum(r["count"] for r in rows)
         run.profiled_shapes += 1
     except Exception as e:  # noqa: BLE001
         log(f"  (profiler failed: {one_line(e)})")
+    return launches
 
 
 def release_device_memory(run):
@@ -1232,14 +1242,15 @@ def run_shape_fmt(run, phase, sh, fmt, impls, gen):
         release_device_memory(run)
         return
     check_idx = list(range(sh.B)) if phase == "check" else sorted({0, sh.B - 1})
+    sdpa_impls = [SdpaImpl(n, sh, pool, qpool) for n in impls if n.startswith("sdpa")]
+    launches = {}
+    if phase == "sweep" and sdpa_impls and run.cuda and run.elapsed() < 0.6 * run.args.budget_s:
+        launches = profile_sdpa_shape(run, cid, sdpa_impls)
     for name in impls:
         if phase == "sweep" and run.over_budget():
             run.truncated = True
             break
-        run_config(run, phase, cid, fmt, name, sh, pool, qpool, check_idx)
-    sdpa_impls = [SdpaImpl(n, sh, pool, qpool) for n in impls if n.startswith("sdpa")]
-    if phase == "sweep" and sdpa_impls and run.cuda and run.elapsed() < 0.6 * run.args.budget_s:
-        profile_sdpa_shape(run, cid, sdpa_impls)
+        run_config(run, phase, cid, fmt, name, sh, pool, qpool, check_idx, launches.get(name))
     del pool, qpool, sdpa_impls
     release_device_memory(run)
 
@@ -1250,10 +1261,8 @@ def precompile(run, sh, fmts, impl_filter):
     if not run.cuda:
         return 0.0
     t0 = time.time()
-    try:
-        from triton.runtime._async_compile import AsyncCompileMode
-    except Exception as e:  # noqa: BLE001
-        log(f"precompile: no async compile mode ({one_line(e)}); kernels compile on first use")
+    if AsyncCompileMode is None:
+        log("precompile: this Triton has no AsyncCompileMode; kernels compile on first use")
         return 0.0
     jobs = []
     for fmt in fmts:
@@ -1265,6 +1274,8 @@ def precompile(run, sh, fmts, impl_filter):
             except ValueError:
                 continue
             jobs.append((fmt, name))
+    if not jobs:
+        return 0.0
     try:
         with ThreadPoolExecutor(max_workers=min(16, max(1, len(jobs)))) as ex, AsyncCompileMode(ex, ignore_errors=True):
             for fmt, name in jobs:
@@ -1292,7 +1303,7 @@ def sweep_shapes(args, cuda):
         pts = [(1, 256), (2, 416)]
     elif args.quick:
         check = Shape(2, Hq, Hkv, D, 1056)
-        pts = [(1, 1024), (4, 4096)]
+        pts = [(1, 1024), (4, 2048)]
     else:
         check = Shape(2, Hq, Hkv, D, 1056)
         pts = [(int(b), int(ll)) for b in args.batches.split(",") for ll in args.contexts.split(",")]
@@ -1368,7 +1379,7 @@ def main_sweep(args):
 
     gen = torch.Generator(device=device)
     gen.manual_seed(args.seed)
-    summary["precompile_s"] = precompile(run, check, fmts, impl_ok)
+    summary["precompile_s"] = 0.0 if args.no_precompile else precompile(run, check, fmts, impl_ok)
     log(f"== check phase: B={check.B} L={check.L} heads={check.Hq},{check.Hkv},{check.D}")
     for fmt in fmts:
         run_shape_fmt(run, "check", check, fmt, [n for n in impls_for(fmt) if impl_ok(n)], gen)
@@ -1415,7 +1426,6 @@ def _sig_type(v):
 
 def _ptxas_usage(ptx, arch="sm_90a"):
     """(registers, spill bytes, shared bytes) reported by the bundled ptxas for a PTX module."""
-    from triton.backends.nvidia.compiler import get_ptxas
     ptxas = get_ptxas(90).path
     with tempfile.TemporaryDirectory() as td:
         src = os.path.join(td, "k.ptx")
@@ -1434,8 +1444,6 @@ def _ptxas_usage(ptx, arch="sm_90a"):
 def compile_check(args):
     """Compile every split-kernel variant (and the reduce kernel) for sm_90 without a GPU; print
     registers, spills, shared memory and layout conversions; write compile_check.csv."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise SystemExit("--compile-check must run without TRITON_INTERPRET")
     os.makedirs(args.out, exist_ok=True)
@@ -1529,6 +1537,8 @@ def parse_args(argv=None):
     ap.add_argument("--tiles", default="", help='override tiles per impl, e.g. "triton_group_int2-kivi=64:4" (BLOCK_N:num_warps)')
     ap.add_argument("--splits", type=int, default=None, help="force num_splits (default: heuristic)")
     ap.add_argument("--max-cache-gb", type=float, default=20.0, help="skip shapes whose bf16 cache is larger")
+    ap.add_argument("--no-precompile", action="store_true",
+                    help="compile each Triton variant at first use instead of in parallel up front")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dump-dir", default="", help="--compile-check: write ttgir/ptx here")
     ap.add_argument("--verbose", action="store_true", help="print tracebacks")
