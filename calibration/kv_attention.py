@@ -105,11 +105,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-
-from _common import GB, CsvOut, log, machine_facts, nvidia_smi_snapshot, pct, write_json  # noqa: E402
-
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
+from _common import GB, CsvOut, log, machine_facts, nvidia_smi_snapshot, pct, write_json  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
@@ -1298,15 +1296,13 @@ def precompile(run, sh, fmts, impl_filter):
 def sweep_shapes(args, cuda):
     """(check shape, list of sweep shapes in visiting order, skipped list) for the arguments."""
     Hq, Hkv, D = (int(x) for x in args.heads.split(","))
-    if args.cpu:
-        check = Shape(2, Hq, Hkv, D, 288)
-        pts = [(1, 256), (2, 416)]
-    elif args.quick:
-        check = Shape(2, Hq, Hkv, D, 1056)
-        pts = [(1, 1024), (4, 2048)]
+    check = Shape(2, Hq, Hkv, D, 288 if args.cpu else 1056)
+    if args.batches or args.contexts or not (args.cpu or args.quick):
+        batches = (args.batches or "1,4,16,64").split(",")
+        contexts = (args.contexts or "1024,4096,16384,65536").split(",")
+        pts = [(int(b), int(ll)) for b in batches for ll in contexts]
     else:
-        check = Shape(2, Hq, Hkv, D, 1056)
-        pts = [(int(b), int(ll)) for b in args.batches.split(",") for ll in args.contexts.split(",")]
+        pts = [(1, 256), (2, 416)] if args.cpu else [(1, 1024), (4, 2048)]
     shapes, skipped = [], []
     for B, L in corners_first(pts):
         sh = Shape(B, Hq, Hkv, D, L)
@@ -1530,8 +1526,8 @@ def parse_args(argv=None):
     ap.add_argument("--cpu", action="store_true", help="CPU plumbing check (needs TRITON_INTERPRET=1)")
     ap.add_argument("--compile-check", action="store_true", help="offline sm_90 compile of every kernel (no GPU)")
     ap.add_argument("--heads", default=None, help="Hq,Hkv,D (default 32,8,128; --cpu: 8,2,128)")
-    ap.add_argument("--batches", default="1,4,16,64")
-    ap.add_argument("--contexts", default="1024,4096,16384,65536")
+    ap.add_argument("--batches", default=None, help="sweep batches (default 1,4,16,64)")
+    ap.add_argument("--contexts", default=None, help="sweep contexts L (default 1024,4096,16384,65536)")
     ap.add_argument("--formats", default="", help="comma list of fmt names (default all)")
     ap.add_argument("--impls", default="", help="comma list of impl names (default all)")
     ap.add_argument("--tiles", default="", help='override tiles per impl, e.g. "triton_group_int2-kivi=64:4" (BLOCK_N:num_warps)')
