@@ -25,7 +25,7 @@ def analyse(graph: OpGraph, op_costs: list[OpCost], host: HostTimes, graph_mode:
         if graph_mode:
             t_host += host.graph_launch_ns if new_segment else 0.0
         else:
-            t_host += host.launch_ns * op.work.kernels
+            t_host += op_costs[op.idx].dispatch_ns
         new_segment = False
         ready = max((timings[d].end for d in op.deps), default=0.0)
         ready = max(ready, stream_end.get((op.stage, op.stream), 0.0))

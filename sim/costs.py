@@ -29,9 +29,12 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from sim.config.hardware import HBM, HardwareProfile
-from sim.lowering.graph import Work
+from sim.lowering.graph import KernelWork, Work
+from sim.lowering.kernels import DEFAULT_CLASS
 
 COMPUTE = "compute"
+CATEGORY_ROW = {"weights": "weights", "kv": "kv", "act": "activations", "outliers": "outliers",
+                "expert": "expert_weights", "link": "links", "pcie": "host_link", "noc": "activations"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +56,25 @@ def merged_limit(flows) -> float:
     """The rate limit of an op's accesses to one level at one efficiency, moving together:
     their tiles' load bandwidth, or the sum of what each access's channels allow."""
     return min(min(f.tile_cap for f in flows), sum(f.cap for f in flows))
+
+
+@dataclass(frozen=True, slots=True)
+class KernelCost:
+    """One kernel alone on the chip: its start-up (all launches), its body, and the rows of
+    the breakdown the body belongs to."""
+
+    name: str
+    kclass: str
+    startup_ns: float
+    body_ns: float
+    flows: tuple
+    compute_ns: float
+    tiles: float
+    matrix_ns: float
+    vector_ns: float
+    dequant_ns: float
+    launches: int
+    rows: tuple
 
 
 class HostTimes(NamedTuple):
@@ -77,6 +99,9 @@ class OpCost:
     ideal_body_ns: float = 0.0  # body_ns(capacity) of the cost model that made it
     host_ns: float = 0.0  # host work after the op when the host waits for it (sync dispatch)
     merged: tuple = ()  # the body's flows merged by (link, weight): see ``merge``
+    kernels: tuple = ()  # KernelCost of each kernel, in order
+    rows: tuple = ()  # (breakdown row, ns) of the body when alone
+    dispatch_ns: float = 0.0  # host time to launch the op's kernels eagerly
 
 
     @property
@@ -97,8 +122,15 @@ class OpCost:
 
 
 class CostModel:
-    def __init__(self, hw: HardwareProfile):
+    """Costs of ops on one hardware profile under one software stack (None: the byte model's
+    kernels, one per op unless the lowering says otherwise)."""
+
+    def __init__(self, hw: HardwareProfile, stack=None):
         self.hw = hw
+        self.stack = stack
+        self.store = hw.store.name
+        self.classes = hw.kernels.classes if hw.kernels is not None else None
+        self.cta_bw = hw.kernels.cta_bandwidth_GBps.value if hw.kernels is not None else math.inf
         c = hw.compute
         self.tiles = c.tiles.value
         self.clock = c.clock_GHz.value
@@ -196,30 +228,94 @@ class CostModel:
         return cost
 
     def _cost(self, op: Work) -> OpCost:
-        tiles = self.tiles_for(op)
-        flows = tuple(self.flow(op, a, tiles) for a in op.accesses)
-        matrix = self.matrix_ns(op, tiles)
-        vector = self.vector_ns(op.vector_ops, tiles)
-        dequant = self.vector_ns(op.dequant_ops, tiles)
-        exact = matrix + vector
-        compute = self._to_cycles(exact)
-        if op.collective is not None:
-            fill = self.collective_latency_ns(op)
+        kernels = op.kernels_run or (KernelWork(
+            name=op.kind, kclass=DEFAULT_CLASS.get(op.kind, "elementwise"), accesses=op.accesses,
+            matrix_flops=op.matrix_flops, matrix_m=op.matrix_m, vector_ops=op.vector_ops,
+            dequant_ops=op.dequant_ops, dtype=op.dtype, parallelism=op.parallelism, launches=op.kernels),)
+        costs = [self.kernel_cost(op, k, first=i == 0) for i, k in enumerate(kernels)]
+        overlap = self.stack.overlap.value if self.stack is not None and self.stack.overlap is not None else 0.0
+        startup = sum(c.startup_ns * (1.0 if i == 0 else 1.0 - overlap) for i, c in enumerate(costs))
+        body = sum(c.body_ns for c in costs)
+        flows = tuple(f for c in costs for f in c.flows)
+        rows: dict[str, float] = {}
+        for c in costs:
+            for row, t in c.rows:
+                rows[row] = rows.get(row, 0.0) + t
+        fill = op.noc_hops * self.noc_latency + op.pcie_messages * self.pcie_latency
+        compute = sum(c.compute_ns for c in costs)
+        share = max((c.tiles for c in costs), default=1.0) / self.tiles
+        dispatch = sum(c.launches * self._dispatch(c.kclass) for c, k in zip(costs, kernels, strict=True)
+                       if k.dispatched)
+        cost = OpCost(flows, compute, share, sum(c.matrix_ns for c in costs), sum(c.vector_ns for c in costs),
+                      sum(c.dequant_ns for c in costs), fill, 0.0, startup, ideal_body_ns=body,
+                      host_ns=(op.host_ns + op.host_launches * self._dispatch("matrix", self.host.launch_ns)
+                               + op.host_syncs * self.host.sync_ns),
+                      kernels=tuple(costs), rows=tuple(rows.items()), dispatch_ns=dispatch)
+        return dataclasses.replace(cost, merged=merge(cost))
+
+    def _dispatch(self, kclass: str, default: float | None = None) -> float:
+        """Host time to launch one kernel of ``kclass`` eagerly: the stack's measured figure,
+        else the profile's launch overhead."""
+        if self.stack is not None:
+            value = self.stack.dispatch(kclass)
+            if value:
+                return value
+        return self.host.launch_ns if default is None else default
+
+    def kernel_cost(self, op: Work, k: KernelWork, first: bool) -> KernelCost:
+        """One kernel alone on the chip: start-up, then the slowest of its loads and its compute."""
+        tiles = max(1.0, min(self.tiles, k.parallelism))
+        klass = self.classes.get(k.kclass) if self.classes is not None else None
+        flows = []
+        for a in k.accesses:
+            f = self.flow(op, a, tiles)
+            if klass is not None and f.link == self.store:
+                cap = klass.bandwidth_GBps.value
+                if klass.parallel == "rows":
+                    per_cta = klass.cta_bandwidth_GBps.value if klass.cta_bandwidth_GBps else self.cta_bw
+                    cap = min(cap, k.parallelism * per_cta)
+                f = dataclasses.replace(f, tile_cap=min(f.tile_cap, cap))
+            flows.append(f)
+        matrix = self.matrix_ns(k, tiles)
+        vector = self.vector_ns(k.vector_ops, tiles)
+        dequant = self.vector_ns(k.dequant_ops, tiles)
+        impl = self.stack.attention.get(k.impl) if self.stack is not None and k.impl else None
+        if impl is not None and k.quant:
+            measured = k.values * impl.ps_per_value(k.quant) / 1e3
+            vector += measured - dequant
+            dequant = measured
+            flows = [dataclasses.replace(f, tile_cap=f.tile_cap * impl.efficiency.value) if f.link == self.store
+                     else f for f in flows]
+        compute = self._to_cycles(matrix + vector)
+        per_link: dict[str, float] = {}
+        by_row: dict[str, float] = {}
+        together: dict[tuple, list] = {}
+        for f in flows:
+            t = f.bytes * f.weight / self.capacity[f.link]
+            per_link[f.link] = per_link.get(f.link, 0.0) + t
+            together.setdefault((f.link, f.weight), []).append(f)
+            row = CATEGORY_ROW.get(f.category, f.category)
+            by_row[row] = by_row.get(row, 0.0) + max(t, f.bytes / f.rate_limit)
+        capped = [sum(f.bytes for f in group) / merged_limit(group) for group in together.values()]
+        loads = max([*per_link.values(), *capped], default=0.0)
+        body = max(compute, loads)
+        if compute >= max(by_row.values(), default=0.0):
+            total = matrix + vector
+            rows = [("dequant", body * dequant / total)] if total and dequant else []
+            rows.append(("compute", body * (1 - (dequant / total if total else 0.0))))
         else:
-            # first-byte latency of the slowest source, and for an op implemented as several
-            # kernels, each further kernel's start-up on the nearest level it touches
+            total = sum(by_row.values())
+            rows = [(row, body * t / total) for row, t in by_row.items()]
+        if op.collective is not None:
+            startup = self.kernel_gap + self.collective_latency_ns(op)
+        elif klass is not None:
+            startup = klass.startup_ns.value
+        else:  # the byte model: the kernel gap and the first-byte latency of the nearest level
             latencies = [self.levels[f.link].latency_ns.value for f in flows if f.link in self.levels]
             reads = [self.levels[f.link].latency_ns.value for f in flows if f.link in self.levels and not f.write]
-            fill = max(reads, default=0.0) + (op.kernels - 1) * min(latencies, default=0.0)
-        fill += op.noc_hops * self.noc_latency + op.pcie_messages * self.pcie_latency
-        read_bytes = sum(f.bytes for f in flows if not f.write)
-        chunks = max(1.0, read_bytes / (tiles * self.buffer_bytes))  # buffer loads per tile (fractional: no wave steps)
-        # double buffering: only the last chunk's compute trails the loads
-        drain = min(compute, self._to_cycles(exact / chunks))
-        body_compute = compute - drain
-        cost = OpCost(flows, body_compute, tiles / self.tiles, matrix, vector, dequant, fill, drain,
-                      op.kernels * self.kernel_gap, host_ns=op.host_ns + op.host_launches * self.host.launch_ns)
-        return dataclasses.replace(cost, ideal_body_ns=cost.body_ns(self.capacity), merged=merge(cost))
+            startup = self.kernel_gap + (max(reads, default=0.0) if first else min(latencies, default=0.0))
+        return KernelCost(k.name, k.kclass, startup * k.launches, body, tuple(flows), compute, tiles, matrix, vector,
+                          dequant, k.launches, tuple(rows))
 
 
 def merge(cost: OpCost) -> tuple:
@@ -236,5 +332,11 @@ def merge(cost: OpCost) -> tuple:
     for spec in specs:
         if spec[1] > 0:
             groups.setdefault((spec[0], spec[2]), []).append(spec)
-    return tuple((link, weight, min(min(g[4] for g in group), sum(g[3] for g in group)), sum(g[1] for g in group),
-                  tuple((g[5], g[1]) for g in group)) for (link, weight), group in groups.items())
+    out = []
+    for (link, weight), group in groups.items():
+        size = sum(g[1] for g in group)
+        cap = min(min(g[4] for g in group), sum(g[3] for g in group))
+        if cost.ideal_body_ns > 0:  # the op's kernels run one after another: alone, it takes their summed body
+            cap = min(cap, size / cost.ideal_body_ns)
+        out.append((link, weight, cap, size, tuple((g[5], g[1]) for g in group)))
+    return tuple(out)

@@ -2,8 +2,11 @@
 
 The breakdown assigns every nanosecond of a step to one row:
 
-* ``launch_sync``: waiting for the host to issue a kernel, kernel gaps, host syncs;
-* ``latency``: first-byte latency before an op's body (fill);
+* ``launch_sync``: waiting for the host: kernel launches (eager dispatch), graph launches,
+  host syncs;
+* ``kernel_startup``: each kernel's start-up and tail (the gap between kernels of a graph
+  included): what a step pays for its kernel count rather than its bytes;
+* ``latency``: latency before an op's body (on-chip network hops, host-link messages);
 * memory rows by what the bytes are (``weights``, ``kv``, ``activations``, ``outliers``,
   ``expert_weights``), ``links`` (chip-to-chip, incl. collective latency), ``host_link``;
 * ``compute`` (matrix and element-wise work) and ``dequant`` (dequantization on the
@@ -29,13 +32,12 @@ from sim.costs import CostModel, OpCost
 from sim.engine.records import StepOutcome
 from sim.lowering.graph import Op, OpGraph
 
-CATEGORY_ROW = {"weights": "weights", "kv": "kv", "act": "activations", "outliers": "outliers",
-                "expert": "expert_weights", "link": "links", "pcie": "host_link"}
 BOUND_OF = {
     "weights": "memory", "kv": "memory", "activations": "memory", "outliers": "memory",
-    "expert_weights": "memory", "compute": "compute", "expert_compute": "compute", "router": "compute",
+    "expert_weights": "memory", "temp": "memory", "compute": "compute", "expert_compute": "compute", "router": "compute",
     "dequant": "dequant", "launch_sync": "overhead", "latency": "overhead", "links": "links",
     "host_link": "links", "contention": "contention", "dispatch": "overhead", "combine": "memory",
+    "kernel_startup": "kernels",
 }
 
 
@@ -150,38 +152,18 @@ class GraphSums:
 
 
 def _ideal_rows(costs: CostModel, op: Op, cost: OpCost) -> dict[str, float]:
+    """An op's rows alone: its kernels' start-ups, latency before its body, and its body by
+    what bounds each kernel (loads by category, compute, dequantization)."""
     rows: dict[str, float] = defaultdict(float)
-    rows["launch_sync"] += cost.gap_ns
-    rows["links" if op.collective else "latency"] += cost.fill_ns
-    body = cost.ideal_body_ns
-    compute_row = op.compute_row
-    load_times: dict[str, float] = defaultdict(float)
-    for f in cost.flows:
-        load_times[CATEGORY_ROW.get(f.category, f.category)] += max(f.bytes * f.weight / costs.capacity[f.link],
-                                                                    f.bytes / f.rate_limit)
-    longest_load = max(load_times.values(), default=0.0)
-    if cost.compute_ns >= longest_load:
-        _split_compute(rows, cost, body, compute_row)
-    else:
-        total = sum(load_times.values())
-        for row, t in load_times.items():
-            rows[row] += body * t / total
-    _split_compute(rows, cost, cost.drain_ns, compute_row)
+    rows["links" if op.collective else "kernel_startup"] += cost.gap_ns
+    rows["latency"] += cost.fill_ns
+    for row, t in cost.rows:
+        rows[op.compute_row if row == "compute" else row] += t
     if op.row:  # the whole op belongs to one phase row (e.g. MoE dispatch)
-        total = sum(v for k, v in rows.items() if k != "launch_sync")
-        return {"launch_sync": rows["launch_sync"], op.row: total}
-    return dict(rows)
-
-
-def _split_compute(rows, cost: OpCost, t: float, compute_row: str) -> None:
-    if t <= 0:
-        return
-    total = cost.matrix_ns + cost.vector_ns
-    if total <= 0:
-        rows[compute_row] += t
-        return
-    rows["dequant"] += t * cost.dequant_ns / total
-    rows[compute_row] += t * (total - cost.dequant_ns) / total
+        head = "links" if op.collective else "kernel_startup"
+        total = sum(v for k, v in rows.items() if k != head)
+        return {head: rows[head], op.row: total}
+    return {k: v for k, v in rows.items() if v}
 
 
 def bound_of(breakdown: dict[str, float]) -> str:

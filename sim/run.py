@@ -95,7 +95,7 @@ def simulate(spec: RunSpec | dict | None = None, *, keep_ops: bool = False, keep
         base.update(_does_not_fit(setup, cap), wall_s=time.perf_counter() - wall)
         return RunResult(base, resolved=setup)
 
-    costs = CostModel(setup.hardware)
+    costs = CostModel(setup.hardware, setup.stack)
     ledger = Ledger(costs)
     cache = GraphCache(setup)
     des = setup.spec.engine == "des"
@@ -106,9 +106,9 @@ def simulate(spec: RunSpec | dict | None = None, *, keep_ops: bool = False, keep
         graph = cache.lower(step.contexts, step.index, position)
         state = _advance(state, graph, costs, cache.changed)
         if des:
-            outcome = Simulation(graph, state.costs, costs.capacity, costs.host, spec.graph, log=keep_log).run()
+            outcome = Simulation(graph, state.costs, costs.capacity, costs.host, setup.graph, log=keep_log).run()
         else:
-            outcome = analyse(graph, state.costs, costs.host, spec.graph)
+            outcome = analyse(graph, state.costs, costs.host, setup.graph)
         events += outcome.events
         sums = ledger.graph_sums_from(state.keys, state.costs)
         breakdown = ledger.step_breakdown(sums, outcome)
@@ -179,7 +179,7 @@ def _identity(setup: Setup, cap: dict) -> dict:
     return {
         "hardware": setup.hardware.name, "model": setup.model.name, "weights": spec.weights, "kv": spec.kv,
         "batch": max(s.batch for s in setup.steps), "context": spec.context if not spec.trace else None,
-        "trace": spec.trace, "steps": len(setup.steps), "engine": spec.engine, "graph": spec.graph,
+        "trace": spec.trace, "steps": len(setup.steps), "engine": spec.engine, "graph": setup.graph,
         "tp": setup.tp, "pp": setup.pp, "chips": setup.hardware.chips, "software": spec.software,
         "target_ms": spec.target_ms, "capacity": cap,
     }

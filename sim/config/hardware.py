@@ -220,6 +220,38 @@ class System(Strict):
         return self
 
 
+class KernelClass(Strict):
+    """What one kernel of a class costs on this chip beyond its bytes and work: the start-up
+    and tail of a kernel in a captured graph (``startup_ns``, the inter-kernel gap included)
+    and the rate its reads from the backing store reach at large sizes (``bandwidth_GBps``).
+    ``parallel: rows`` marks classes whose grid is one CTA per row (a row reduction over few
+    rows cannot spread over the chip)."""
+
+    startup_ns: Num
+    bandwidth_GBps: Pos
+    parallel: Literal["elements", "rows"] = "elements"
+    cta_bandwidth_GBps: Pos | None = None  # with parallel: rows, what one row's CTA pulls
+
+
+class KernelCosts(Strict):
+    """Kernel-class costs measured on this chip (calibration/fit_kernels.py): per class, and
+    the bandwidth one CTA can pull (``cta_bandwidth_GBps``: outstanding loads over latency),
+    which caps kernels with few CTAs. Attention implementations' dequantization rates live in
+    the software stacks (they are the kernels' quality, not the chip's)."""
+
+    cta_bandwidth_GBps: Pos
+    classes: dict[str, KernelClass]
+
+    @field_validator("classes")
+    @classmethod
+    def _known(cls, table: dict) -> dict:
+        known = {"matrix", "attention", "elementwise", "reduction", "index", "copy", "cast", "collective", "host"}
+        unknown = sorted(set(table) - known)
+        if unknown:
+            raise ValueError(f"unknown kernel class {unknown[0]!r}; classes: {', '.join(sorted(known))}")
+        return table
+
+
 class HardwareProfile(Strict):
     name: str
     description: str
@@ -228,6 +260,7 @@ class HardwareProfile(Strict):
     noc: NoC
     host: Host
     system: System
+    kernels: KernelCosts | None = None  # measured kernel-class costs; without it: the byte model's start-ups
 
     @model_validator(mode="after")
     def _hierarchy(self):

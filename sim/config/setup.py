@@ -18,6 +18,7 @@ from sim import trace as traces
 from sim.config.hardware import HardwareProfile
 from sim.config.loader import load_yaml, validate
 from sim.config.model import ModelSpec
+from sim.config.software import SoftwareStack, load_stack
 from sim.config.spec import RunSpec, apply_run_overrides, override_raw
 from sim.errors import ConfigError
 from sim.formats import Format, get_format
@@ -25,7 +26,6 @@ from sim.paths import hardware_dir, models_dir
 from sim.paths import resolve as resolve_path
 
 ACT_BYTES = 2  # activations in bf16
-SOFTWARE = ("fused", "torch-eager")
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,8 @@ class Setup:
     tp: int
     pp: int
     software: str
+    stack: SoftwareStack
+    graph: bool  # captured graph (True) or eager launches: the stack's, unless the run says
     steps: tuple[traces.Step, ...]
     hardware_file: str
     model_file: str
@@ -75,8 +77,7 @@ def _raw(path: str) -> dict:
 def resolve(spec: RunSpec) -> Setup:
     """Resolve ``spec`` into a sealed Setup (ConfigError / SimulationError on bad input)."""
     spec = apply_run_overrides(spec)
-    if spec.software not in SOFTWARE:
-        raise ConfigError("--software", "software", f"expected one of {', '.join(SOFTWARE)}", spec.software)
+    stack = load_stack(spec.software)
     hw_path = str(resolve_path(spec.hardware, hardware_dir(), "hardware"))
     model_path = str(resolve_path(spec.model, models_dir(), "model"))
     hw_raw, model_raw = copy.deepcopy(_raw(hw_path)), copy.deepcopy(_raw(model_path))
@@ -95,13 +96,15 @@ def resolve(spec: RunSpec) -> Setup:
     if model.moe is not None:
         from sim.moe.plan import build  # numpy and the placement: only for MoE models (start-up time)
 
-        moe = build(spec, model, hardware, weights, tp, [step.batch for step in steps])
+        moe = build(spec, model, hardware, weights, tp, [step.batch for step in steps],
+                    graph=stack.launch == "graph" if spec.graph is None else spec.graph)
     shared = hardware.shared_sram
     store = hardware.store.name
     heads, kv_heads = max(1, model.heads // tp), max(1, model.kv_heads // tp)  # KV heads replicate when tp > kv_heads
     per_head = model.kv_heads * model.head_dim
     return Setup(
-        spec=spec, hardware=hardware, model=model, weights=weights, kv=kv, tp=tp, pp=pp, software=spec.software,
+        spec=spec, hardware=hardware, model=model, weights=weights, kv=kv, tp=tp, pp=pp, software=stack.name,
+        stack=stack, graph=stack.launch == "graph" if spec.graph is None else spec.graph,
         steps=tuple(steps), hardware_file=hw_path, model_file=model_path, moe=moe,
         heads=heads, kv_heads=kv_heads, q_width=heads * model.head_dim,
         k_width=kv_heads * model.head_dim * model.k_width // per_head,

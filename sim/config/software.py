@@ -27,11 +27,15 @@ kernel in eager mode is the stack's (the framework's) cost, measured on the host
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from sim.config.loader import load_yaml, validate
 from sim.config.quantity import Num, Share, Strict
+from sim.paths import bundled
+from sim.paths import resolve as resolve_path
 
 KERNEL_CLASSES = ("matrix", "attention", "elementwise", "reduction", "index", "copy", "cast", "collective", "host")
 ROLES = ("x", "w", "y", "res", "kv", "cache", "idx", "link", "pcie", "noc", "fetch")
@@ -49,11 +53,12 @@ class Kernel(Strict):
     impl: str | None = None  # an implementation with measured efficiency (attention kernels)
     launches: int = Field(default=1, ge=1, le=4096)
     per_expert: bool = False  # repeated once per touched expert (a per-expert loop)
+    dispatched: bool = True  # the host launches it itself (False: launched by a library call before it)
 
     @field_validator("reads", "writes")
     @classmethod
     def _roles(cls, roles: tuple[str, ...]) -> tuple[str, ...]:
-        unknown = [r for r in roles if r not in ROLES]
+        unknown = [r for r in roles if r.partition(":")[0] not in ROLES]
         if unknown:
             raise ValueError(f"unknown role {unknown[0]!r}; roles: {', '.join(ROLES)}")
         return roles
@@ -67,13 +72,42 @@ class OpKernels(Strict):
 
 
 class AttentionImpl(Strict):
-    """A decode-attention kernel implementation and its measured quality on dequantizing
-    formats: ``efficiency`` is the fraction of the stream bandwidth its KV reads reach,
-    ``dequant_ns_per_kib`` the extra time per KiB of quantized KV it reads."""
+    """A decode-attention kernel implementation and its measured quality on quantized
+    caches. ``efficiency`` scales the rate its KV reads reach (of the attention class's
+    bandwidth). Dequantization costs picoseconds per value: ``value_ps`` for every value,
+    ``unpack_ps`` x (8 / bits - 1) for sub-byte unpacking, ``group_ps`` / group size for the
+    scale and zero of each group, ``outlier_ps`` x the outlier fraction for gathering and
+    merging outliers, ``channel_ps`` where K is quantized per channel (KIVI), ``codebook_ps``
+    for a codebook lookup. The dequantization runs beside the loads: the kernel takes the
+    longer of the two."""
 
     efficiency: Num
-    dequant_ns_per_kib: Num = Field(default_factory=lambda: Num(value=0.0, source="no dequantization"))
-    formats: tuple[str, ...] = ()  # formats it supports (empty: any)
+    value_ps: Num
+    unpack_ps: Num
+    group_ps: Num
+    outlier_ps: Num
+    channel_ps: Num
+    codebook_ps: Num | None = None
+    source: str = ""
+
+    def ps_per_value(self, quant: tuple) -> float:
+        """Picoseconds per dequantized value for a format (sim.lowering.ops.kv_quant)."""
+        bits, group, outliers, per_channel, codebook = quant
+        ps = self.value_ps.value + self.unpack_ps.value * max(0.0, 8.0 / bits - 1.0)
+        ps += self.group_ps.value / group if group else 0.0
+        ps += self.outlier_ps.value * outliers + (self.channel_ps.value if per_channel else 0.0)
+        if codebook and self.codebook_ps is not None:
+            ps += self.codebook_ps.value
+        return ps
+
+
+class MoEHost(Strict):
+    """The host's part of a host-synced MoE layer: grouping the routing on the host, and the
+    extra syncs a plain PyTorch block makes per touched expert (``bool()``/``.item()`` of
+    device values)."""
+
+    grouping_ns: Num
+    syncs_per_expert: int = Field(default=0, ge=0, le=16)
 
 
 class SoftwareStack(Strict):
@@ -89,6 +123,8 @@ class SoftwareStack(Strict):
     ops: dict[str, OpKernels]
     attention: dict[str, AttentionImpl] = Field(default_factory=dict)
     moe: Literal["loop", "grouped", "dense_all"] = "grouped"  # how routed experts execute
+    moe_host: MoEHost | None = None
+    matrix_prologue: dict[str, tuple[Kernel, ...]] = Field(default_factory=dict)  # by matmul dtype (fp8: quantize x)
 
     @field_validator("dispatch_ns")
     @classmethod
@@ -108,8 +144,9 @@ class SoftwareStack(Strict):
         return self
 
     def kernels_for(self, op_name: str) -> tuple[Kernel, ...] | None:
-        """The kernels of op ``op_name``: its own entry, else its group's, else None."""
-        entry = self.ops.get(op_name)
+        """The kernels of op ``op_name``: its entry for this stack's MoE execution
+        (``experts@loop``), its own entry, else its group's, else None."""
+        entry = self.ops.get(f"{op_name}@{self.moe}") or self.ops.get(op_name)
         if entry is None:
             for group, members in self.groups.items():
                 if op_name in members and group in self.ops:
@@ -121,3 +158,18 @@ class SoftwareStack(Strict):
         """Host time to launch one kernel of ``kclass`` eagerly (ns)."""
         q = self.dispatch_ns.get(kclass) or self.dispatch_ns.get("default")
         return q.value if q is not None else 0.0
+
+
+def software_dir():
+    return bundled("workloads", "software")
+
+
+@lru_cache(maxsize=32)
+def load_stack(name_or_path: str) -> SoftwareStack:
+    """A bundled software stack by name, or a stack YAML file, validated."""
+    path = resolve_path(name_or_path, software_dir(), "software stack")
+    return validate(SoftwareStack, load_yaml(path), path)
+
+
+def list_stacks() -> list[str]:
+    return sorted(p.stem for p in software_dir().glob("*.yaml"))

@@ -40,10 +40,10 @@ class RunSpec(Strict):
     steps: int = Field(default=8, gt=0)
     target_ms: float = Field(default=10.0, gt=0)
     engine: Engine = "des"
-    graph: bool = True
+    graph: bool | None = None  # None: the software stack's launch mode
     tp: int | None = Field(default=None, gt=0)
     pp: int | None = Field(default=None, gt=0)
-    software: str = "fused"
+    software: str = "fused"  # a stack of workloads/software/ or a stack YAML path
     overrides: tuple[tuple[str, Any], ...] = ()
     seed: int = 0
     # Mixture-of-Experts (used when the model has a `moe:` section; see sim.lowering.moe)

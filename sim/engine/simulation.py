@@ -78,7 +78,7 @@ class Simulation:
                     t += host.graph_launch_ns
                     self._log_host(op, "host.graph_launch", t - host.graph_launch_ns, t)
             else:
-                t += host.launch_ns * op.work.kernels
+                t += self.op_costs[op.idx].dispatch_ns
             new_segment = False
             self.issue_time[op.idx] = t
             if op.host_sync:

@@ -13,8 +13,8 @@ from dataclasses import replace
 
 from sim.config.setup import Setup
 from sim.lowering.decode import lower_step
-from sim.lowering.graph import Builder, OpGraph
-from sim.lowering.ops import attention
+from sim.lowering.graph import OpGraph
+from sim.lowering.ops import attention, builder
 
 
 class GraphCache:
@@ -42,7 +42,7 @@ class GraphCache:
         return graph
 
     def _relower_attention(self, previous: OpGraph, contexts: tuple[int, ...], step: int) -> OpGraph:
-        fresh = attention(self.setup, Builder(), 0, contexts)
+        fresh = attention(self.setup, builder(self.setup), 0, contexts)
         ops = list(previous.ops)
         for idx in self._attention:
             ops[idx] = replace(ops[idx], work=fresh.work, tags=fresh.tags)

@@ -27,9 +27,9 @@ from sim.lowering.ops import (
     VEC_OPS,
     attention,
     attention_weight_bytes,
+    builder,
     collective,
     dense_ffn_weight_bytes,
-    kernels,
     matmul,
     norm_bytes,
     vector,
@@ -65,23 +65,23 @@ def lower_step(setup: Setup, contexts: tuple[int, ...], step: int = 0, position:
     act_row = batch * m.hidden * ACT_BYTES
     ops: list[Op] = []
     for stage in range(setup.pp):
-        b = Builder(ops, stage)
+        b = builder(setup, ops, stage)
         if stage == 0:
             row = setup.weights.weight_bytes(1, m.hidden)
             b.add("embed", -1, "vector", [
                 Access(setup.store, batch * row, "weights", granule=row, role="w"),
                 Access(setup.act_level, act_row, "act", write=True, role="y"),
-            ], vector_ops=batch * m.hidden, parallelism=batch, kernels=kernels(setup, "embed"))
+            ], vector_ops=batch * m.hidden, parallelism=batch)
         else:
             b.add("recv_activations", -1, "p2p", [Access("link", act_row, "link", role="link")],
-                  collective=("p2p", act_row, 2), deps=(ops[-1].idx,), parallelism=1, kernels=kernels(setup, "p2p"))
+                  collective=("p2p", act_row, 2), deps=(ops[-1].idx,), parallelism=1)
         lower_layers(setup, b, setup.stage_layers(stage), contexts, position)
         if stage == setup.pp - 1:
             vector(setup, b, "final_norm", -1, reads=act_row, weights=norm_bytes(setup), writes=act_row,
-                   ops=batch * m.hidden * VEC_OPS["rmsnorm"], rows=batch, kernels=kernels(setup, "rmsnorm"))
+                   ops=batch * m.hidden * VEC_OPS["rmsnorm"], rows=batch)
             matmul(setup, b, "lm_head", -1, batch, m.hidden, setup.vocab)
             tokens = vector(setup, b, "argmax", -1, reads=batch * setup.vocab * ACT_BYTES, writes=batch * 8,
-                            ops=batch * setup.vocab * VEC_OPS["argmax"], rows=batch, kernels=kernels(setup, "argmax"))
+                            ops=batch * setup.vocab * VEC_OPS["argmax"], rows=batch)
             gather = collective(setup, b, "gather_tokens", -1, "allgather", batch * 8, setup.tp)
             last = gather or tokens
             ops[last.idx] = _synced(last)
@@ -130,15 +130,16 @@ def lower_layer(setup: Setup, b: Builder, layer: int, contexts: tuple[int, ...],
     batch = len(contexts)
     act_row = batch * m.hidden * ACT_BYTES
     norm = dict(reads=act_row, weights=norm_bytes(setup), writes=act_row, ops=batch * m.hidden * VEC_OPS["rmsnorm"],
-                rows=batch, kernels=kernels(setup, "rmsnorm"))
+                rows=batch)
     vector(setup, b, "attn_norm", layer, **norm)
     qkv = setup.q_width + setup.k_width + setup.v_width
-    matmul(setup, b, "qkv", layer, batch, m.hidden, qkv)
+    matmul(setup, b, "qkv", layer, batch, m.hidden, qkv,
+           parts={"q": setup.q_width / qkv, "k": setup.k_width / qkv, "v": setup.v_width / qkv})
     append = setup.kv.kv_append(setup.k_width, setup.v_width)
     vector(setup, b, "rope_append", layer, reads=batch * qkv * ACT_BYTES,
            writes=batch * setup.q_width * ACT_BYTES,
            ops=batch * (setup.q_width + setup.k_width) * VEC_OPS["rope"] + batch * (setup.k_width + setup.v_width) * 4,
-           rows=batch, kernels=kernels(setup, "rope_append"),
+           rows=batch,
            extra=(Access(setup.store, batch * append.stream_bytes, "kv", write=True, role="cache"),))
     attention(setup, b, layer, contexts)
     matmul(setup, b, "o_proj", layer, batch, setup.q_width, m.hidden, residual=True)
@@ -156,7 +157,8 @@ def lower_dense_ffn(setup: Setup, b: Builder, layer: int, batch: int) -> None:
     m = setup.model
     ffn = math.ceil(m.ffn / setup.tp)
     up_rows = (m.ffn_matrices - 1) * ffn
-    matmul(setup, b, "gate_up", layer, batch, m.hidden, up_rows)
+    matmul(setup, b, "gate_up", layer, batch, m.hidden, up_rows,
+           parts={"gate": ffn / up_rows, "up": 1 - ffn / up_rows})
     vector(setup, b, "silu_mul", layer, reads=batch * up_rows * ACT_BYTES, writes=batch * ffn * ACT_BYTES,
-           ops=batch * ffn * VEC_OPS["silu_mul"], rows=batch, kernels=kernels(setup, "silu_mul"))
+           ops=batch * ffn * VEC_OPS["silu_mul"], rows=batch)
     matmul(setup, b, "down", layer, batch, ffn, m.hidden, residual=True)

@@ -34,6 +34,27 @@ class Access:
 
 
 @dataclass(frozen=True, slots=True)
+class KernelWork:
+    """One kernel of an op, as the software stack runs it: its class (and implementation),
+    the bytes it moves, its work, its parallelism and how many times it is launched."""
+
+    name: str
+    kclass: str  # matrix | attention | elementwise | reduction | index | copy | cast | collective | host
+    accesses: tuple[Access, ...]
+    matrix_flops: int = 0
+    matrix_m: int = 1
+    vector_ops: int = 0
+    dequant_ops: int = 0
+    dtype: str = "bf16"
+    parallelism: float = 1
+    launches: int = 1
+    impl: str | None = None  # a measured implementation (attention kernels)
+    values: int = 0  # quantized values it dequantizes (attention over a quantized cache)
+    quant: tuple = ()  # (bits, group size, outlier fraction) of the format it dequantizes
+    dispatched: bool = True  # the host launches it itself in eager mode
+
+
+@dataclass(frozen=True, slots=True)
 class Work:
     """What an op asks of the hardware, independent of where it sits in the program."""
 
@@ -49,15 +70,18 @@ class Work:
     collective: tuple[str, int, int] | None = None  # (kind, bytes per chip, group size)
     host_ns: float = 0.0  # host-side work after a sync (e.g. building a dispatch)
     host_launches: int = 0  # kernels the host launches after a sync (host-synced MoE dispatch)
+    host_syncs: int = 0  # further host syncs after the first (a plain PyTorch MoE block per touched expert)
     noc_hops: int = 0  # on-chip network traversals before the body (zero-copy expert dispatch)
     pcie_messages: int = 0  # host-link round trips before the body (routing read back to the host)
+    kernels_run: tuple[KernelWork, ...] = ()  # the kernels the software stack runs it as
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         object.__setattr__(self, "_hash", hash((self.kind, self.accesses, self.matrix_flops, self.matrix_m,
                                                 self.vector_ops, self.dequant_ops, self.dtype, self.parallelism,
                                                 self.kernels, self.collective, self.host_ns, self.host_launches,
-                                                self.noc_hops, self.pcie_messages)))
+                                                self.host_syncs,
+                                                self.noc_hops, self.pcie_messages, self.kernels_run)))
 
     def __hash__(self) -> int:  # computed once: works are dictionary keys in every step
         return self._hash
@@ -161,10 +185,11 @@ class Builder:
     """Appends ops in program order; by default each op depends on the previous op of its
     stream (a GPU stream runs kernels in order)."""
 
-    def __init__(self, ops: list[Op] | None = None, stage: int = 0):
+    def __init__(self, ops: list[Op] | None = None, stage: int = 0, expand=None):
         self.ops: list[Op] = [] if ops is None else ops
         self._last: dict[tuple[int, str], int] = {}
         self.stage = stage
+        self.expand = expand  # (name, kind, accesses, fields) -> the kernels that run the op
 
     def add(self, name: str, layer: int, kind: str, accesses, *, deps=None, stream: str = "main",
             host_sync: bool = False, row: str = "", compute_row: str = "compute", tags=(), **work) -> Op:
@@ -173,8 +198,14 @@ class Builder:
         key = (self.stage, stream)
         if deps is None:
             deps = (self._last[key],) if key in self._last else ()
+        accesses = tuple(a for a in accesses if a.bytes > 0)
+        extra = {k: work.pop(k) for k in ("parts", "values", "quant", "active") if k in work}
+        if self.expand is not None:
+            kernels = self.expand(name, kind, accesses, work, **extra)
+            work["kernels_run"] = kernels
+            work["kernels"] = sum(k.launches for k in kernels)
         op = Op(idx=idx, name=name, layer=layer,
-                work=Work(kind=kind, accesses=tuple(a for a in accesses if a.bytes > 0), **work),
+                work=Work(kind=kind, accesses=accesses, **work),
                 deps=tuple(deps), stream=stream, stage=self.stage, host_sync=host_sync, row=row,
                 compute_row=compute_row, tags=tuple(tags))
         self.ops.append(op)

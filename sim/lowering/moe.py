@@ -96,6 +96,9 @@ def lower_moe(setup: Setup, b: Builder, layer: int, batch: int, position: int) -
     experts, combine (and the all-to-alls under expert parallelism)."""
     plan = setup.moe
     active, resident, fetched, pairs, rpairs = plan.counts(position, layer)
+    if setup.stack.moe == "dense_all":  # every expert runs densely; routing only weights the outputs
+        active, resident, fetched = setup.model.moe.experts, 0, 0
+        pairs, rpairs = batch * setup.model.moe.experts, 0
     m, moe = setup.model, setup.model.moe
     h, k = m.hidden, moe.top_k
     store, act = setup.store, setup.act_level
@@ -116,11 +119,14 @@ def lower_moe(setup: Setup, b: Builder, layer: int, batch: int, position: int) -
         vector_ops=batch * moe.experts * ROUTER_VEC_OPS + router.dequant_ops
         + (0 if plan.dispatch == "host_sync" else batch * k * INDEX_OPS),
         dequant_ops=router.dequant_ops, dtype=setup.weights.matmul_dtype,
-        parallelism=_work_units(moe.experts, h), kernels=1, row="router")
+        parallelism=_work_units(moe.experts, h), row="router")
     if plan.dispatch == "host_sync":
+        host = setup.stack.moe_host
         b.add("routing_to_host", layer, "host", [Access("pcie", batch * k * ROUTING_BYTES_PER_PAIR, "pcie", role="pcie")],
-              host_sync=True, host_ns=HOST_DISPATCH_NS, host_launches=active if plan.graph_mode else 0,
-              pcie_messages=1, kernels=1, row="dispatch")
+              host_sync=True, host_ns=host.grouping_ns.value if host else HOST_DISPATCH_NS,
+              host_syncs=host.syncs_per_expert * active if host else 0,
+              host_launches=active if plan.graph_mode else 0,
+              pcie_messages=1, row="dispatch")
     # dispatch: scatter each token's row to its experts' input buffers
     local = math.ceil(batch / ep) if ep > 1 else batch  # tokens this chip dispatches
     noc_rows = noc_pairs if ep == 1 else 0
@@ -130,7 +136,7 @@ def lower_moe(setup: Setup, b: Builder, layer: int, batch: int, position: int) -
         Access(store, (store_pairs if ep == 1 else local * k) * row, "act", write=True, role="y"),
         Access("noc", noc_rows * row, "act", role="noc"),
     ], vector_ops=local * k * h + (batch * k * INDEX_OPS if plan.dispatch == "host_sync" else 0),
-        parallelism=max(1, local * k), kernels=1, noc_hops=1 if noc_rows else 0, row="dispatch")
+        parallelism=max(1, local * k), noc_hops=1 if noc_rows else 0, row="dispatch")
     a2a_size = local * k * row
     if ep > 1:
         # the rows this chip receives land in its experts' input buffers (the store), or,
@@ -139,13 +145,13 @@ def lower_moe(setup: Setup, b: Builder, layer: int, batch: int, position: int) -
             Access("link", a2a_size, "link", role="link"),
             Access(store, store_pairs * row, "act", write=True, role="y"),
             Access("noc", noc_pairs * row, "act", role="noc"),
-        ], collective=("alltoall", a2a_size, ep), parallelism=ep, kernels=1, noc_hops=1 if noc_pairs else 0)
+        ], collective=("alltoall", a2a_size, ep), parallelism=ep, noc_hops=1 if noc_pairs else 0)
     _experts(setup, b, layer, active, resident, fetched, pairs, noc_pairs)
     if ep > 1:
         b.add("combine_all_to_all", layer, "collective", [
             Access("link", a2a_size, "link", role="link"),
             Access(store, local * k * row, "act", write=True, role="y"),  # each token's k outputs, for the combine
-        ], collective=("alltoall", a2a_size, ep), parallelism=ep, kernels=1)
+        ], collective=("alltoall", a2a_size, ep), parallelism=ep)
     # combine: gate-weighted sum of each token's k expert outputs, plus the residual
     combine_store = store_pairs if ep == 1 else local * k
     combine_act = noc_pairs if ep == 1 else 0
@@ -155,7 +161,7 @@ def lower_moe(setup: Setup, b: Builder, layer: int, batch: int, position: int) -
         Access(act, local * row, "act", role="res"),
         Access(act, local * k * ROUTING_BYTES_PER_PAIR, "act", role="idx"),
         Access(act, local * row, "act", write=True, role="y"),
-    ], vector_ops=2 * local * k * h + local * h, parallelism=max(1, local), kernels=1, row="combine")
+    ], vector_ops=2 * local * k * h + local * h, parallelism=max(1, local), row="combine")
 
 
 def _experts(setup: Setup, b: Builder, layer: int, active: int, resident: int, fetched: int, pairs: int,
@@ -187,7 +193,7 @@ def _experts(setup: Setup, b: Builder, layer: int, active: int, resident: int, f
           vector_ops=pairs * ffn * VEC_OPS["silu_mul"] + active * (up.dequant_ops + down.dequant_ops),
           dequant_ops=active * (up.dequant_ops + down.dequant_ops), dtype=w.matmul_dtype,
           parallelism=active * _work_units(up_rows + ffn, h),
-          kernels=active if plan.dispatch == "host_sync" else 1, noc_hops=1 if noc_pairs else 0,
+          noc_hops=1 if noc_pairs else 0, active=active,
           compute_row="expert_compute", tags=(("active_experts", active), ("resident_experts", resident)))
 
 
@@ -208,4 +214,4 @@ def _shared_expert(setup: Setup, b: Builder, layer: int, batch: int) -> None:
     ], matrix_flops=2 * batch * h * (up_rows + ffn), matrix_m=batch,
         vector_ops=batch * ffn * VEC_OPS["silu_mul"] + up.dequant_ops + down.dequant_ops,
         dequant_ops=up.dequant_ops + down.dequant_ops, dtype=w.matmul_dtype,
-        parallelism=_work_units(up_rows + ffn, h), kernels=1, compute_row="expert_compute")
+        parallelism=_work_units(up_rows + ffn, h), compute_row="expert_compute")

@@ -11,25 +11,13 @@ from collections import Counter
 
 from sim.config.setup import ACT_BYTES, Setup
 from sim.lowering.graph import Access, Builder, Op
+from sim.lowering.kernels import expand, with_prologue
+
+NOT_WEIGHTS = ("router",)  # matmuls whose weights stay in bf16 under a quantized weight format
 
 # Vector operations per element for the element-wise kernels (an estimate of the
 # instruction mix: loads/stores are counted as bytes, not here).
 VEC_OPS = {"rmsnorm": 5, "rope": 6, "silu_mul": 8, "softmax": 5, "residual": 1, "argmax": 2}
-
-# Kernel launches per op for two software stacks. "fused" is a serving stack (fused norms,
-# fused RoPE + cache append, fused SwiGLU); "torch-eager" is a plain PyTorch step
-# (calibration/decode_step.py), counted with the PyTorch profiler there.
-KERNELS = {
-    "fused": {"embed": 1, "rmsnorm": 1, "matmul": 1, "rope_append": 1, "attention": 1,
-              "silu_mul": 1, "allreduce": 1, "p2p": 1, "argmax": 1, "residual": 0},
-    # 30 kernels per layer, as the profiler counted in calibration/data/h200/decode_kernels.csv:
-    # RoPE on q and k + cache writes = 8 mul, 4 add, 2 cat, 2 index_copy; cuDNN SDPA = flash
-    # kernel + lean reduction; the O and down projections each add a residual add and a
-    # cuBLASLt split-K reduce; SwiGLU = silu + mul.
-    "torch-eager": {"embed": 1, "rmsnorm": 1, "matmul": 1, "rope_append": 16, "attention": 2,
-                    "silu_mul": 2, "allreduce": 1, "p2p": 1, "argmax": 1, "residual": 2},
-}
-
 
 # -- sizes ---------------------------------------------------------------------------------
 
@@ -57,12 +45,32 @@ def vocab_bytes(setup: Setup) -> int:
 # -- op builders ---------------------------------------------------------------------------
 
 
-def kernels(setup: Setup, what: str) -> int:
-    return KERNELS[setup.software][what]
+def op_expander(setup: Setup):
+    """The Builder's hook that runs each op through the setup's software stack."""
+    stack = setup.stack
+    prologue = stack.matrix_prologue.get(setup.weights.matmul_dtype, ())
+
+    def run(name: str, kind: str, accesses, work: dict, parts=None, values: int = 0, quant: tuple = (),
+            active: int = 1):
+        specs = stack.kernels_for(name)
+        if name not in NOT_WEIGHTS:
+            specs = with_prologue(specs, prologue, kind)
+        return expand(specs, kind, accesses, matrix_flops=work.get("matrix_flops", 0),
+                      matrix_m=work.get("matrix_m", 1), vector_ops=work.get("vector_ops", 0),
+                      dequant_ops=work.get("dequant_ops", 0), dtype=work.get("dtype", "bf16"),
+                      parallelism=work.get("parallelism", 1), parts=parts, active=active, values=values,
+                      quant=quant, act_level=setup.act_level)
+
+    return run
+
+
+def builder(setup: Setup, ops: list[Op] | None = None, stage: int = 0) -> Builder:
+    """A Builder whose ops run through the setup's software stack."""
+    return Builder(ops, stage, expand=op_expander(setup))
 
 
 def matmul(setup: Setup, b: Builder, name: str, layer: int, batch: int, k: int, n: int,
-           residual: bool = False) -> Op:
+           residual: bool = False, parts: dict[str, float] | None = None) -> Op:
     """x[batch, k] @ W[k, n] with W in the weight format, read once from the store."""
     w = setup.weights.weight_read(n, k)
     act = setup.act_level
@@ -78,24 +86,24 @@ def matmul(setup: Setup, b: Builder, name: str, layer: int, batch: int, k: int, 
     return b.add(name, layer, "matmul", accesses, matrix_flops=2 * batch * k * n, matrix_m=batch,
                  vector_ops=w.dequant_ops + (batch * n if residual else 0), dequant_ops=w.dequant_ops,
                  dtype=setup.weights.matmul_dtype, parallelism=math.ceil(n / 64) * math.ceil(k / 512),  # split-K
-                 kernels=kernels(setup, "matmul") + (kernels(setup, "residual") if residual else 0))
+                 parts=parts)
 
 
 def vector(setup: Setup, b: Builder, name: str, layer: int, *, reads: int, writes: int, ops: int, rows: int,
-           kernels: int = 1, weights: int = 0, extra=(), **fields) -> Op:
+           weights: int = 0, extra=(), **fields) -> Op:
     """An element-wise or row-wise op: reads ``reads`` activation bytes (and ``weights`` bytes
     of a small weight vector, e.g. a norm's gain), writes ``writes``."""
     act = setup.act_level
     accesses = [Access(act, reads, "act", role="x"), Access(act, weights, "act", role="w"),
                 Access(act, writes, "act", write=True, role="y"), *extra]
-    return b.add(name, layer, "vector", accesses, vector_ops=ops, parallelism=max(1, rows), kernels=kernels, **fields)
+    return b.add(name, layer, "vector", accesses, vector_ops=ops, parallelism=max(1, rows), **fields)
 
 
 def collective(setup: Setup, b: Builder, name: str, layer: int, kind: str, size: int, group: int) -> Op | None:
     if group <= 1:
         return None
     return b.add(name, layer, "collective", [Access("link", size, "link", role="link")], collective=(kind, size, group),
-                 parallelism=group, kernels=kernels(setup, "allreduce"))
+                 parallelism=group)
 
 
 def attention(setup: Setup, b: Builder, layer: int, contexts: tuple[int, ...]) -> Op:
@@ -113,8 +121,21 @@ def attention(setup: Setup, b: Builder, layer: int, contexts: tuple[int, ...]) -
     return b.add("attention", layer, "attention", accesses, matrix_flops=4 * setup.heads * m.head_dim * total_ctx,
                  matrix_m=m.heads // m.kv_heads,
                  vector_ops=VEC_OPS["softmax"] * setup.heads * total_ctx + dequant, dequant_ops=dequant,
-                 dtype="bf16", parallelism=splits * setup.kv_heads, kernels=kernels(setup, "attention"),
-                 tags=(("tokens", total_ctx),))
+                 dtype="bf16", parallelism=splits * setup.kv_heads, tags=(("tokens", total_ctx),),
+                 values=total_ctx * (setup.k_width + setup.v_width), quant=kv_quant(setup.kv))
+
+
+def kv_quant(fmt) -> tuple:
+    """What a dequantizing attention kernel's cost depends on, for a KV format: (mean value
+    bits of K and V, group size (0 = per row/channel), outlier fraction, K quantized per
+    channel, codebook levels). Empty for a 16-bit cache (nothing to dequantize)."""
+    k, v = fmt.k, fmt.v
+    if k.bits >= 16 and v.bits >= 16:
+        return ()
+    outliers = max((q.outliers.fraction for q in (k, v) if q.outliers is not None and hasattr(q.outliers, "fraction")),
+                   default=0.0)
+    return ((k.bits + v.bits) / 2, k.group_size or v.group_size or 0, float(outliers), k.per == "column",
+            k.encoding == "codebook" or v.encoding == "codebook")
 
 
 def kv_traffic(setup: Setup, contexts: tuple[int, ...]) -> tuple[int, int, int, int, int, float]:

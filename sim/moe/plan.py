@@ -64,7 +64,8 @@ def routing_trace(spec, model: ModelSpec, batches: list[int]) -> RoutingTrace:
     return trace
 
 
-def build(spec, model: ModelSpec, hardware: HardwareProfile, weights, tp: int, batches: list[int]) -> MoEPlan:
+def build(spec, model: ModelSpec, hardware: HardwareProfile, weights, tp: int, batches: list[int],
+          graph: bool = True) -> MoEPlan:
     """The MoE plan of a run: sizes the SRAM slots, checks a requested pin count against the
     SRAM that exists, and runs the placement over the run's steps."""
     moe = model.moe
@@ -88,5 +89,5 @@ def build(spec, model: ModelSpec, hardware: HardwareProfile, weights, tp: int, b
     slots = min(slots, on_chip)
     pl = place(trace, spec.placement, slots, batches, chips=ep)
     layers = [layer for layer in range(model.layers) if not moe.is_dense(layer)]
-    return MoEPlan(spec.dispatch, trace, pl, ep, level if slots else None, spec.graph,
+    return MoEPlan(spec.dispatch, trace, pl, ep, level if slots else None, graph,
                    {layer: i for i, layer in enumerate(layers)})

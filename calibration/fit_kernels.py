@@ -1,0 +1,352 @@
+"""Fit the kernel-level cost model to the H200 kernel-class microbenchmarks.
+
+Inputs (committed, measured by calibration/kernels.py, kv_attention.py and moe_host.py on
+one H200): ``data/h200/kernels/k/kernels.csv``, ``data/h200/kv/kv/kv_attention.csv``,
+``data/h200/moe/m/host_dispatch.csv``. Whole decode steps are never read here (they are the
+frozen validation set in validation/).
+
+Model (sim/costs.py): a kernel of class c takes ``startup_c + max(bytes / BW, compute)``
+where BW is the class's rate from HBM (``bandwidth_GBps``), or, for classes that put one
+CTA on a row (``parallel: rows``), at most rows x the class's per-CTA rate; compute is the
+matrix unit at ``matrix_efficiency`` of its peak for matrix kernels. Dequantizing attention
+adds ``values x ps_per_value(format)`` beside the loads (the stack's implementations).
+
+Method: each class is fitted by weighted least squares on relative error (t = a + b x bytes
+for the linear classes, a small grid search for the per-CTA rate), with one third of the
+configurations held out by a fixed hash of their config id; the report gives the fit and
+held-out errors separately. ``--write`` puts the figures, each with its source, into
+hardware_profiles/h200-sxm.yaml (the block after ``# >>> kernels``) and into the software
+stacks' fitted blocks (``# >>> fitted`` .. ``# <<< fitted``).
+
+Run: ``python calibration/fit_kernels.py [--write]`` (numpy + pandas; no GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+KERNELS = HERE / "data/h200/kernels/k/kernels.csv"
+KV = HERE / "data/h200/kv/kv/kv_attention.csv"
+HOST = HERE / "data/h200/moe/m/host_dispatch.csv"
+OUT = HERE / "kernel_fit.json"
+PROFILE = ROOT / "hardware_profiles/h200-sxm.yaml"
+STACKS = ROOT / "workloads/software"
+PEAK_BF16_TFLOPS = 989.4  # NVIDIA H200 datasheet, dense bf16 (hardware_facts.md N10)
+
+# kernel classes: which single-kernel microbenchmarks measure each (kernels.csv impl names)
+CLASSES = {
+    "elementwise": ["add", "mul", "silu"],
+    "cast": ["cast_fp32_bf16", "cast_bf16_fp32"],
+    "copy": ["copy_", "cat2"],
+    "reduction": ["argmax"],
+    "index": ["index_select", "F.embedding", "index_copy_", "index_add_"],
+}
+ROWS_PARALLEL = {"reduction", "index"}
+
+
+def held_out(config_id: str) -> bool:
+    """A fixed third of the configurations, by hash (never by shape)."""
+    return int(hashlib.sha256(config_id.encode()).hexdigest(), 16) % 3 == 0
+
+
+def errors(pred, meas) -> dict:
+    e = (np.asarray(pred) - np.asarray(meas)) / np.asarray(meas)
+    if len(e) == 0:
+        return {"n": 0}
+    return {"n": int(len(e)), "median_abs_pct": round(float(np.median(np.abs(e))) * 100, 2),
+            "worst_abs_pct": round(float(np.max(np.abs(e))) * 100, 2)}
+
+
+def linfit(x, t):
+    """t = a + b x, weighted least squares on relative error."""
+    w = 1.0 / t
+    A = np.vstack([np.ones_like(x), x]).T * w[:, None]
+    (a, b), *_ = np.linalg.lstsq(A, t * w, rcond=None)
+    return float(a), float(b)
+
+
+def fit_linear_class(df: pd.DataFrame) -> dict:
+    """Start-up from the small sizes (data in L2, as a decode step's activations are), the
+    HBM rate from the slope over the HBM-cold sizes."""
+    fit = df[~df.config_id.map(held_out)]
+    hold = df[df.config_id.map(held_out)]
+    size = fit.bytes_read + fit.bytes_written
+    small = fit[size <= 256 * 1024]
+    cold = fit[fit.hbm_cold == True]  # noqa: E712
+    _, b = linfit((cold.bytes_read + cold.bytes_written).to_numpy(float), cold.median_us.to_numpy(float) * 1e3)
+    bw = 1.0 / b if b > 0 else math.inf
+    a = float(np.median(small.median_us * 1e3 - (small.bytes_read + small.bytes_written) / bw))
+    pred = lambda d: (a + (d.bytes_read + d.bytes_written).to_numpy(float) / bw) / 1e3  # noqa: E731
+    return {"startup_ns": round(a, 1), "bandwidth_GBps": round(bw, 1), "fit": errors(pred(fit), fit.median_us),
+            "held_out": errors(pred(hold), hold.median_us), "impls": sorted(df.impl.unique())}
+
+
+def fit_rows_class(df: pd.DataFrame, bw_cap: float) -> dict:
+    """t = a + bytes / min(bw, rows x cta): grid search over cta, least squares for a, 1/bw."""
+    fit = df[~df.config_id.map(held_out)]
+    hold = df[df.config_id.map(held_out)]
+    best = None
+    for cta in np.geomspace(2, 200, 60):
+        x = (fit.bytes_read + fit.bytes_written).to_numpy(float)
+        rate = np.minimum(bw_cap, fit.rows.to_numpy(float) * cta)
+        t = fit.median_us.to_numpy(float) * 1e3
+        a = float(np.median(t - x / rate))
+        a = max(a, 0.0)
+        pred = a + x / rate
+        err = float(np.median(np.abs(pred - t) / t))
+        if best is None or err < best[0]:
+            best = (err, cta, a)
+    _, cta, a = best
+
+    def pred(d):
+        x = (d.bytes_read + d.bytes_written).to_numpy(float)
+        return (a + x / np.minimum(bw_cap, d.rows.to_numpy(float) * cta)) / 1e3
+
+    return {"startup_ns": round(a, 1), "bandwidth_GBps": round(bw_cap, 1), "cta_bandwidth_GBps": round(float(cta), 2),
+            "parallel": "rows", "fit": errors(pred(fit), fit.median_us), "held_out": errors(pred(hold), hold.median_us),
+            "impls": sorted(df.impl.unique())}
+
+
+def fit_matrix(g: pd.DataFrame) -> dict:
+    """bf16 F.linear: t = a + max(bytes / bw, flops / (peak x eff)); a and bw from M <= 16
+    (memory-bound), eff from M >= 128 (the rows where compute shows)."""
+    fit = g[~g.config_id.map(held_out)]
+    hold = g[g.config_id.map(held_out)]
+    small = fit[fit.M <= 16]
+    a, b = linfit(small.bytes_read.to_numpy(float), small.median_us.to_numpy(float) * 1e3)
+    bw = 1.0 / b
+    big = fit[fit.M >= 128]
+    best = None
+    for eff in np.linspace(0.3, 0.95, 66):
+        pred = a + np.maximum(big.bytes_read / bw, big.flops / (PEAK_BF16_TFLOPS * 1e3 * eff))
+        err = float(np.median(np.abs(pred - big.median_us * 1e3) / (big.median_us * 1e3)))
+        if best is None or err < best[0]:
+            best = (err, eff)
+    eff = best[1]
+
+    def pred(d):
+        return (a + np.maximum(d.bytes_read / bw, d.flops / (PEAK_BF16_TFLOPS * 1e3 * eff))) / 1e3
+
+    return {"startup_ns": round(a, 1), "bandwidth_GBps": round(bw, 1), "matrix_efficiency": round(float(eff), 3),
+            "fit": errors(pred(fit), fit.median_us), "held_out": errors(pred(hold), hold.median_us),
+            "rows": int(len(g))}
+
+
+def fit_grid_cta(k: pd.DataFrame) -> float:
+    """One program's streaming rate (GB/s): the grid section's few-program rows at >= 64 MiB."""
+    g = k[(k.section == "grid") & (k.n_programs <= 16) & (k.size_bytes >= 64 * 2**20)]
+    return float(np.median(g.achieved_GBps / g.n_programs))
+
+
+# -- attention --------------------------------------------------------------------------------
+
+FORMATS = {  # kv_attention.py format -> (bits, group, outlier fraction, K per channel, codebook)
+    "int8": (8.0, 128, 0.0, False, False),
+    "int4-g32": (4.0, 32, 0.0, False, False),
+    "int4-g64": (4.0, 64, 0.0, False, False),
+    "int4-g128": (4.0, 128, 0.0, False, False),
+    "int2-kivi": (2.0, 32, 0.0, True, False),
+    "int2-asym-outlier": (2.0, 128, 0.05, False, False),
+}
+HELD_OUT_FORMAT = "int4-g64"
+
+
+def attention_values(df: pd.DataFrame) -> np.ndarray:
+    return (df.B * df.Hkv * df.L * df.D * 2).to_numpy(float)
+
+
+def fit_attention(kv: pd.DataFrame) -> dict:
+    """The attention class (bf16 cuDNN SDPA: start-up and KV rate) and each Triton
+    implementation's efficiency and per-value dequantization cost by format layout."""
+    kv = kv[kv.phase == "sweep"].dropna(subset=["median_us"]).copy()
+    kv["held"] = kv.config_id.map(held_out)
+    ref = kv[kv.impl == "sdpa_cudnn"]
+    fit = ref[~ref.held]
+    a, b = linfit(fit.kv_bytes.to_numpy(float), fit.median_us.to_numpy(float) * 1e3)
+    cls = {"startup_ns": round(a, 1), "bandwidth_GBps": round(1 / b, 1)}
+    pred = lambda d: (a + d.kv_bytes / (1 / b)) / 1e3  # noqa: E731
+    cls["fit"] = errors(pred(fit), fit.median_us)
+    cls["held_out"] = errors(pred(ref[ref.held]), ref[ref.held].median_us)
+    impls = {}
+    for family in ("triton_group", "triton_elem"):
+        rows = kv[kv.impl.str.startswith(family)]
+        bf = kv[kv.impl == "triton_bf16"]
+        eff = float(np.median((a + bf.kv_bytes * b) / (bf.median_us * 1e3)))  # the Triton kernel vs cuDNN
+        eff = min(eff, 1.0)
+        # dequantization time per value where the kernel is slower than its bytes allow
+        rows = rows.assign(bits=rows.fmt.map(lambda f: FORMATS[f][0]), group=rows.fmt.map(lambda f: FORMATS[f][1]),
+                           outl=rows.fmt.map(lambda f: FORMATS[f][2]), chan=rows.fmt.map(lambda f: FORMATS[f][3]),
+                           values=attention_values(rows))
+        rows["ps"] = (rows.median_us * 1e3 - a) / rows["values"] * 1e3
+        big = rows[(rows.B * rows.L >= 65536)]
+        train = big[(~big.held) & (big.fmt != HELD_OUT_FORMAT)]
+        X = np.vstack([np.ones(len(train)), 8 / train.bits - 1, 1 / train.group, train.outl,
+                       train.chan.astype(float)]).T
+        coef, *_ = np.linalg.lstsq(X, train.ps.to_numpy(float), rcond=None)
+        coef = np.maximum(coef, 0.0)
+        names = ["value_ps", "unpack_ps", "group_ps", "outlier_ps", "channel_ps"]
+
+        def predict(d, coef=coef, eff=eff):
+            ps = (coef[0] + coef[1] * (8 / d.bits - 1) + coef[2] / d.group + coef[3] * d.outl
+                  + coef[4] * d.chan.astype(float))
+            deq = d["values"] * ps / 1e3
+            mem = d.kv_bytes * b / eff
+            return (a + np.maximum(mem, deq)) / 1e3
+
+        fit_rows = rows[(~rows.held) & (rows.fmt != HELD_OUT_FORMAT)]
+        hold_rows = rows[rows.held & (rows.fmt != HELD_OUT_FORMAT)]
+        fmt_rows = rows[rows.fmt == HELD_OUT_FORMAT]
+        impls[family] = {"efficiency": round(eff, 3), **{n: round(float(c), 2) for n, c in zip(names, coef, strict=True)},
+                         "fit": errors(predict(fit_rows), fit_rows.median_us),
+                         "held_out_shapes": errors(predict(hold_rows), hold_rows.median_us),
+                         f"held_out_format_{HELD_OUT_FORMAT}": errors(predict(fmt_rows), fmt_rows.median_us)}
+    return {"class": cls, "impls": impls}
+
+
+# -- host dispatch ----------------------------------------------------------------------------
+
+DISPATCH = {  # kernel class -> host_dispatch.csv op whose busy-device host time it takes
+    "matrix": "linear", "attention": "sdpa", "elementwise": "add_", "reduction": "softmax", "cast": "add_",
+    "copy": "cat", "index": "index_select",
+}
+
+
+def fit_dispatch(h: pd.DataFrame) -> dict:
+    busy = h[h.device_busy == True]  # noqa: E712
+    out = {}
+    for kclass, op in DISPATCH.items():
+        rows = busy[busy.op == op]
+        out[kclass] = round(float(rows.host_us_per_call_median.median()) * 1e3, 0)
+    item = h[(h.op == "d2h") & h.variant.str.contains("item")]
+    sort = h[(h.op == "host_group") & h.variant.str.contains("sort stable cpu n=128")]
+    out["item_ns"] = round(float(item.host_us_per_call_median.median()) * 1e3, 0)
+    out["grouping_ns"] = round(float(sort.host_us_per_call_median.median()) * 1e3, 0)
+    return out
+
+
+# -- the whole fit ----------------------------------------------------------------------------
+
+
+def compute() -> dict:
+    k = pd.read_csv(KERNELS)
+    k = k[k.error.isna()]
+    e = k[(k.section == "elementwise")]
+    cta = fit_grid_cta(k)
+    classes = {}
+    for cls, impls in CLASSES.items():
+        rows = e[e.impl.isin(impls)]
+        if cls not in ROWS_PARALLEL:
+            classes[cls] = fit_linear_class(rows)
+        else:
+            classes[cls] = fit_rows_class(rows, bw_cap=4400.0)
+    gemm = k[(k.section == "gemm") & (k.impl == "F.linear")]
+    classes["matrix"] = fit_matrix(gemm)
+    kv = fit_attention(pd.read_csv(KV))
+    classes["attention"] = kv["class"]
+    return {"source": "measured: calibration/data/h200 (kernels.py, kv_attention.py, moe_host.py) via "
+                      "calibration/fit_kernels.py",
+            "grid_cta_bandwidth_GBps": round(cta, 2), "classes": classes, "attention_impls": kv["impls"],
+            "dispatch_ns": fit_dispatch(pd.read_csv(HOST))}
+
+
+# -- writing the figures ----------------------------------------------------------------------
+
+SOURCE = "measured: calibration/data/h200/{csv} via calibration/fit_kernels.py"
+
+
+def profile_block(fit: dict) -> str:
+    lines = ["# >>> kernels (written by calibration/fit_kernels.py --write; do not edit by hand)",
+             "kernels:",
+             f"  cta_bandwidth_GBps: {{value: {fit['grid_cta_bandwidth_GBps']}, source: \"" +
+             SOURCE.format(csv="kernels/k/kernels.csv (grid: one program's streaming rate)") + "\"}",
+             "  classes:"]
+    for name, c in fit["classes"].items():
+        csv = "kv/kv/kv_attention.csv (sdpa_cudnn bf16)" if name == "attention" else \
+            f"kernels/k/kernels.csv ({', '.join(c.get('impls', ['F.linear']))})"
+        src = SOURCE.format(csv=csv)
+        lines.append(f"    {name}:")
+        lines.append(f"      startup_ns: {{value: {c['startup_ns']}, source: \"{src}\"}}")
+        lines.append(f"      bandwidth_GBps: {{value: {c['bandwidth_GBps']}, source: \"{src}\"}}")
+        if c.get("parallel") == "rows":
+            lines.append("      parallel: rows")
+            lines.append(f"      cta_bandwidth_GBps: {{value: {c['cta_bandwidth_GBps']}, source: \"{src}\"}}")
+    return "\n".join(lines) + "\n"
+
+
+def write_profile(fit: dict) -> None:
+    text = PROFILE.read_text()
+    marker = "# >>> kernels"
+    head = text.split(marker)[0].rstrip("\n") + "\n"
+    PROFILE.write_text(head + profile_block(fit))
+
+
+def write_stacks(fit: dict) -> list[str]:
+    """Replace each stack's ``# >>> fitted <name>`` .. ``# <<< fitted`` block."""
+    written = []
+    for path in sorted(STACKS.glob("*.yaml")):
+        text = path.read_text()
+        if "# >>> fitted" not in text:
+            continue
+
+        def block(match, fit=fit):
+            what = match.group(1).strip()
+            indent = match.group(2)
+            return f"# >>> fitted {what}\n" + render(what, fit, indent) + f"{indent}# <<< fitted"
+
+        new = re.sub(r"# >>> fitted ([^\n]*)\n.*?([ \t]*)# <<< fitted", block, text, flags=re.S)
+        path.write_text(new)
+        written.append(path.name)
+    return written
+
+
+def render(what: str, fit: dict, indent: str) -> str:
+    out = []
+    if what == "dispatch":
+        src = SOURCE.format(csv="moe/m/host_dispatch.csv (busy device, host time per call)")
+        for kclass, ns in fit["dispatch_ns"].items():
+            if kclass.endswith("_ns"):
+                continue
+            out.append(f"{indent}{kclass}: {{value: {ns}, source: \"{src}\"}}")
+    elif what == "moe_host":
+        src = SOURCE.format(csv="moe/m/host_dispatch.csv (torch.sort of 128 routing ids on the host)")
+        out.append(f"{indent}grouping_ns: {{value: {fit['dispatch_ns']['grouping_ns']}, source: \"{src}\"}}")
+    elif what.startswith("attention "):
+        family = what.split()[1]
+        c = fit["attention_impls"][family]
+        src = SOURCE.format(csv=f"kv/kv/kv_attention.csv ({family}_*)")
+        for key in ("efficiency", "value_ps", "unpack_ps", "group_ps", "outlier_ps", "channel_ps"):
+            out.append(f"{indent}{key}: {{value: {c[key]}, source: \"{src}\"}}")
+    return "\n".join(out) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--write", action="store_true", help="write the figures into the profile and the stacks")
+    args = parser.parse_args(argv)
+    fit = compute()
+    OUT.write_text(json.dumps(fit, indent=1) + "\n")
+    for name, c in fit["classes"].items():
+        print(f"{name:<12} startup {c['startup_ns']:8.1f} ns  bw {c['bandwidth_GBps']:8.1f} GB/s  "
+              f"fit {c['fit']}  held out {c['held_out']}")
+    for name, c in fit["attention_impls"].items():
+        print(f"{name:<13} {json.dumps(c)}")
+    print("dispatch", fit["dispatch_ns"])
+    if args.write:
+        write_profile(fit)
+        print("wrote", PROFILE.relative_to(ROOT), "and", ", ".join(write_stacks(fit)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""The software-stack stage: each op of the lowering becomes the kernels that run it.
+
+``expand(stack, op fields)`` reads the stack's entry for the op (sim.config.software) and
+returns ``KernelWork`` records: each kernel's class, the op bytes it moves (by role, with
+shares such as ``w:0.5`` for one of two projections that split a weight), intermediate
+temporaries, and its part of the op's work:
+
+* matrix FLOPs go to the ``matrix``/``attention`` kernels, in proportion to the weight (or
+  KV) share each reads;
+* dequantization goes to the kernel that reads the weights or the cache (fused) or to a
+  ``cast`` kernel that reads them (an unfused dequantize);
+* other vector work is split evenly between the other kernels.
+
+An op the stack does not name runs as one kernel of its default class that moves its bytes
+once, which is the byte model. ``per_expert`` kernels are launched once per expert the op
+touches (a per-expert loop); their bytes are the op's.
+"""
+
+from __future__ import annotations
+
+from sim.config.software import Kernel
+from sim.errors import ConfigError
+from sim.lowering.graph import Access, KernelWork
+
+DEFAULT_CLASS = {"matmul": "matrix", "attention": "attention", "vector": "elementwise", "collective": "collective",
+                 "p2p": "collective", "host": "host"}
+MATRIX_CLASSES = ("matrix", "attention")
+
+
+def _share(spec: str, parts: dict[str, float]) -> tuple[str, float]:
+    """``w`` -> (w, 1); ``w:0.5`` -> (w, 0.5); ``w:q`` -> (w, the op's q part)."""
+    role, _, share = spec.partition(":")
+    if not share:
+        return role, 1.0
+    if share in parts:
+        return role, parts[share]
+    try:
+        value = float(share)
+    except ValueError:
+        raise ConfigError("software stack", spec, f"a share is a number or one of the op's parts "
+                          f"({', '.join(parts) or 'none'})") from None
+    if not 0 < value <= 1:
+        raise ConfigError("software stack", spec, "a share must lie in (0, 1]", value)
+    return role, value
+
+
+def _scaled(accesses, role: str, share: float, write: bool) -> list[Access]:
+    out = []
+    for a in accesses:
+        if a.role == role and a.write == write and a.bytes:
+            n = a.bytes if share == 1.0 else round(a.bytes * share)
+            if n:
+                out.append(Access(a.level, n, a.category, a.write, a.granule, a.role))
+    return out
+
+
+def expand(specs: tuple[Kernel, ...] | None, kind: str, accesses: tuple[Access, ...], *, matrix_flops: int,
+           matrix_m: int, vector_ops: int, dequant_ops: int, dtype: str, parallelism: float,
+           parts: dict[str, float] | None = None, active: int = 1, values: int = 0, quant: tuple = (),
+           act_level: str = "") -> tuple[KernelWork, ...]:
+    """The kernels of one op (see the module docstring)."""
+    parts = parts or {}
+    if specs is None:
+        return (KernelWork(name=kind, kclass=DEFAULT_CLASS.get(kind, "elementwise"), accesses=accesses,
+                           matrix_flops=matrix_flops, matrix_m=matrix_m, vector_ops=vector_ops,
+                           dequant_ops=dequant_ops, dtype=dtype, parallelism=parallelism,
+                           values=values, quant=quant),)
+    y_bytes = sum(a.bytes for a in accesses if a.role == "y" and a.write)
+    temp_level = act_level or next((a.level for a in accesses if a.role in ("y", "x")), "")
+    main_role = "kv" if kind == "attention" else "w"
+    matrix_share = {}
+    for i, k in enumerate(specs):
+        if k.kclass in MATRIX_CLASSES:
+            shares = [_share(s, parts)[1] for s in k.reads if _share(s, parts)[0] == main_role]
+            matrix_share[i] = sum(shares) if shares else 1.0
+    total_matrix = sum(matrix_share.values()) or 1.0
+    cast_reads_main = [i for i, k in enumerate(specs) if k.kclass == "cast"
+                       and any(_share(s, parts)[0] == main_role for s in k.reads)]
+    others = [i for i, k in enumerate(specs) if i not in matrix_share]
+    out = []
+    for i, k in enumerate(specs):
+        acc: list[Access] = []
+        for spec in k.reads:
+            role, share = _share(spec, parts)
+            acc += _scaled(accesses, role, share, write=False)
+        for spec in k.writes:
+            role, share = _share(spec, parts)
+            acc += _scaled(accesses, role, share, write=True)
+        if k.temp and y_bytes and temp_level:
+            tmp = round(k.temp * y_bytes)
+            acc += [Access(temp_level, tmp, "act", False, None, "temp"), Access(temp_level, tmp, "act", True, None, "temp")]
+        share = matrix_share.get(i, 0.0) / total_matrix if i in matrix_share else 0.0
+        flops = round(matrix_flops * share) if matrix_share else (matrix_flops if i == 0 else 0)
+        base = max(0, vector_ops - dequant_ops)
+        if others:
+            vec = base // len(others) if i in others else 0
+        else:
+            vec = round(base * share)
+        if cast_reads_main:
+            deq = dequant_ops // len(cast_reads_main) if i in cast_reads_main else 0
+        elif matrix_share:
+            deq = round(dequant_ops * share)
+        else:
+            deq = dequant_ops // len(specs)
+        vec += deq
+        launches = k.launches * (max(1, active) if k.per_expert else 1)
+        out.append(KernelWork(
+            name=k.name, kclass=k.kclass, accesses=tuple(acc), matrix_flops=flops, matrix_m=matrix_m, vector_ops=vec,
+            dequant_ops=deq, dtype=dtype if k.kclass in MATRIX_CLASSES else "bf16",
+            parallelism=max(1.0, parallelism * (share if i in matrix_share else 1.0)), launches=launches,
+            impl=k.impl, values=values if k.kclass == "attention" else 0,
+            quant=quant if k.kclass == "attention" else (), dispatched=k.dispatched))
+    return tuple(out)
+
+
+def with_prologue(specs: tuple[Kernel, ...] | None, prologue: tuple[Kernel, ...], kind: str) -> tuple[Kernel, ...] | None:
+    """``specs`` with ``prologue`` (e.g. an FP8 linear's activation quantization) before each
+    matrix kernel; an op without specs is one matrix kernel first."""
+    if not prologue or kind != "matmul":
+        return specs
+    if specs is None:
+        specs = (Kernel.model_validate({"name": "gemm", "class": "matrix", "reads": ["x", "w", "res"],
+                                        "writes": ["y"]}),)
+    out: list[Kernel] = []
+    for k in specs:
+        if k.kclass == "matrix":
+            out.extend(prologue)
+        out.append(k)
+    return tuple(out)
+
+
+def role_bytes(accesses, write: bool | None = None) -> dict[str, int]:
+    """Bytes by role (the conservation check of a stack: kernels move at least the op's)."""
+    out: dict[str, int] = {}
+    for a in accesses:
+        if write is None or a.write == write:
+            out[a.role] = out.get(a.role, 0) + a.bytes
+    return out
