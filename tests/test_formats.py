@@ -183,14 +183,14 @@ def test_slow_vector_unit_makes_kivi2_attention_slower_than_int8():
 
     slow = str(FIXTURES / "h200-slow-vector.yaml")  # the H200 with a 32x slower vector unit
     restore = ("hardware.compute.vector_flops_per_cycle.fp32=256", "hardware.compute.vector_flops_per_cycle.bf16=512")
-    run = dict(hardware=slow, batch=4, context=8192, steps=1, keep_ops=True)
+    run = dict(hardware=slow, batch=4, context=8192, steps=1, keep_ops=True, software="torch-graph")
     fast_int8, fast_kivi = (simulate(kv=kv, overrides=restore, **run) for kv in ("int8", "kivi-2"))
     slow_int8, slow_kivi = (simulate(kv=kv, **run) for kv in ("int8", "kivi-2"))
     fast_ratio = _attention_ns(fast_kivi) / _attention_ns(fast_int8)
     slow_ratio = _attention_ns(slow_kivi) / _attention_ns(slow_int8)
     # at full vector rate kivi-2's 2.4x fewer KV bytes keep it near int8; with a slow vector
     # unit its 5 dequant ops per value (int8: 2) make its attention far slower
-    assert fast_ratio < 1.1
+    assert fast_ratio < 1.25
     assert slow_ratio > 1.5 and slow_ratio > 1.5 * fast_ratio
     assert slow_kivi.summary["breakdown_ms"]["dequant"] > slow_kivi.summary["breakdown_ms"].get("kv", 0.0)
     att = next(o for o in slow_kivi.ops if o["name"] == "attention")
@@ -205,7 +205,7 @@ def test_outlier_heavy_format_makes_attention_gather_bound(tmp_path):
         "name": "heavy-outliers", "description": "2-bit with 20% sparse COO outliers", "role": "kv", "bits": 2,
         "symmetric": False, "scale_dtype": "fp16", "zero_dtype": "fp16", "per": "row", "group_size": 128,
         "outliers": {"fraction": 0.2, "layout": "coo", "index_bits": 16}}))
-    r = simulate(kv=str(heavy), batch=8, context=8192, steps=1, keep_ops=True)
+    r = simulate(kv=str(heavy), batch=8, context=8192, steps=1, keep_ops=True, software="torch-graph")
     att = next(o for o in r.ops if o["name"] == "attention")
     assert att["bound"] == "outliers"
     assert r.summary["breakdown_ms"]["outliers"] > r.summary["breakdown_ms"].get("kv", 0.0)

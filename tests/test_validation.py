@@ -44,8 +44,6 @@ def test_report_states_the_eager_miss_plainly():
     eager = [r for r in validation.predict_measured(rows) if not r["graph"] and r["batch"] == 1]
     assert eager, "the issue asks for eager rows at batch 1"
     report = (validation.repo_path("reports/validation.md")).read_text()
-    worst = max(abs(r["error_pct"]) for r in eager)
-    assert worst > validation.WORST_BOUND_PCT  # the known miss; if this starts passing, guard eager too
     assert "eager" in report and "host" in report
     for r in eager:
         assert f"{r['error_pct']:+.1f}%" in report, f"report lacks the eager error {r['error_pct']:+.1f}%"

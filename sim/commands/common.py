@@ -24,12 +24,13 @@ def add_run_options(p: argparse.ArgumentParser, *, formats: bool = True) -> None
     p.add_argument("--steps", type=int, default=d.steps, help="decode steps to simulate (default 8)")
     p.add_argument("--target-ms", type=float, default=d.target_ms, help="per-token latency target (default 10)")
     p.add_argument("--engine", choices=["des", "analytic"], default=d.engine, help="discrete-event or closed form")
-    p.add_argument("--graph", action=argparse.BooleanOptionalAction, default=True,
-                   help="run the step as a captured graph (default) or launch kernels one by one")
+    p.add_argument("--graph", action=argparse.BooleanOptionalAction, default=None,
+                   help="run the step as a captured graph or launch kernels one by one (default: the stack's)")
     p.add_argument("--tp", type=int, default=None, help="tensor-parallel chips (default: min(chips, 8))")
     p.add_argument("--pp", type=int, default=None, help="pipeline stages (default: chips / tp)")
-    p.add_argument("--software", choices=["fused", "torch-eager"], default=d.software,
-                   help="kernel decomposition: a fused serving stack or plain PyTorch")
+    p.add_argument("--software", default=d.software, metavar="STACK|PATH",
+                   help="software stack (workloads/software/: fused, fused-naive-kv, torch-graph, torch-graph-grouped, "
+                        "torch-graph-dense, torch-eager) or a stack YAML: which kernels run each op")
     p.add_argument("--chips", type=int, default=None, help="chip count (overrides the profile's system.chips)")
     moe = p.add_argument_group("Mixture-of-Experts (models with a moe: section)")
     moe.add_argument("--dispatch", choices=["host_sync", "device", "sram_zero_copy"], default=d.dispatch,

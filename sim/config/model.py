@@ -77,6 +77,9 @@ class ModelSpec(Strict):
     vocab: int = PosInt
     tied_embeddings: bool
     activation: Literal["swiglu", "gelu"] = "swiglu"
+    # the reference implementation stores Q, K, V (and gate, up) as one fused weight, so a
+    # plain PyTorch stack runs one GEMM for them (Phi-3's qkv_proj and gate_up_proj)
+    fused_projections: bool = False
     max_context: int = PosInt
     moe: MoESpec | None = None
     attention: AttentionSpec | None = None

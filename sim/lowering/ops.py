@@ -53,6 +53,8 @@ def op_expander(setup: Setup):
     def run(name: str, kind: str, accesses, work: dict, parts=None, values: int = 0, quant: tuple = (),
             active: int = 1):
         specs = stack.kernels_for(name)
+        if name in ("qkv", "gate_up") and setup.model.fused_projections:
+            specs = stack.ops[f"{name}@fused"].kernels if f"{name}@fused" in stack.ops else None
         if name not in NOT_WEIGHTS:
             specs = with_prologue(specs, prologue, kind)
         return expand(specs, kind, accesses, matrix_flops=work.get("matrix_flops", 0),
