@@ -82,3 +82,67 @@ def attention_costs(spec) -> dict:
     out["matrix_m"] = next(op.work.matrix_m for op in graph.ops if op.kind == "attention")
     out["matrix_tile_m"] = costs.tile_m
     return out
+
+
+def attention_rows(spec, kv_formats: list[str], stacks: list[str], baseline: str = "fp16") -> list[dict]:
+    """For each KV format and each stack's attention kernel: the step and attention times,
+    attention against the baseline format's, the KV rate the kernel reaches, and the
+    break-even factor: how much cheaper per dequantized value the kernel must be for the
+    format's step to match the baseline's (1 or less: it already does; inf: not even a
+    free dequantization would)."""
+    out = []
+    for software in stacks:
+        base = _attention(spec.model_copy(update={"kv": baseline, "software": software}))
+        for name in kv_formats:
+            run = spec.model_copy(update={"kv": name, "software": software})
+            row = _attention(run)
+            row.update(kv=name, software=software, attention_vs_baseline=row["attention_ms"] / base["attention_ms"],
+                       break_even=break_even(run, base["step_ms"]) if name != baseline else None)
+            out.append(row)
+    return out
+
+
+def _attention(spec) -> dict:
+    r = simulate(spec, keep_ops=True)
+    att = [o for o in r.ops if o["name"] == "attention" and o["step"] == r.steps[0]["step"]]
+    ns = sum(o["duration_ns"] for o in att)
+    kv_bytes = sum(o.get("read_kv_hbm_bytes", 0) + o.get("read_outliers_hbm_bytes", 0) for o in att)
+    return {"step_ms": r.summary["per_token_ms_p50"], "attention_ms": ns / 1e6,
+            "kv_GBps": kv_bytes / ns if ns else 0.0}
+
+
+def break_even(spec, target_ms: float) -> float:
+    """The factor by which the stack's dequantization cost per value must shrink for ``spec``'s
+    step to take ``target_ms`` (bisection on a scaled copy of the stack; monotone)."""
+    import tempfile
+    from pathlib import Path
+
+    import yaml
+
+    from sim.config.software import load_stack
+
+    stack = load_stack(spec.software)
+    if not stack.attention:
+        return float("nan")
+    raw = stack.model_dump(mode="json", by_alias=True)
+
+    def step_ms(scale: float, folder: Path) -> float:
+        scaled = dict(raw, name=f"{raw['name']}-x{scale:.6g}")
+        scaled["attention"] = {
+            name: {k: (dict(v, value=v["value"] * scale) if k.endswith("_ps") and isinstance(v, dict) else v)
+                   for k, v in impl.items()} for name, impl in raw["attention"].items()}
+        path = folder / f"stack-{scale:.6g}.yaml"
+        path.write_text(yaml.safe_dump(scaled))
+        return simulate(spec.model_copy(update={"software": str(path)})).summary["per_token_ms_p50"]
+
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        if step_ms(1.0, folder) <= target_ms:
+            return 1.0
+        if step_ms(0.0, folder) > target_ms:
+            return float("inf")
+        lo, hi = 0.0, 1.0  # scale lo meets the target, hi does not
+        for _ in range(16):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if step_ms(mid, folder) <= target_ms else (lo, mid)
+        return 1.0 / lo if lo > 0 else float("inf")
