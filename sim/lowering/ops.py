@@ -127,6 +127,30 @@ def attention(setup: Setup, b: Builder, layer: int, contexts: tuple[int, ...]) -
                  values=total_ctx * (setup.k_width + setup.v_width), quant=kv_quant(setup.kv))
 
 
+def prefill_attention(setup: Setup, b: Builder, layer: int, prefill: tuple[tuple[int, int], ...]) -> Op:
+    """Causal attention of prompt chunks: each chunk of ``c`` tokens after ``before`` cached
+    tokens reads its cache (old and new tokens) once and does 4 x heads x head_dim x c x
+    (before + (c + 1) / 2) FLOPs (each query sees the tokens before it)."""
+    m = setup.model
+    stream, gather, granule, dequant, _total, splits = kv_traffic(setup, tuple(before + c for c, before in prefill))
+    queries = sum(c for c, _ in prefill)
+    pairs = sum(c * before + c * (c + 1) // 2 for c, before in prefill)  # (query, key) pairs
+    act = setup.act_level
+    accesses = [
+        Access(setup.store, stream, "kv", role="kv"),
+        Access(setup.store, gather, "outliers", granule=granule or None, role="kv"),
+        Access(act, queries * setup.q_width * ACT_BYTES, "act", role="x"),
+        Access(act, queries * setup.q_width * ACT_BYTES, "act", write=True, role="y"),
+    ]
+    group = max(1, m.heads // m.kv_heads)
+    return b.add("attention_prefill", layer, "attention", accesses, matrix_flops=4 * setup.heads * m.head_dim * pairs,
+                 matrix_m=group * max(c for c, _ in prefill),
+                 vector_ops=VEC_OPS["softmax"] * setup.heads * pairs + dequant, dequant_ops=dequant,
+                 dtype="bf16", parallelism=max(splits, queries / 64) * setup.kv_heads, tags=(("tokens", pairs),),
+                 values=sum(before + c for c, before in prefill) * (setup.k_width + setup.v_width),
+                 quant=kv_quant(setup.kv))
+
+
 def kv_quant(fmt) -> tuple:
     """What a dequantizing attention kernel's cost depends on, for a KV format: (mean value
     bits of K and V, group size (0 = per row/channel), outlier fraction, K quantized per
