@@ -349,6 +349,73 @@ def build_report(command: str = "decodesim moe-report", plot_path: Path | None =
     if plot_path is not None:
         plot_breakdown(results, plot_path)
     text = render(results, policy_table(), command, scale_check())
+    head, sep, rest = text.partition("\n## ")
+    text = head + "\n" + "\n".join(executions_section()) + "\n" + sep.lstrip("\n") + rest
     if plot_path is not None:
         text = text.replace("## Every run", f"![breakdown]({plot_path.name})\n\n## Every run", 1)
     return text
+
+
+# -- MoE executions as kernels (issue 13) ------------------------------------------------------
+
+EXEC_MODELS = (("Mixtral-8x7B", "mixtral-8x7b", {}), ("OLMoE-1B-7B", "olmoe-1b-7b", {}),
+               ("Qwen3-30B-A3B", "qwen3-30b-a3b", {}))
+EXECUTIONS = (
+    ("eager, per-expert loop, host sync per layer", dict(software="torch-eager", dispatch="host_sync")),
+    ("CUDA graph, per-expert loop", dict(software="torch-graph", dispatch="device")),
+    ("CUDA graph, all experts dense", dict(software="torch-graph-dense", dispatch="device")),
+    ("CUDA graph, grouped GEMM (Triton fused MoE)", dict(software="torch-graph-grouped", dispatch="device")),
+    ("fused serving stack, grouped GEMM", dict(software="fused", dispatch="device")),
+    ("fused serving stack, zero-copy SRAM dispatch", dict(software="fused", dispatch="sram_zero_copy")),
+)
+EXEC_BATCHES = (1, 8, 32)
+MEMORY_ROWS = ("weights", "expert_weights", "kv", "activations", "outliers", "temp", "combine")
+
+
+def _execution_row(fields: dict, batch: int) -> dict:
+    s = simulate(RunSpec(batch=batch, context=CONTEXT, steps=2, **fields)).summary
+    b = s.get("breakdown_ms") or {}
+    return {"ms": s["per_token_ms_p50"], "bytes": sum(b.get(r, 0.0) for r in MEMORY_ROWS),
+            "startup": b.get("kernel_startup", 0.0), "host": b.get("launch_sync", 0.0),
+            "other": s["per_token_ms_p50"] - sum(b.get(r, 0.0) for r in MEMORY_ROWS) - b.get("kernel_startup", 0.0)
+            - b.get("launch_sync", 0.0), "kernels": None, "verdict": s["verdict"]}
+
+
+def executions_section() -> list[str]:
+    """Where an MoE step's time goes under each execution: bytes, kernel start-up, host
+    (launches and syncs), the rest; and what each change removes."""
+    out = ["## MoE executions as kernels: where the stalls are", "",
+           f"h200-sxm, bf16 weights, context {CONTEXT}, uniform routing. Each execution is a software stack "
+           "(workloads/software/): the per-expert loop launches 8 kernels per touched expert (index_select, gate, "
+           "up, silu, mul, down, scale, index_add_), the grouped GEMM a constant handful, the dense execution "
+           "reads every expert; eager mode pays the measured host dispatch per kernel and a plain PyTorch block's "
+           "syncs per touched expert. Columns: per-token ms = bytes (memory rows) + kernel start-up + host + rest "
+           "(compute, dispatch and combine phases, latency). The measured whole steps these stacks are checked "
+           "against are in reports/validation.md (frozen set: Mixtral-8x7B and OLMoE-1B-7B).", "",
+           "| model | execution | batch | ms / token | bytes | kernel start-up | host | rest | verdict |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    table: dict[tuple, dict] = {}
+    for label, model, extra in EXEC_MODELS:
+        for name, fields in EXECUTIONS:
+            for batch in EXEC_BATCHES:
+                r = _execution_row(dict(model=model, weights="bf16", **fields, **extra), batch)
+                table[(label, name, batch)] = r
+                out.append(f"| {label} | {name} | {batch} | {r['ms']:.2f} | {r['bytes']:.2f} | {r['startup']:.2f} | "
+                           f"{r['host']:.2f} | {r['other']:.2f} | {r['verdict']} |")
+    out += ["", "What each change removes (batch 8):", ""]
+    for label, _model, _extra in EXEC_MODELS:
+        e = [table[(label, name, 8)] for name, _ in EXECUTIONS]
+        eager, loop, _dense, grouped, fused, zero = e
+        stalls = loop["startup"] + loop["host"]
+        out.append(
+            f"* {label}: the CUDA-graph per-expert loop takes {loop['ms']:.2f} ms, of which kernel start-up is "
+            f"{loop['startup']:.2f} ms ({100 * loop['startup'] / loop['ms']:.0f}%) and bytes {loop['bytes']:.2f} ms; "
+            f"eager with host syncs takes {eager['ms']:.2f} ms ({eager['host']:.2f} ms of it host launches and "
+            f"syncs). Removing the host sync and launching from a graph saves {eager['ms'] - loop['ms']:.2f} ms; "
+            f"the grouped GEMM saves a further {loop['ms'] - grouped['ms']:.2f} ms; the fused serving stack "
+            f"reaches {fused['ms']:.2f} ms; zero-copy SRAM dispatch on top changes it by "
+            f"{zero['ms'] - fused['ms']:+.3f} ms ({'no expert fits the pinnable L2' if abs(zero['ms'] - fused['ms']) < 1e-3 else 'resident experts read from L2'}). "
+            f"The stalls the seed blames on dispatch are {100 * stalls / loop['ms']:.0f}% of the graph loop's step: "
+            "they are kernel count and host time, which grouping and graphs remove; SRAM residency cannot remove "
+            "them.")
+    return out + [""]
