@@ -51,6 +51,7 @@ from sim.run import Resolved, RunSpec, resolve
 TAIL_OPS = frozenset({"final_norm", "lm_head", "argmax", "gather_tokens"})  # ops at M = logit rows
 SPLIT_TOKENS = 256  # the lowering splits each cache into blocks of this many tokens (FlashDecoding)
 REL_TOLERANCE = 1e-9  # fast path against exact evaluation
+_PYTHON_LOOP_LIMIT = 48  # sequences up to which a Python loop beats numpy for the aggregates
 _ATTENTION_MEMO_LIMIT = 200_000  # entries before the attention memo is cleared (bounds memory)
 
 
@@ -91,9 +92,8 @@ def lower_mixed_step(plan: Plan, decode_contexts: tuple[int, ...], prefill: tupl
     if not prefill:
         return _with_final_sync(lower_step(plan, decode_contexts, step))
     rows = len(decode_contexts) + sum(chunk for chunk, _ in prefill)
-    body = lower_step(plan, (1,) * rows, step)  # row contexts only feed attention, replaced below
-    logits = lower_step(plan, (1,) * (len(decode_contexts) + len(prefill)), step)
-    tail = [op for op in logits.ops if op.layer == -1 and op.name in TAIL_OPS]
+    body = _lower_rows(plan, rows, step)
+    tail = _tail_ops(plan, len(decode_contexts) + len(prefill), step)
     mixed = mixed_attention(plan, decode_contexts, prefill, _kv_traffic(plan, _sequence_contexts(
         decode_contexts, prefill)))
     ops, tail_at = [], iter(tail)
@@ -125,6 +125,27 @@ def mixed_attention(plan: Plan, decode_contexts: tuple[int, ...], prefill: tuple
         return op
     group = plan.model.heads // plan.model.kv_heads
     return dataclasses.replace(op, matrix_m=group * max(chunk for chunk, _ in prefill))
+
+
+def _lower_rows(plan: Plan, rows: int, step: int) -> OpGraph:
+    """``lower_step`` at ``rows`` token rows, for its ops other than attention (which the
+    caller replaces): the attention's KV traffic is preset to nothing rather than computed
+    over every row."""
+    contexts = (1,) * rows
+    plan.extra["kv_traffic"] = (contexts, (0, 0, 0, 0, rows, float(rows)))
+    graph = lower_step(plan, contexts, step)
+    del plan.extra["kv_traffic"]
+    return graph
+
+
+def _tail_ops(plan: Plan, logit_rows: int, step: int) -> list[Op]:
+    """The final norm, LM head and argmax (and token gather) at ``logit_rows`` rows, kept in
+    ``plan.extra`` per row count (as the lowering keeps its step graph there)."""
+    tails = plan.extra.setdefault("serve_tail_ops", {})
+    if logit_rows not in tails:
+        graph = _lower_rows(plan, logit_rows, step)
+        tails[logit_rows] = [op for op in graph.ops if op.layer == -1 and op.name in TAIL_OPS]
+    return tails[logit_rows]
 
 
 def _sequence_contexts(decode_contexts, prefill) -> tuple[int, ...]:
@@ -167,7 +188,7 @@ class SimulatorStepModel:
     step); the default uses the exact decomposition of the module docstring, checked against
     full evaluation on every new row count and every ``check_every`` steps."""
 
-    def __init__(self, res: Resolved, *, exact: bool = False, check_every: int = 997):
+    def __init__(self, res: Resolved, *, exact: bool = False, check_every: int = 4999):
         self.res = res
         self.plan = res.plan
         self.costs = CostModel(res.hardware)
@@ -184,6 +205,7 @@ class SimulatorStepModel:
         self._attention_misses = 0
         self._layers = sum(1 for op in lower_mixed_step(self.plan, (1,), ()).ops if op.kind == "attention")
         self._table = np.zeros((0, 3), dtype=np.int64)  # per context: stream, gather, dequant bytes/ops
+        self._rows: list[list[int]] = []
         self._granule = 0
 
     # -- the protocol ---------------------------------------------------------------------
@@ -280,13 +302,26 @@ class SimulatorStepModel:
         return ns
 
     def _traffic(self, decode_contexts, prefill) -> tuple:
-        """``_kv_traffic``'s tuple over the sequence contexts, from integer tables."""
-        contexts = np.asarray(_sequence_contexts(decode_contexts, prefill), dtype=np.int64)
-        table = self._table_upto(int(contexts.max()))
-        stream, gather, dequant = (int(v) for v in table[contexts].sum(axis=0))
-        total = int(contexts.sum())
-        splits = int(np.maximum(contexts, SPLIT_TOKENS).sum()) / SPLIT_TOKENS
-        return (stream, gather, self._granule if gather else 0, dequant, total, splits)
+        """``_kv_traffic``'s tuple over the sequence contexts, from integer tables (a Python
+        loop for small batches, numpy for large ones; both exact)."""
+        contexts = _sequence_contexts(decode_contexts, prefill)
+        self._table_upto(max(contexts))
+        if len(contexts) <= _PYTHON_LOOP_LIMIT:
+            rows = self._rows
+            stream = gather = dequant = splits = 0
+            for ctx in contexts:
+                s, g, d = rows[ctx]
+                stream += s
+                gather += g
+                dequant += d
+                splits += ctx if ctx > SPLIT_TOKENS else SPLIT_TOKENS
+            total = sum(contexts)
+        else:
+            array = np.asarray(contexts, dtype=np.int64)
+            stream, gather, dequant = (int(v) for v in self._table[array].sum(axis=0))
+            total = int(array.sum())
+            splits = int(np.maximum(array, SPLIT_TOKENS).sum())
+        return (stream, gather, self._granule if gather else 0, dequant, total, splits / SPLIT_TOKENS)
 
     def _table_upto(self, context: int) -> np.ndarray:
         if context < len(self._table):
@@ -303,6 +338,7 @@ class SimulatorStepModel:
                     self._fall_back("the KV format's gather granule changes with the context")
                 self._granule = t.gather_granule_bytes
         self._table = rows
+        self._rows = rows.tolist()
         return rows
 
 
