@@ -196,6 +196,8 @@ class SimulatorStepModel:
         self.exact = exact
         self.check_every = check_every
         self.fallback_reason: str | None = None
+        if not self.graph_mode:
+            self._fall_back("eager launch: the host's issue times, not only the ops, decide the step time")
         self.stats = {"steps": 0, "exact_evaluations": 0, "checks": 0, "attention_hits": 0}
         self._constant_ns: float | None = None
         self._body: dict[int, float] = {}
@@ -227,7 +229,7 @@ class SimulatorStepModel:
 
     def exact_ns(self, decode_contexts, prefill=()) -> float:
         """A full lowering and analysis of the step (the reference)."""
-        return self._evaluate(decode_contexts, prefill)[0]
+        return self._evaluate(decode_contexts, prefill)[0].time_ns
 
     # -- exact evaluation and learning the memo ---------------------------------------------
     def _evaluate(self, decode_contexts, prefill):
@@ -235,11 +237,15 @@ class SimulatorStepModel:
         graph = lower_mixed_step(self.plan, tuple(decode_contexts), tuple(prefill))
         op_costs = [self.costs.cost(op) for op in graph.ops]
         outcome = analyse(self.costs, graph, op_costs, self.graph_mode)
-        return outcome.time_ns, graph, op_costs
+        return outcome, graph, op_costs
 
     def _learn(self, decode_contexts, prefill) -> float:
         """Evaluate the step exactly and record its body, tail and constant parts."""
-        time_ns, graph, op_costs = self._evaluate(decode_contexts, prefill)
+        outcome, graph, op_costs = self._evaluate(decode_contexts, prefill)
+        time_ns = outcome.time_ns
+        timings = outcome.timings
+        if any(not _close(timings[i].start, timings[i - 1].end, time_ns) for i in range(1, len(timings))):
+            self._fall_back("the step's ops do not run back to back (several streams, overlap or host waits)")
         parts = {"body": 0.0, "tail": 0.0, "attention": 0.0}
         attention_ns = None
         for op, cost in zip(graph.ops, op_costs, strict=True):
