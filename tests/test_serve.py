@@ -39,6 +39,18 @@ class FakeStepModel:
             c for c, _ in prefill)
 
 
+class Recorder(FakeStepModel):
+    """A fake step model that keeps every step it was asked about."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def step_ns(self, decode_contexts, prefill=()):
+        self.seen.append((decode_contexts, prefill))
+        return super().step_ns(decode_contexts, prefill)
+
+
 def footprint(fmt: str):
     kv = get_format(fmt)
     return lambda tokens: kv.kv_footprint(tokens, LLAMA8_WIDTH, LLAMA8_WIDTH) * LLAMA8_LAYERS
@@ -125,14 +137,9 @@ def test_tokens_computed_are_prompts_outputs_and_recomputation(tmp_path):
 def test_chunked_prefill_respects_the_token_budget_and_separate_never_mixes():
     requests = [Request(i, 0.01 * i, 3000 if i % 3 == 0 else 50, 20) for i in range(30)]
     for policy in ("chunked", "separate"):
-        seen = []
-
-        class Recorder(FakeStepModel):
-            def step_ns(self, decode_contexts, prefill=()):
-                seen.append((decode_contexts, prefill))
-                return super().step_ns(decode_contexts, prefill)
-
-        run_fake(requests, policy=policy, budget=512, model=Recorder())
+        recorder = Recorder()
+        run_fake(requests, policy=policy, budget=512, model=recorder)
+        seen = recorder.seen
         if policy == "chunked":
             assert all(len(d) + sum(c for c, _ in p) <= 512 for d, p in seen)
             assert any(p and p[0][1] > 0 for _, p in seen)  # a long prompt was chunked

@@ -59,6 +59,8 @@ def register(sub) -> None:
     p.add_argument("--out", type=Path, default=None,
                    help="one replay: steps/requests Parquet, summary.json, over-time plot; sweep: table, "
                         "latency-vs-rate plot, report.md")
+    p.add_argument("--replot", action="store_true",
+                   help="sweep or study: redraw the plot and report from DIR/table.parquet without replaying")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     p.set_defaults(handler=handle)
 
@@ -85,8 +87,34 @@ def handle(args) -> int:
 
         points = grid(base, hardware=lists["hardware"], models=[(m, args.weights) for m in lists["model"]],
                       kv=lists["kv"], rates=rates, rate_scales=scales)
-        return _sweep(points, args, title="Serving sweep", command="decodesim serve " + " ".join(sys.argv[2:]))
+        return _sweep(points, args, title="Serving sweep", command=_command(args))
     return _single(base, args)
+
+
+def _command(args) -> str:
+    """The sweep's command line, from the options that differ from their defaults."""
+    defaults = vars(build_defaults())
+    words = ["decodesim", "serve"]
+    for name, value in vars(args).items():
+        if name in ("command", "handler", "out", "json", "jobs", "replot", "study") or value == defaults.get(name):
+            continue
+        flag = "--" + name.replace("_", "-")
+        if name == "overrides":
+            words += [w for item in value for w in ("--set", item)]
+        elif value is False:
+            words.append("--no-" + name.replace("_", "-"))
+        else:
+            words += [flag, str(value)]
+    if args.out is not None:
+        words += ["--out", str(args.out)]
+    return " ".join(words)
+
+
+def build_defaults():
+    """The serve options' defaults (a parse of no arguments)."""
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    return parser.parse_args(["serve"])
 
 
 def _list(text: str, name: str) -> list[str]:
@@ -140,12 +168,16 @@ def _sweep(points, args, *, title: str, command: str, description: str = "", que
 
     def progress(row):
         done = f"p99 TPOT {row['tpot_ms_p99']:.2f} ms" if row.get("status") == "ok" else row.get("status")
+        rate = row.get("rate_per_s", row.get("rate_request"))
         sys.stderr.write(f"  {row['hardware']} {row['model']} {row['weights']} KV {row['kv']} "
-                         f"rate {row.get('rate_per_s', row.get('rate_request')) or ''}: {done}\n")
+                         f"rate {rate:.4g} req/s: {done}\n" if rate else f"  {row['hardware']} {row['model']}: {done}\n")
         sys.stderr.flush()
 
-    table = run_sweep(points, args.jobs, progress=progress)
     out = out or args.out
+    if args.replot:
+        table = _saved_table(out)
+    else:
+        table = run_sweep(points, args.jobs, progress=progress)
     target = points[0].target_ms
     if out is not None:
         write_table(table, out)
@@ -157,6 +189,17 @@ def _sweep(points, args, *, title: str, command: str, description: str = "", que
     else:
         print(render_table(table, target))
     return 0
+
+
+def _saved_table(out: Path | None):
+    import pandas as pd
+
+    from sim.errors import ConfigError
+
+    if out is None or not (out / "table.parquet").is_file():
+        raise ConfigError(str(out / "table.parquet") if out else "command line", None if out else "--out",
+                          "--replot needs the table of an earlier run (--out DIR with table.parquet)")
+    return pd.read_parquet(out / "table.parquet")
 
 
 def _study(args) -> int:

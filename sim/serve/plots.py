@@ -47,10 +47,10 @@ def latency_vs_rate(table: pd.DataFrame, path: str | Path, target_ms: float | No
     fig, axes = plt.subplots(2, len(groups), figsize=(5.2 * len(groups), 7.5), squeeze=False)
     formats = list(dict.fromkeys(ok["kv"])) if len(ok) else []
     colours = {fmt: plt.cm.viridis(i / max(1, len(formats) - 1)) for i, fmt in enumerate(formats)}
-    tpot_unit, tpot_div = time_unit_ms(ok.get("tpot_ms_p99", []))
-    ttft_unit, ttft_div = time_unit_ms(ok.get("ttft_ms_p99", []))
     for column, ((hardware, model, weights), group) in enumerate(groups):
         top, bottom = axes[0][column], axes[1][column]
+        tpot_unit, tpot_div = time_unit_ms(group.get("tpot_ms_p99", []))
+        ttft_unit, ttft_div = time_unit_ms(group.get("ttft_ms_p99", []))
         for fmt, rows in group.groupby("kv", sort=False):
             rows = rows.sort_values("rate_per_s")
             colour = colours[fmt]

@@ -143,7 +143,7 @@ def _recorded(requests: str) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray],
         arrays = _azure_arrays(frame, path)
     else:
         arrays = _file_arrays(frame, path)
-    return arrays, str(path)
+    return arrays, (f"{requests} ({path.name})" if requests in AZURE else str(path))
 
 
 def _read_frame(path: Path):
