@@ -220,10 +220,9 @@ def test_same_seed_same_results(tmp_path):
 def direct_step_ns(spec: RunSpec, contexts) -> float:
     """A decode step as sim.run evaluates it: a fresh lowering, costs and analytic model."""
     res = resolve(spec)
-    graph = lower_step(res.plan, tuple(contexts))
-    graph.ops[-1].host_sync = True
-    costs = CostModel(res.hardware)
-    return analyse(costs, graph, [costs.cost(op) for op in graph.ops], spec.graph).time_ns
+    graph = lower_step(res, tuple(contexts))
+    costs = CostModel(res.hardware, res.stack)
+    return analyse(graph, [costs.cost(op.work) for op in graph.ops], costs.host, res.graph).time_ns
 
 
 @pytest.mark.parametrize("kv", ["fp16", "int8", "kivi-2", "int2-asym-outlier"])
@@ -254,7 +253,7 @@ def test_fp16_decode_time_depends_only_on_batch_and_total_context():
 
 
 def test_step_model_falls_back_to_exact_when_the_step_is_not_a_chain():
-    spec = RunSpec(engine="analytic", software="torch-eager", graph=False)  # launch-bound: not a sum of ops
+    spec = RunSpec(engine="analytic", software="torch-eager")  # launch-bound: not a sum of ops
     model = SimulatorStepModel(serve_resolved(spec))
     for contexts in ((100,), (100, 200), (300, 400, 500)):
         assert model.step_ns(contexts) == pytest.approx(direct_step_ns(spec, contexts), rel=1e-9) or model.exact

@@ -24,9 +24,10 @@ def register(sub) -> None:
     p.add_argument("--model", default="llama-3-8b", help="model name or path; a comma list sweeps")
     p.add_argument("--weights", default="bf16", help="weight format (default bf16)")
     p.add_argument("--kv", default="fp16", help="KV-cache format; a comma list sweeps (e.g. fp16,int8,kivi-2)")
-    p.add_argument("--software", choices=["fused", "torch-eager"], default="fused", help="kernel decomposition")
-    p.add_argument("--graph", action=argparse.BooleanOptionalAction, default=True,
-                   help="run steps as captured graphs (default) or launch kernels one by one (slow to replay)")
+    p.add_argument("--software", default="fused", metavar="STACK|PATH",
+                   help="software stack (workloads/software/) or a stack YAML (default fused)")
+    p.add_argument("--graph", action=argparse.BooleanOptionalAction, default=None,
+                   help="captured graphs or kernels launched one by one (default: the stack's; eager is slow to replay)")
     p.add_argument("--tp", type=int, default=None, help="tensor-parallel chips (default: min(chips, 8))")
     p.add_argument("--pp", type=int, default=None, help="pipeline stages (default: chips / tp)")
     p.add_argument("--chips", type=int, default=None, help="chip count (overrides the profile's)")

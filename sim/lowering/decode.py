@@ -27,13 +27,13 @@ from sim.lowering.moe import lower_moe, moe_weight_bytes_per_chip
 from sim.lowering.ops import (
     VEC_OPS,
     attention,
-    prefill_attention,
     attention_weight_bytes,
     builder,
     collective,
     dense_ffn_weight_bytes,
     matmul,
     norm_bytes,
+    prefill_attention,
     vector,
     vocab_bytes,
 )

@@ -43,7 +43,7 @@ def _setup(table: pd.DataFrame, target_ms: float, command: str) -> list[str]:
               f"per step, at most {get('max_batch_limit', '?')} sequences, KV blocks of "
               f"{get('block_tokens', '?')} tokens; KV pool = HBM capacity - weights - activations, per chip;",
               f"* step times: decodesim's lowering, kernel costs and analytic model (graph launch, "
-              f"{get('software', 'fused')} kernels); prefill by the stand-in in sim/serve/stepmodel.py;",
+              f"{get('software', 'fused')} kernels); prefill costed by the lowering's mixed steps (sim/lowering/decode.py lower_step(prefill=...));",
               f"* verdict: p99 time per output token (TPOT) <= {target_ms:g} ms.", ""]
     return lines
 

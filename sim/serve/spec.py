@@ -18,7 +18,9 @@ from pydantic import Field, field_validator
 from sim import trace as traces
 from sim.config.loader import parse_assignment
 from sim.config.quantity import Strict
-from sim.run import Resolved, RunSpec, capacity
+from sim.config.setup import Setup as Resolved
+from sim.config.spec import RunSpec
+from sim.run import capacity
 from sim.serve.requests import RequestSource, open_source
 from sim.serve.scheduler import DEFAULT_MAX_BATCH, DEFAULT_MAX_TOKENS_PER_STEP, VLLM_BLOCK_TOKENS, KVPool
 from sim.serve.stepmodel import serve_resolved
@@ -29,8 +31,8 @@ class ServeSpec(Strict):
     model: str = "llama-3-8b"
     weights: str = "bf16"
     kv: str = "fp16"
-    software: Literal["fused", "torch-eager"] = "fused"
-    graph: bool = True
+    software: str = "fused"  # a software stack (workloads/software/) or a stack YAML
+    graph: bool | None = None  # None: the stack's launch mode
     tp: int | None = Field(default=None, gt=0)
     pp: int | None = Field(default=None, gt=0)
     chips: int | None = Field(default=None, gt=0)
@@ -78,14 +80,14 @@ class Setup:
 
     def footprint_bytes(self, tokens: int) -> int:
         """KV bytes one sequence of ``tokens`` tokens holds on the fullest chip."""
-        plan = self.resolved.plan
-        return plan.kv.kv_footprint(tokens, plan.k_width, plan.v_width) * plan.layers_per_stage
+        res = self.resolved
+        return res.kv.kv_footprint(tokens, res.k_width, res.v_width) * res.layers_per_stage
 
     def pool(self) -> KVPool:
         return KVPool(self.kv_pool_bytes, self.spec.block_tokens, self.footprint_bytes)
 
     def describe(self) -> dict:
-        res, plan = self.resolved, self.resolved.plan
+        res = plan = self.resolved
         token_bytes = self.footprint_bytes(4096) / 4096
         return {"hardware": res.hardware.name, "model": res.model.name, "weights": self.spec.weights,
                 "kv": self.spec.kv, "software": self.spec.software, "tp": plan.tp, "pp": plan.pp,
