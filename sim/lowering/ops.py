@@ -68,7 +68,7 @@ def op_expander(setup: Setup):
 
 def builder(setup: Setup, ops: list[Op] | None = None, stage: int = 0) -> Builder:
     """A Builder whose ops run through the setup's software stack."""
-    return Builder(ops, stage, expand=op_expander(setup))
+    return Builder(ops, stage, expand=op_expander(setup), streams=setup.stack.side_stream)
 
 
 def matmul(setup: Setup, b: Builder, name: str, layer: int, batch: int, k: int, n: int,
