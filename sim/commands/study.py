@@ -37,6 +37,9 @@ def handle(args) -> int:
     grid = len(study.grid_points)
     print(f"study {study.spec.name}: {len(study.points)} points ({grid} grid, {len(study.points) - grid} "
           f"sensitivity) over axes {', '.join(study.axes) or '(none)'}")
+    for rule, count in study.excluded:
+        where = ", ".join(f"{a}={v}" for a, v in rule.where.items())
+        print(f"  {count} grid points left out by sweep.exclude ({where}): {rule.reason}")
     if args.check:
         print("all points resolve; nothing run (--check)")
         return 0
