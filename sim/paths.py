@@ -6,6 +6,7 @@ From a checkout, ``hardware_profiles/`` and ``workloads/`` beside ``sim/`` are u
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 _PACKAGE = Path(__file__).resolve().parent
@@ -57,3 +58,27 @@ def resolve(name_or_path: str, folder: Path, what: str, suffixes=(".yaml", ".yml
     raise ConfigError(
         None, what, f"unknown {what} {name_or_path!r}; expected a path or one of: {', '.join(known)}"
     )
+
+
+def display_path(path: str | Path | None, base: str | Path | None = None) -> str | None:
+    """A path as a report shows it, never as an absolute path of the machine it ran on:
+    a bundled file relative to the checkout (``hardware_profiles/h200-sxm.yaml``), any
+    other file relative to ``base`` (the report's folder; default the working directory)."""
+    if path is None:
+        return None
+    target = Path(path)
+    if not target.is_absolute():
+        return str(path)
+    target = target.resolve()
+    for root in (_CHECKOUT, _PACKAGE / "_bundled"):
+        if target.is_relative_to(root):
+            return str(target.relative_to(root))
+    start = Path(base).resolve() if base is not None else Path.cwd()
+    return os.path.relpath(target, start)
+
+
+def relative_text(text: str) -> str:
+    """``text`` (an error message, a setting) with the checkout's absolute prefix removed."""
+    for root in (_PACKAGE / "_bundled", _CHECKOUT):
+        text = text.replace(f"{root}{os.sep}", "")
+    return text

@@ -55,7 +55,24 @@ class Sensitivity(Strict):
     knobs: list[str] = Field(min_length=1)
 
 
+class Claim(Strict):
+    """One claim the study tests, drawn as one figure (``plots/claim-<name>.png``): per row
+    (a combination of the ``rows`` axes) the ``metric`` of the ``claimed`` setting against
+    the ``baseline``, every other axis equal (sim.report.claims)."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    title: str
+    claimed: dict[str, Any] = Field(min_length=1)  # axis -> value, or a list of values (one marker each)
+    baseline: dict[str, Any] = Field(min_length=1)  # axis -> value
+    metric: str | list[str] = "per_token_ms_p99"  # a result column, or columns summed
+    rows: list[str] = Field(min_length=1)  # one figure row per combination of these axes
+    where: dict[str, Any] = Field(default_factory=dict)  # only points matching these (axis -> value or list)
+    at: list[dict[str, Any]] = Field(default_factory=list, max_length=3)  # one panel per entry
+    expect_cut_percent: tuple[float, float] | None = None  # the cut the claim promises, shaded
+
+
 class Plots(Strict):
+    claims: list[Claim] = Field(default_factory=list)
     feasibility: tuple[str, str] | None = None  # (x axis, y axis) of the heatmap
     facet: str | list[str] | None = None  # one heatmap panel per value (combination) of these axes
     breakdown: str | None = None  # the axis the stacked bars run along (default: every point)
@@ -235,6 +252,7 @@ def expand(spec: StudySpec, file: str) -> Study:
             raise ConfigError(file, "summary_by", f"{axis!r} is not a swept axis; axes: {', '.join(names)}")
     values = {**dict(axes), **zipped}
     _check_excludes(spec, values, file)
+    _check_claims(spec, values, file)
     fixed = tuple(spec.overrides.items())
     points: list[Point] = []
     grid_lists = [vals for _, vals in axes]
@@ -288,6 +306,26 @@ def _excluded_by(spec: StudySpec, labels: dict[str, Any]) -> int | None:
         if all(axis in labels and _matches(labels[axis], wanted) for axis, wanted in rule.where.items()):
             return i
     return None
+
+
+def _check_claims(spec: StudySpec, values: dict[str, list], file: str) -> None:
+    """Every axis a claim names is swept, and every value it names is one the axis takes."""
+    for i, claim in enumerate(spec.plots.claims):
+        base = f"plots.claims.{i}"
+        for axis in claim.rows:
+            if axis not in values:
+                raise ConfigError(file, f"{base}.rows", f"{axis!r} is not a swept axis; axes: {', '.join(values)}")
+        parts = [("claimed", claim.claimed), ("baseline", claim.baseline), ("where", claim.where)]
+        parts += [(f"at.{k}", at) for k, at in enumerate(claim.at)]
+        for part, where in parts:
+            for axis, wanted in where.items():
+                if axis not in values:
+                    raise ConfigError(file, f"{base}.{part}", f"{axis!r} is not a swept axis; axes: "
+                                      f"{', '.join(values)}")
+                for w in wanted if isinstance(wanted, list) else [wanted]:
+                    if not any(_matches(v, w) for v in values[axis]):
+                        raise ConfigError(file, f"{base}.{part}.{axis}", "must be a value of the axis "
+                                          f"({', '.join(str(v) for v in values[axis])})", w)
 
 
 def _check_excludes(spec: StudySpec, values: dict[str, list], file: str) -> None:
