@@ -252,7 +252,7 @@ def results(out_dir: str | Path) -> pd.DataFrame:
 def run_detail(study: Study, out: Path) -> None:
     """Run one point with the DES, keeping its op table and event log, for the timeline plots."""
     from sim.costs import CostModel
-    from sim.report.trace import chrome_trace
+    from sim.report.trace import trace_of
     from sim.run import simulate
 
     chosen = detail_assignments(study)
@@ -292,7 +292,7 @@ def run_detail(study: Study, out: Path) -> None:
             "vector_efficiency": res.hardware.compute.vector_efficiency.value,
             "pp": res.pp, "tp": res.tp,
             "fits": bool(result.summary["capacity"]["fits"])}
-    write_atomic(folder / "trace.json", chrome_trace(result.log, step=result.steps[0]["step"]))
+    write_atomic(folder / "trace.json", trace_of(result))
     write_json_atomic(meta_path, meta)
 
 
