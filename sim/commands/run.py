@@ -5,7 +5,15 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from sim.commands.common import add_run_options, emit_json, fmt_bytes, spec_from_args, to_json, write_atomic, write_frame
+from sim.commands.common import (
+    add_run_options,
+    emit_json,
+    fmt_bytes,
+    spec_from_args,
+    to_json,
+    write_atomic,
+    write_frame,
+)
 
 
 def register(sub) -> None:

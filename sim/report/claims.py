@@ -255,13 +255,11 @@ def _draw(ax, panel: ClaimPanel, claim: dict, target: float | None) -> None:
         base = row.baseline
         if base.status == "ok":
             values.append(base.value)
-            ax.scatter(base.value, y, s=46, facecolors="white", edgecolors="black", zorder=3,
-                       label=f"baseline ({_setting_words(claim['baseline'])})" if i == 0 else None)
+            ax.scatter(base.value, y, s=46, facecolors="white", edgecolors="black", zorder=3)
             if cut:
                 lo, hi = base.value * (1 - cut[1] / 100), base.value * (1 - cut[0] / 100)
-                ax.plot([lo, hi], [y, y], color="tab:green", lw=7, alpha=0.25, solid_capstyle="butt", zorder=1,
-                        label=f"claimed range: {cut[0]:g}-{cut[1]:g}% below baseline" if i == 0 else None)
-        for k, (cell, variant) in enumerate(zip(row.claimed, variant_list, strict=True)):
+                ax.plot([lo, hi], [y, y], color="tab:green", lw=7, alpha=0.25, solid_capstyle="butt", zorder=1)
+        for k, cell in enumerate(row.claimed):
             if cell.status != "ok":
                 continue
             values.append(cell.value)
@@ -275,7 +273,12 @@ def _draw(ax, panel: ClaimPanel, claim: dict, target: float | None) -> None:
         missing = _missing_text(row, variant_list)
         if missing:
             notes.append((y, missing, [c.value for c in [base, *row.claimed] if c.status == "ok"]))
-    for k, variant in enumerate(variant_list):  # legend entries, whatever rows have values
+    ax.scatter([], [], s=46, facecolors="white", edgecolors="black",  # legend entries, whatever rows have values
+               label=f"baseline ({_setting_words(claim['baseline'])})")
+    if cut:
+        ax.plot([], [], color="tab:green", lw=7, alpha=0.25, label=f"claimed range: {cut[0]:g}-{cut[1]:g}% below "
+                "baseline")
+    for k, variant in enumerate(variant_list):
         ax.scatter([], [], marker=MARKERS[k % len(MARKERS)], color="0.5" if target is not None else f"C{k}",
                    edgecolors="black", linewidths=0.4, s=40, label=f"claimed: {_setting_words(variant)}")
     if target is not None:

@@ -141,7 +141,7 @@ def roofline(detail: Path, folder: Path) -> list[str]:
     _roofs(ax, meta, levels, everything)
     names = everything["name"].value_counts().index.tolist()[:len(COLOURS)]
     colour = {n: COLOURS[i] for i, n in enumerate(names)}
-    for m, (level, frame) in enumerate(points.items()):
+    for m, frame in enumerate(points.values()):
         for op_name, rows in frame.groupby("name"):
             ax.scatter(rows["intensity"], rows["rate"], s=16, marker=MARKERS[m % len(MARKERS)],
                        color=colour.get(op_name, "0.55"), alpha=0.75, edgecolors="none")

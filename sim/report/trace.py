@@ -77,7 +77,7 @@ def trace_events(log: list[tuple], *, steps: tuple[int, int] | None = None, layo
     tracks: dict[tuple[int, str], _Lanes] = {}
     placed = []
     moved: dict[tuple[int, str], list[tuple[float, float, int]]] = defaultdict(list)
-    for r in sorted(rows, key=lambda r: (r[0], r[5], r[6])):
+    for r in sorted(rows, key=lambda r: (r[0], r[5], r[6], r[3], r[1], r[2], r[4])):
         s, resource, nbytes = r[0], r[3], r[7]
         pid = HOST_PID if resource == HOST else stage_of(r) + 1
         start, end = offsets.get(s, 0.0) + r[5], offsets.get(s, 0.0) + max(r[5], r[6])

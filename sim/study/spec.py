@@ -41,12 +41,12 @@ from pydantic import Field, field_validator
 
 from sim.config.loader import load_yaml, validate
 from sim.config.quantity import Strict
+from sim.config.setup import Setup, resolve
 from sim.config.spec import RUN_FIELDS, RunSpec, canonical
 from sim.errors import ConfigError
+from sim.formats.base import check_widths
 from sim.paths import resolve as resolve_path
 from sim.paths import studies_dir
-from sim.config.setup import Setup, resolve
-from sim.formats.base import check_widths
 from sim.study.keys import content_hash
 
 
