@@ -290,8 +290,10 @@ def test_the_documented_example_study_is_valid(tmp_path):
     example = text.split("```yaml\n", 1)[1].split("```", 1)[0]
     path = write(tmp_path, example, "example.yaml")
     study = load_study(path)
-    assert len(study.grid_points) == 4 * 4 * 2
+    assert len(study.grid_points) == 4 * 4 * 2 - 4  # llama-3-70b at batch 64 is left out (sweep.exclude)
     assert {p.labels["batch"] for p in study.grid_points} == {1, 4, 16, 64}
+    assert [n for _rule, n in study.excluded] == [4]
+    assert [c.name for c in study.spec.plots.claims] == ["fp8-weights"]
 
 
 def test_detail_point_follows_every_zipped_value(tmp_path):

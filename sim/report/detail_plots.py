@@ -99,7 +99,7 @@ def bandwidth(detail: Path, folder: Path, bins: int = 400) -> list[str]:
                 ha="right", va="top", fontsize=7, bbox={"fc": "white", "ec": "0.7", "alpha": 0.85, "pad": 2})
         ax.grid(alpha=0.25)
     axes[-1, 0].set_xlabel(f"time within the decode step ({unit})")
-    lines = [f"bandwidth use over one decode step (DES event log), {_where(meta)}"]
+    lines = ["bandwidth use over one decode step (DES event log)", _where(meta)]
     if quiet:
         lines.append(f"not drawn (never above {100 * MIN_PEAK_FRACTION:g}% of peak): "
                      + ", ".join(f"{labels.resource(r)} (peak {100 * u.max():.2f}%)" for r, u in quiet))
@@ -159,7 +159,7 @@ def roofline(detail: Path, folder: Path) -> list[str]:
     ax.set_xlabel("arithmetic intensity (operations per byte moved at that memory level)")
     ax.set_ylabel("achieved work rate (T operations/s: matrix FLOPs + vector ops)")
     placed = set().union(*(set(frame.index) for frame in points.values()))
-    ax.set_title(f"roofline of one decode step, {_where(meta)}\n{len(placed)} of {len(ops)} ops placed, once per "
+    ax.set_title(f"roofline of one decode step\n{_where(meta)}\n{len(placed)} of {len(ops)} ops placed, once per "
                  "memory level they move bytes at (marker); ops with no bytes or no work are not placed", fontsize=8)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.grid(alpha=0.3, which="both")
