@@ -317,3 +317,13 @@ def test_study_trace_out_writes_a_chrome_trace(study_dir, tmp_path):
 def test_plot_of_a_folder_without_results_is_a_config_error(tmp_path):
     code, out, err = run_cli("plot", str(tmp_path))
     assert code == 2 and "results.parquet" in err and err.count("\n") == 1
+
+
+def test_report_paths_never_show_this_machine():
+    from sim.paths import display_path, relative_text
+
+    assert display_path("/elsewhere/checkout/workloads/models/llama-3-8b.yaml") == "workloads/models/llama-3-8b.yaml"
+    assert display_path("/tmp/q/study.yaml", "/tmp/q/out") == "../study.yaml"
+    assert display_path("workloads/x.yaml") == "workloads/x.yaml"
+    message = "ConfigError: /home/u/decodesim/workloads/formats/int2-asym-outlier.yaml: group_size: must divide"
+    assert relative_text(message) == "ConfigError: workloads/formats/int2-asym-outlier.yaml: group_size: must divide"
