@@ -29,7 +29,7 @@ def register(sub) -> None:
 
 
 def handle(args) -> int:
-    from sim.commands.common import spec_from_args, to_json
+    from sim.commands.common import emit_json, spec_from_args
     from sim.errors import ConfigError
     from sim.report.compare import compare_rows
 
@@ -46,7 +46,8 @@ def handle(args) -> int:
 
         kernels = attention_rows(spec, names, [s.strip() for s in args.kernels.split(",") if s.strip()])
     if args.json:
-        print(to_json({"spec": spec.model_dump(), "rows": rows, "kernels": kernels}))
+        setup = {k: v for k, v in spec.model_dump().items() if k != "kv"}
+        emit_json("compare", {"spec": setup, "kv_formats": names, "rows": rows, "kernels": kernels})
         return 0
     print(render(spec, rows))
     if kernels:
@@ -73,14 +74,14 @@ def render(spec, rows: list[dict]) -> str:
              f"  {'KV format':<19}{'ms/token':>9}{'cut':>7}{'KV KiB/tok':>11}{'reduct.':>8}{'KV bytes':>9}"
              f"{'dequant':>8}{'attn err':>9}{'KL':>9}  {'bound':<9}verdict"]
     for r in rows:
-        if r["per_token_ms"] is None:
+        if r["per_token_ms_p50"] is None:
             ms = cut = share = deq = "-"
         else:
-            ms = f"{r['per_token_ms']:.3f}"
+            ms = f"{r['per_token_ms_p50']:.3f}"
             cut = f"{r['latency_cut_pct']:.1f}%" if r["latency_cut_pct"] is not None else "-"
             share = f"{r['kv_bytes_share_pct']:.1f}%" if r["kv_bytes_share_pct"] is not None else "-"
             deq = f"{r['dequant_ms']:.2f}"
-        lines.append(f"  {r['kv']:<19}{ms:>9}{cut:>7}{r['kv_bytes_per_token'] / 1024:>11.1f}"
+        lines.append(f"  {r['kv']:<19}{ms:>9}{cut:>7}{r['kv_stored_bytes_per_token'] / 1024:>11.1f}"
                      f"{r['reduction_pct']:>7.1f}%{share:>9}{deq:>8}{r['attn_output_rel_error']:>9.4f}"
                      f"{r['attn_kl']:>9.5f}  {r['bound']:<9}{r['verdict']}")
     lines.append(f"  KV KiB/tok: KV stored per token over all layers at the context; KV bytes: KV (incl. "

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sim.commands.common import to_json
+from sim.commands.common import emit_json
 
 
 def register(sub) -> None:
@@ -71,8 +71,8 @@ def handle(args) -> int:
     if args.write is not None:
         routing.write(trace, args.write)
     if args.json:
-        print(to_json({"model": model.name, "experts": moe.experts, "top_k": moe.top_k, "moe_layers": layers,
-                       "routing": trace.description, "rows": rows}))
+        emit_json("routing", {"model": model.name, "experts": moe.experts, "top_k": moe.top_k, "moe_layers": layers,
+                              "routing": trace.description, "rows": rows})
         return 0
     print(f"decodesim routing: {model.name}, {moe.experts} experts, top-{moe.top_k}, {layers} MoE layers, "
           f"{trace.steps} steps, routing {trace.description}")

@@ -41,8 +41,8 @@ def compare_rows(spec, kv_formats: list[str], fidelity_tokens: int = 2048) -> li
         step_ms = sum(breakdown.values()) or float("nan")
         kv_ms = breakdown.get("kv", 0.0) + breakdown.get("outliers", 0.0)
         rows.append({
-            "kv": name, "per_token_ms": s.get("per_token_ms_p50"), "per_token_ms_p99": s.get("per_token_ms_p99"),
-            "kv_bytes_per_token": per_token_store, "kv_read_bytes_per_step": kv_read if result.steps else None,
+            "kv": name, "per_token_ms_p50": s.get("per_token_ms_p50"), "per_token_ms_p99": s.get("per_token_ms_p99"),
+            "kv_stored_bytes_per_token": per_token_store, "kv_read_bytes_per_step": kv_read if result.steps else None,
             "kv_bytes_share_pct": 100 * kv_read / store if store else None,
             "kv_ms": kv_ms, "kv_time_share_pct": 100 * kv_ms / step_ms if breakdown else None,
             "dequant_ms": breakdown.get("dequant", 0.0), "bound": s.get("bound"), "verdict": s.get("verdict"),
@@ -50,15 +50,15 @@ def compare_rows(spec, kv_formats: list[str], fidelity_tokens: int = 2048) -> li
             "score_rel_error": fid["score_rel_error"], "fidelity_tokens": sample.k_pre.shape[0],
         })
     ref = base_kv
-    base_ms = next((r["per_token_ms"] for r in rows if r["kv"] == BASELINE), None)
+    base_ms = next((r["per_token_ms_p50"] for r in rows if r["kv"] == BASELINE), None)
     if ref is None:  # fp16 not in the list: the reduction is still against fp16 bytes
         res = resolve(spec.model_copy(update={"kv": BASELINE}))
         context = max(max(step.contexts) for step in res.steps)
         ref = res.model.layers * get_format(BASELINE).kv_footprint(context, res.k_width, res.v_width) / context
     for r in rows:
-        r["reduction_pct"] = 100 * (1 - r["kv_bytes_per_token"] / ref)
-        r["latency_cut_pct"] = (100 * (1 - r["per_token_ms"] / base_ms)
-                                if base_ms and r["per_token_ms"] is not None else None)
+        r["reduction_pct"] = 100 * (1 - r["kv_stored_bytes_per_token"] / ref)
+        r["latency_cut_pct"] = (100 * (1 - r["per_token_ms_p50"] / base_ms)
+                                if base_ms and r["per_token_ms_p50"] is not None else None)
     return rows
 
 

@@ -87,7 +87,7 @@ def build_report(model: str = "llama-3-8b", fidelity: SyntheticKV = FIDELITY, co
     for f in kv_formats:
         r = [rows[(f.name, c)] for c in CONTEXTS]
         table.append([f"`{f.name}`"] + [f"{x['k_bits']:.2f} / {x['v_bits']:.2f}" for x in r]
-                     + [f"{x['kv_bytes_per_token']:.1f}" for x in r] + [f"{x['reduction_pct']:.1f}%" for x in r]
+                     + [f"{x['kv_stored_bytes_per_token_layer']:.1f}" for x in r] + [f"{x['reduction_pct']:.1f}%" for x in r]
                      + [r[0]["layer_constant_bytes"]])
     out += _table(header, table) + [""]
     out += ["Where the bits go at context 32768 (bits per value, K and V together):", ""]
@@ -104,7 +104,7 @@ def build_report(model: str = "llama-3-8b", fidelity: SyntheticKV = FIDELITY, co
     # -- weights --------------------------------------------------------------------------------
     out += ["## 2. Weight formats (a 4096 x 4096 matrix)", ""]
     out += _table(["format", "bits / value", "reduction", "dequant ops / value", "matrix unit dtype"],
-                  [[f"`{r['format']}`", f"{r['bits']:.3f}", f"{r['reduction_pct']:.1f}%",
+                  [[f"`{r['weights']}`", f"{r['bits']:.3f}", f"{r['reduction_pct']:.1f}%",
                     f"{r['dequant_ops_per_value']:.2f}", r["matmul_dtype"]]
                    for r in (weight_row(f) for f in list_formats("weights"))]) + [""]
 
@@ -122,17 +122,17 @@ def build_report(model: str = "llama-3-8b", fidelity: SyntheticKV = FIDELITY, co
             "near-cancelling average of many V rows, so the output error is a stress figure: read the "
             "ranking, not the absolute value.", ""]
     out += _table(["format", "K error", "V error", "score error", "KL (nats)", "output error", "K / V outliers kept"],
-                  [[f"`{r['format']}`", f"{r['k_rel_error']:.4f}", f"{r['v_rel_error']:.4f}",
+                  [[f"`{r['kv']}`", f"{r['k_rel_error']:.4f}", f"{r['v_rel_error']:.4f}",
                     f"{r['score_rel_error']:.4f}", f"{r['attn_kl']:.5f}", f"{r['output_rel_error']:.4f}",
                     f"{100 * r['k_outlier_fraction']:.2f}% / {100 * r['v_outlier_fraction']:.2f}%"] for r in fid]) + [""]
     probe = fidelity_rows(_k_layout_formats(), sample, seed=fidelity.seed)
     out += ["The K-layout effect (V kept in fp16 so only K differs; same sample):", ""]
     out += _table(["K layout", "K error", "score error", "KL (nats)", "output error"],
-                  [[r["format"], f"{r['k_rel_error']:.4f}", f"{r['score_rel_error']:.4f}", f"{r['attn_kl']:.5f}",
+                  [[r["kv"], f"{r['k_rel_error']:.4f}", f"{r['score_rel_error']:.4f}", f"{r['attn_kl']:.5f}",
                     f"{r['output_rel_error']:.4f}"] for r in probe]) + [""]
 
     # -- claims ---------------------------------------------------------------------------------
-    by = {r["format"]: r for r in fid}
+    by = {r["kv"]: r for r in fid}
     k2 = [rows[("kivi-2", c)] for c in CONTEXTS]
     i2 = rows[("int2-asym-outlier", 32768)]
     kq = rows[("kvquant-3-1pct", 32768)]
@@ -180,8 +180,8 @@ def build_report(model: str = "llama-3-8b", fidelity: SyntheticKV = FIDELITY, co
             f"{compare['context']}` (bf16 weights, {compare['steps']} steps, DES engine):", ""]
     out += _table(["KV format", "ms / token", "cut vs fp16", "KV KiB / token", "KV reduction", "KV share of bytes read",
                    "dequant ms", "attention output error", "KL", "bound", "verdict"],
-                  [[f"`{r['kv']}`", f"{r['per_token_ms']:.3f}", f"{r['latency_cut_pct']:.1f}%",
-                    f"{r['kv_bytes_per_token'] / 1024:.1f}", f"{r['reduction_pct']:.1f}%",
+                  [[f"`{r['kv']}`", f"{r['per_token_ms_p50']:.3f}", f"{r['latency_cut_pct']:.1f}%",
+                    f"{r['kv_stored_bytes_per_token'] / 1024:.1f}", f"{r['reduction_pct']:.1f}%",
                     f"{r['kv_bytes_share_pct']:.1f}%", f"{r['dequant_ms']:.2f}", f"{r['attn_output_rel_error']:.4f}",
                     f"{r['attn_kl']:.5f}", r["bound"], r["verdict"]] for r in cmp_rows]) + [""]
     out += _section_kernels(run, compare_kv)

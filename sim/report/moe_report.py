@@ -310,35 +310,58 @@ PLOT_BATCH = 8
 PLOT_NAME = "moe-breakdown-b8.png"
 
 
+def panel_title(s: dict) -> str:
+    """A setup in words, from its run summary: "mixtral-8x7b, weights bf16 / h200-sxm x8
+    (tp 8 x pp 1), experts spread (expert parallel over 8 chips)"."""
+    moe = s.get("moe") or {}
+    chips = f" x{s['chips']} (tp {s['tp']} x pp {s['pp']})" if s["chips"] > 1 else ""
+    if moe.get("expert_parallel", 1) > 1:
+        experts = f"experts spread over {moe['expert_parallel']} chips"
+    elif s["chips"] > 1:
+        experts = "experts TP-sharded"
+    else:
+        experts = f"experts {moe.get('placement', 'in HBM')}"
+    return f"{s['model']}, weights {s['weights']}\n{s['hardware']}{chips}, {experts}"
+
+
 def plot_breakdown(results: list[dict], path: Path) -> None:
-    """Stacked latency breakdown, one panel per setup, one bar per dispatch path (PNG, atomic)."""
+    """Stacked latency breakdown, one panel per setup, one bar per dispatch path (PNG, atomic).
+    Panel titles and the figure title come from the plotted runs' summaries; rows that are
+    zero in every plotted run are left out of the legend."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from sim.report import labels
+    from sim.report.figures import eng_axis
     from sim.report.plots import ROW_ORDER
 
     by = {(r["setup"], r["dispatch"]): r["summary"] for r in results if r["batch"] == PLOT_BATCH}
-    fig, axes = plt.subplots(1, len(PLOT_SETUPS), figsize=(4.2 * len(PLOT_SETUPS), 4.6))
-    rows = [row for row in ROW_ORDER if any(row in by[(st, d)].get("breakdown_ms", {})
-                                             for st in PLOT_SETUPS for d in DISPATCHES)]
+    setups = [st for st in PLOT_SETUPS if all((st, d) in by for d in DISPATCHES)]
+    fig, axes = plt.subplots(1, len(setups), figsize=(4.4 * len(setups), 4.8), squeeze=False)
+    rows = [row for row in ROW_ORDER if any(by[(st, d)].get("breakdown_ms", {}).get(row, 0.0) > 0
+                                             for st in setups for d in DISPATCHES)]
     colours = plt.get_cmap("tab20")(range(len(rows)))
-    for ax, setup in zip(axes, PLOT_SETUPS, strict=True):
+    for ax, setup in zip(axes[0], setups, strict=True):
         bottom = [0.0] * len(DISPATCHES)
         for row, colour in zip(rows, colours, strict=True):
             heights = [by[(setup, d)]["breakdown_ms"].get(row, 0.0) for d in DISPATCHES]
-            ax.bar(range(len(DISPATCHES)), heights, bottom=bottom, color=colour, label=row)
+            ax.bar(range(len(DISPATCHES)), heights, bottom=bottom, color=colour, label=labels.row(row))
             bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
         target = by[(setup, DISPATCHES[0])]["target_ms"]
         if max(bottom) >= 0.5 * target:
             ax.axhline(target, color="black", linestyle="--", linewidth=1)
             ax.text(len(DISPATCHES) - 0.5, target, f"{target:g} ms target", ha="right", va="bottom", fontsize=8)
         ax.set_xticks(range(len(DISPATCHES)), [d.replace("_", " ") for d in DISPATCHES])
-        ax.set_ylabel("per-token latency (ms)")
-        ax.set_title(setup.replace(", ", "\n", 1), fontsize=9)
-    axes[-1].legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, title="breakdown row")
-    fig.suptitle(f"MoE dispatch paths at batch {PLOT_BATCH}, context {CONTEXT}", fontsize=11)
+        ax.set_xlabel("MoE dispatch path")
+        ax.set_ylabel("time per decode step (ms)")
+        eng_axis(ax, "y")
+        ax.set_title(panel_title(by[(setup, DISPATCHES[0])]), fontsize=9)
+    axes[0][-1].legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, title="breakdown row")
+    first = by[(setups[0], DISPATCHES[0])]
+    fig.suptitle(f"MoE dispatch paths at batch {first['batch']}, context {first['context']}, KV {first['kv']}",
+                 fontsize=11)
     fig.tight_layout()
     write_with(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
     plt.close(fig)
