@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 import typing
 from pathlib import Path
 from typing import Any
@@ -228,7 +229,12 @@ def parse_assignment(text: str, where: str = "--set") -> tuple[str, Any]:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
+    if isinstance(value, str) and _NUMBER.fullmatch(value.strip()):
+        value = float(value)  # YAML 1.1 reads 1e9 (no dot) as text; on the command line it is a number
     return path, value
+
+
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+")
 
 
 def apply_override(

@@ -19,7 +19,7 @@ from sim.config.hardware import HardwareProfile
 from sim.config.loader import load_yaml, validate
 from sim.config.model import ModelSpec
 from sim.config.software import SoftwareStack, load_stack
-from sim.config.spec import RunSpec, apply_run_overrides, override_raw
+from sim.config.spec import RunSpec, apply_run_overrides, override_raw, validate_overridden
 from sim.errors import ConfigError
 from sim.formats import Format, get_format
 from sim.paths import hardware_dir, models_dir
@@ -84,8 +84,8 @@ def resolve(spec: RunSpec) -> Setup:
     chips = () if spec.chips is None else (("hardware.system.chips", spec.chips),)
     hw_raw, model_raw = override_raw(hw_raw, model_raw, (*chips, *spec.overrides), hw_path, model_path,
                                      HardwareProfile, ModelSpec)
-    hardware = validate(HardwareProfile, hw_raw, hw_path)
-    model = validate(ModelSpec, model_raw, model_path)
+    hardware = validate_overridden(HardwareProfile, hw_raw, hw_path, (*chips, *spec.overrides), "hardware.")
+    model = validate_overridden(ModelSpec, model_raw, model_path, spec.overrides, "model.")
     weights, kv = get_format(spec.weights), get_format(spec.kv)
     tp, pp = parallelism(spec, hardware, model, hw_path)
     if spec.trace:
