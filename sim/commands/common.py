@@ -3,12 +3,34 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from sim.config.loader import validate
 from sim.config.spec import RunSpec
-from sim.io import to_json, write_atomic, write_frame
+from sim.io import output_problem, to_json, write_atomic, write_frame
 
-__all__ = ["add_run_options", "spec_from_args", "fmt_bytes", "to_json", "write_atomic", "write_frame"]
+__all__ = ["add_run_options", "spec_from_args", "fmt_bytes", "to_json", "write_atomic", "write_frame", "output_file",
+           "output_dir"]
+
+
+def output_file(text: str) -> Path:
+    """An argparse type: a file path that can be written (checked before any work is done)."""
+    return _writable(text, folder=False)
+
+
+def output_dir(text: str) -> Path:
+    """An argparse type: a folder that exists or can be made, and can be written into."""
+    return _writable(text, folder=True)
+
+
+def _writable(text: str, folder: bool) -> Path:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a path, got an empty text")
+    path = Path(text)
+    problem = output_problem(path, folder=folder)
+    if problem:
+        raise argparse.ArgumentTypeError(f"{text}: {problem}")
+    return path
 
 
 def add_run_options(p: argparse.ArgumentParser, *, formats: bool = True) -> None:

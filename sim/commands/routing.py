@@ -9,9 +9,7 @@ expert. ``--write FILE`` saves the generated trace in the routing file format
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from sim.commands.common import to_json
+from sim.commands.common import output_file, to_json
 
 
 def register(sub) -> None:
@@ -26,7 +24,7 @@ def register(sub) -> None:
                    help="probability a token reuses its sequence's previous experts (default 0)")
     p.add_argument("--steps", type=int, default=64, help="decode steps to generate (default 64)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--write", type=Path, default=None, help="write the generated trace (largest batch) here")
+    p.add_argument("--write", type=output_file, default=None, help="write the generated trace (largest batch) here")
     p.add_argument("--json", action="store_true", help="print JSON rows instead of the table")
     p.set_defaults(handler=handle)
 

@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-from sim.commands.common import add_run_options, fmt_bytes, spec_from_args, to_json, write_atomic, write_frame
+from sim.commands.common import (
+    add_run_options,
+    fmt_bytes,
+    output_dir,
+    output_file,
+    spec_from_args,
+    to_json,
+    write_atomic,
+    write_frame,
+)
 
 
 def register(sub) -> None:
@@ -13,9 +21,9 @@ def register(sub) -> None:
                        description="Simulate decode steps and report per-token latency, what bounds it, "
                                    "whether it fits and whether it meets the target.")
     add_run_options(p)
-    p.add_argument("--out", type=Path, default=None, help="write per-step and per-op tables (Parquet + CSV) here")
+    p.add_argument("--out", type=output_dir, default=None, help="write per-step and per-op tables (Parquet + CSV) here")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-    p.add_argument("--trace-out", type=Path, default=None,
+    p.add_argument("--trace-out", type=output_file, default=None,
                    help="write a Chrome/Perfetto trace JSON of the first step's timeline")
     p.set_defaults(handler=handle)
 

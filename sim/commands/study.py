@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from sim.commands.common import output_dir, output_file
 
 
 def register(sub) -> None:
@@ -11,7 +11,7 @@ def register(sub) -> None:
                                    "the points not yet cached, and write results.{parquet,csv}, plots and "
                                    "report.md under --out (default reports/<study>/).")
     p.add_argument("file", help="study YAML path or bundled study name (workloads/studies/)")
-    p.add_argument("--out", type=Path, default=None, help="output folder (default reports/<study name>/)")
+    p.add_argument("--out", type=output_dir, default=None, help="output folder (default reports/<study name>/)")
     p.add_argument("--executor", choices=["local", "dask"], default="local",
                    help="local process pool (default) or a Dask distributed cluster")
     p.add_argument("--address", default=None, help="Dask scheduler address, e.g. tcp://10.0.0.1:8786")
@@ -20,7 +20,7 @@ def register(sub) -> None:
     p.add_argument("--check", action="store_true", help="validate every point and print the plan; run nothing")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-report", action="store_true", help="write the table only (no plots or report)")
-    p.add_argument("--trace-out", type=Path, default=None,
+    p.add_argument("--trace-out", type=output_file, default=None,
                    help="also write the detail point's Chrome/Perfetto trace JSON (one step) here")
     p.set_defaults(handler=handle)
 

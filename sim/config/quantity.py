@@ -17,7 +17,6 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
-
 MAX_VALUE = 1e15  # |value| of any sourced number (1 PB/s is 1e6 GB/s; 1e15 leaves room for any unit)
 MIN_POSITIVE = 1e-6  # the smallest positive value (a clock of 1e-300 GHz is a typo, not a chip)
 MAX_COUNT = 1_000_000_000  # the largest count (of channels, tiles, chips, cores ...)
@@ -33,9 +32,13 @@ def _not_bool(value):
     return value
 
 
+def fmt_range(lo: float, hi: float, lo_open: bool = False) -> str:
+    """``[1, 1,000,000]`` or ``(0, 1e6]``: a range as errors state it."""
+    return f"{'(' if lo_open else '['}{_fmt(lo)}, {_fmt(hi)}]"
+
+
 def _in_range(lo: float, hi: float, what: str, lo_open: bool = False):
-    opening = "(" if lo_open else "["
-    text = f"must be {what} in {opening}{_fmt(lo)}, {_fmt(hi)}]"
+    text = f"must be {what} in {fmt_range(lo, hi, lo_open)}"
 
     def check(value):
         if not math.isfinite(value) or value > hi or value < lo or (lo_open and value == lo):
