@@ -17,6 +17,8 @@ def register(sub) -> None:
     p.add_argument("--address", default=None, help="Dask scheduler address, e.g. tcp://10.0.0.1:8786")
     p.add_argument("--jobs", "-j", type=int, default=None, help="local worker processes (default: CPU count; 1 = "
                                                                  "in this process)")
+    p.add_argument("--max-points", type=int, default=None, metavar="N",
+                   help="refuse studies of more than N points (default 100,000; checked before expanding)")
     p.add_argument("--check", action="store_true", help="validate every point and print the plan; run nothing")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-report", action="store_true", help="write the table only (no plots or report)")
@@ -28,8 +30,11 @@ def register(sub) -> None:
 def handle(args) -> int:
     from sim.errors import ConfigError
     from sim.study import load_study, run_study
+    from sim.study.spec import MAX_POINTS
 
-    study = load_study(args.file)
+    if args.max_points is not None and args.max_points < 1:
+        raise ConfigError("--max-points", "max_points", "must be >= 1", args.max_points)
+    study = load_study(args.file, max_points=args.max_points or MAX_POINTS)
     if args.executor == "dask" and not args.address:
         raise ConfigError("--address", "address", "--executor dask needs --address tcp://HOST:PORT")
     if args.jobs is not None and args.jobs < 1:
