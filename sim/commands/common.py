@@ -40,6 +40,8 @@ def add_run_options(p: argparse.ArgumentParser, *, formats: bool = True) -> None
     p.add_argument("--batch", type=int, default=d.batch, help="sequences per step (default 1)")
     p.add_argument("--context", type=int, default=d.context, help="tokens in each cache at the first step (default 4096)")
     p.add_argument("--trace", default=None, help="decode trace file to replay (JSONL, Parquet or CSV)")
+    p.add_argument("--allow-long-context", action="store_true",
+                   help="simulate contexts beyond the model's max_context (an error otherwise)")
     if formats:
         p.add_argument("--weights", default=d.weights, help="weight format (default bf16; see `decodesim formats`)")
         p.add_argument("--kv", default=d.kv, help="KV-cache format (default fp16)")
@@ -66,7 +68,8 @@ def add_run_options(p: argparse.ArgumentParser, *, formats: bool = True) -> None
 
 
 SPEC_ARGS = ("hardware", "model", "batch", "context", "trace", "weights", "kv", "steps", "target_ms", "engine",
-             "graph", "tp", "pp", "software", "overrides", "chips", "dispatch", "placement", "routing")
+             "graph", "tp", "pp", "software", "overrides", "chips", "dispatch", "placement", "routing",
+             "allow_long_context")
 
 
 def spec_from_args(args, **changes) -> RunSpec:

@@ -92,6 +92,7 @@ def resolve(spec: RunSpec) -> Setup:
         steps = traces.read(spec.trace)[: spec.steps]
     else:
         steps = traces.fixed(spec.batch, spec.context, spec.steps)
+    check_context(spec, model, steps)
     moe = None
     if model.moe is not None:
         from sim.moe.plan import build  # numpy and the placement: only for MoE models (start-up time)
@@ -111,6 +112,21 @@ def resolve(spec: RunSpec) -> Setup:
         v_width=kv_heads * model.head_dim * model.v_width // per_head,
         vocab=math.ceil(model.vocab / tp), layers_per_stage=math.ceil(model.layers / pp),
         store=store, act_level=shared.name if shared is not None else store)
+
+
+def check_context(spec: RunSpec, model: ModelSpec, steps) -> None:
+    """No step may hold more tokens than the model's ``max_context`` unless the run says
+    ``allow_long_context`` (a what-if beyond what the model was trained for)."""
+    if spec.allow_long_context:
+        return
+    longest = max(max(step.contexts) for step in steps) if spec.trace else spec.context + spec.steps - 1
+    if longest <= model.max_context:
+        return
+    where = (spec.trace, "context") if spec.trace else ("--context", "context")
+    how = "a step" if spec.trace else f"the last step (context {spec.context:,} + {spec.steps - 1:,} steps)"
+    raise ConfigError(*where, f"{how} holds {longest:,} tokens, beyond {model.name}'s max_context of "
+                      f"{model.max_context:,}; pass --allow-long-context (allow_long_context: true) to simulate "
+                      "it anyway", longest)
 
 
 def parallelism(spec: RunSpec, hardware: HardwareProfile, model: ModelSpec, hw_file: str = "hardware") -> tuple[int, int]:
