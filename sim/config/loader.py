@@ -136,10 +136,11 @@ def validate(model: type[pydantic.BaseModel], data: Any, file: str | Path | None
     try:
         return model.model_validate(data)
     except pydantic.ValidationError as err:
-        raise _config_error(model, err, str(file) if file else None, prefix, data) from None
+        raise config_error(model, err, str(file) if file else None, prefix, data) from None
 
 
-def _config_error(model, err: pydantic.ValidationError, file, prefix, data=None) -> ConfigError:
+def config_error(model, err: pydantic.ValidationError, file, prefix="", data=None) -> ConfigError:
+    """The one-line ConfigError for the first problem of a pydantic ValidationError."""
     first = err.errors(include_url=False)[0]
     raw_loc = tuple(first["loc"])
     loc = _named(tuple(part for part in raw_loc if not _is_union_tag(part)), data)

@@ -64,6 +64,8 @@ def current_value(spec: RunSpec, path: str) -> Any:
             return res.hardware.chips
         if value is None and path in ("tp", "pp"):
             return getattr(res, path)
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise ConfigError("--vary", path, "must name a number", value)
         return value
     check_path(path, "--vary")
     if path.startswith(HARDWARE):
