@@ -145,6 +145,8 @@ def test_python_api_errors_are_one_line_config_errors():
             sim.simulate(**fields)
         text = str(info.value)
         assert expect in text and "\n" not in text and "https://" not in text
+    with pytest.raises(ConfigError, match=r"^spec: steps: must be a whole number in \[1, 1,000,000\], got 0$"):
+        sim.simulate({"steps": 0})
 
 
 def test_a_huge_moe_batch_that_cannot_fit_answers_at_once():

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import ValidationError, field_validator, model_validator
+from pydantic import field_validator, model_validator
 
-from sim.config.loader import apply_override, config_error, parse_assignment, validate
+from sim.config.loader import apply_override, parse_assignment, validate
 from sim.config.model import MAX_CONTEXT
 from sim.config.quantity import MAX_COUNT, Strict, real, whole
 from sim.errors import ConfigError
@@ -61,13 +61,6 @@ class RunSpec(Strict):
     routing_locality: real(0, 1) = 0.0
     sram_experts: whole(0, MAX_COUNT, strict=False) | None = None  # experts to pin per chip (default: as many as fit)
     chips: whole(1, MAX_CHIPS, strict=False) | None = None  # overrides hardware.system.chips
-
-    def __init__(self, **data):
-        """Build from keywords; a bad field is one ConfigError (``RunSpec(): batch: ...``)."""
-        try:
-            super().__init__(**data)
-        except ValidationError as err:
-            raise config_error(RunSpec, err, "RunSpec()", "", data) from None
 
     @field_validator("overrides", mode="before")
     @classmethod
