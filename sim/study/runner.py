@@ -132,7 +132,7 @@ def _run_study(study: Study, out: Path, executor: str, jobs: int | None, address
     keys = study.hashes or [content_hash(p.spec) for p in study.points]
     todo: dict[str, Point] = {}
     for point, key in zip(study.points, keys, strict=False):
-        if key not in todo and not (runs_dir / f"{key}.json").is_file():
+        if key not in todo and cached_result(runs_dir / f"{key}.json") is None:
             todo[key] = point
     cached = len(set(keys)) - len(todo)
     if todo:
@@ -155,6 +155,22 @@ def _run_study(study: Study, out: Path, executor: str, jobs: int | None, address
         make_plots(out)
         write_report(out)
     return result
+
+
+def read_json(path: Path) -> dict | None:
+    """A JSON object from ``path``, or None when it is missing, unreadable or not an object
+    (a truncated file from an older, non-atomic writer is recomputed, not a traceback)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def cached_result(path: Path) -> dict | None:
+    """The result row a cache file holds, or None if there is no usable one."""
+    result = (read_json(path) or {}).get("result")
+    return result if isinstance(result, dict) else None
 
 
 LOCK_NAME = ".decodesim-study.lock"
@@ -349,7 +365,7 @@ def build_table(study: Study, keys: list[str], runs_dir: Path) -> pd.DataFrame:
     cache: dict[str, dict] = {}
     for point, key in zip(study.points, keys, strict=False):
         if key not in cache:
-            cache[key] = json.loads((runs_dir / f"{key}.json").read_text())["result"]
+            cache[key] = cached_result(runs_dir / f"{key}.json")
         result = cache[key]
         row: dict[str, Any] = {"point": point.index, "group": point.group, "knob": point.knob,
                                "delta_percent": point.delta_percent, "seed": point.seed, "hash": key}
@@ -396,7 +412,7 @@ def run_detail(study: Study, out: Path) -> None:
     key = content_hash(spec, extra="detail")
     folder = out / "detail"
     meta_path = folder / "meta.json"
-    if meta_path.is_file() and json.loads(meta_path.read_text()).get("hash") == key:
+    if (read_json(meta_path) or {}).get("hash") == key:
         return
     try:
         result = simulate(spec, keep_ops=True, keep_log=True, check_capacity=False)
