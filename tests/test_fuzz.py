@@ -1,11 +1,11 @@
-"""Property tests (issue 14): generated models, traces, studies and command lines either work or
-fail with one line.
+"""Property tests (issue 14): generated models, traces, routing files, studies and command lines
+either work or fail with one line.
 
 Each generated case runs the CLI in this process and must end in under ``CASE_LIMIT_S``
 seconds with exit status 0 (or 1 where the command says "no answer", solve) or 2 with a
 single stderr line; an exception escaping ``main`` (a traceback) fails the test. The slow
-suite (``-m slow``) runs 2,350 cases over the four generators (plus the profile mutations of
-tests/test_mutation.py); the default run has a fixed (derandomized) subset of about 100.
+suite (``-m slow``) runs 2,550 cases over the five generators (routing files too) (plus the profile mutations of
+tests/test_mutation.py); the default run has a fixed (derandomized) subset of 115.
 """
 
 from __future__ import annotations
@@ -191,6 +191,51 @@ def test_generated_traces_fast(tmp_path_factory, trace):
 @given(trace=trace_files())
 def test_generated_traces(tmp_path_factory, trace):
     _check_trace(tmp_path_factory, trace)
+
+
+ROUTING = ROOT / "workloads" / "routing" / "mixtral-zipf1.5-loc0.3-b8.jsonl"
+
+
+@st.composite
+def routing_mutants(draw):
+    """The bundled Mixtral routing file with one record damaged, dropped, repeated or retyped."""
+    lines = ROUTING.read_text().splitlines()
+    action = draw(st.sampled_from(["keep", "drop", "repeat", "retype", "truncate", "junk"]))
+    index = draw(st.integers(0, len(lines) - 1))
+    if action == "drop":
+        del lines[index]
+    elif action == "repeat":
+        lines.insert(index, lines[index])
+    elif action == "retype":
+        record = json.loads(lines[index])
+        key = draw(st.sampled_from(sorted(record)))
+        record[key] = draw(st.one_of(ODD, st.sampled_from([[[0, 0]], [[9, 1]], [[0]], [["a", "b"]], 10**12])))
+        lines[index] = json.dumps(record)
+    elif action == "junk":
+        lines[index] = draw(st.text(max_size=40))
+    text = "\n".join(lines) + "\n"
+    if action == "truncate":
+        text = text[: draw(st.integers(0, len(text)))]
+    return text
+
+
+def _check_routing(tmp_path_factory, text, steps):
+    path = tmp_path_factory.mktemp("routing") / "r.jsonl"
+    path.write_text(text)
+    check(["run", "--model", "mixtral-8x7b", "--routing", str(path), "--steps", steps, "--engine", "analytic"])
+
+
+@settings(max_examples=10, **FAST)
+@given(text=routing_mutants(), steps=st.sampled_from(["1", "4", "9"]))
+def test_mutated_routing_files_fast(tmp_path_factory, text, steps):
+    _check_routing(tmp_path_factory, text, steps)
+
+
+@pytest.mark.slow
+@settings(max_examples=200, **SLOW)
+@given(text=routing_mutants(), steps=st.sampled_from(["1", "4", "9"]))
+def test_mutated_routing_files(tmp_path_factory, text, steps):
+    _check_routing(tmp_path_factory, text, steps)
 
 
 # -- studies ----------------------------------------------------------------------------------
