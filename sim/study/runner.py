@@ -232,15 +232,31 @@ def _execute(todo: dict[str, Point], runs_dir: Path, executor: str, jobs, addres
         elif executor == "local":
             jobs = jobs or os.cpu_count() or 1
             if jobs == 1 or len(todo) == 1:
-                for key, point in todo.items():
-                    _store(runs_dir, key, point, run_point(payloads[key]))
-                    bar.update()
+                _execute_serial(todo, payloads, runs_dir, bar)
             else:
                 _execute_pool(todo, payloads, runs_dir, jobs, bar)
         else:
             raise ConfigError("--executor", "executor", "must be local or dask", executor)
     finally:
         bar.close()
+
+
+def _execute_serial(todo: dict[str, Point], payloads: dict[str, str], runs_dir: Path, bar) -> None:
+    """Run the points one after another in this process, storing each as it finishes."""
+    done = 0
+    try:
+        for key, point in todo.items():
+            _store(runs_dir, key, point, run_point(payloads[key]))
+            done += 1
+            bar.update()
+    except KeyboardInterrupt:
+        _say_stopped(done, len(todo), runs_dir)
+        raise
+
+
+def _say_stopped(done: int, total: int, runs_dir: Path) -> None:
+    sys.stderr.write(f"decodesim: stopped; {done} of {total} points finished and are cached in {runs_dir} "
+                     "(run the study again to resume)\n")
 
 
 def _execute_pool(todo: dict[str, Point], payloads: dict[str, str], runs_dir: Path, jobs: int, bar) -> None:
@@ -266,8 +282,7 @@ def _execute_pool(todo: dict[str, Point], payloads: dict[str, str], runs_dir: Pa
             if key not in stored and future.done() and not future.cancelled() and future.exception() is None:
                 _store(runs_dir, key, todo[key], future.result())
                 stored.add(key)
-        sys.stderr.write(f"decodesim: stopped; {len(stored)} of {len(todo)} points finished and are cached in "
-                         f"{runs_dir} (run the study again to resume)\n")
+        _say_stopped(len(stored), len(todo), runs_dir)
         raise
     pool.shutdown(wait=True)
 
