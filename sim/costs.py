@@ -270,7 +270,7 @@ class CostModel:
         for a in k.accesses:
             f = self.flow(op, a, tiles)
             if klass is not None and f.link == self.store:
-                cap = klass.bandwidth_GBps.value
+                cap = klass.stream_fraction.value * self.hw.store.sustained_GBps
                 if klass.parallel == "rows":
                     per_cta = klass.cta_bandwidth_GBps.value if klass.cta_bandwidth_GBps else self.cta_bw
                     cap = min(cap, k.parallelism * per_cta)

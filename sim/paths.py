@@ -8,6 +8,8 @@ the validation set's data, the MoE report's hypothetical profile).
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 
 _PACKAGE = Path(__file__).resolve().parent
@@ -65,3 +67,37 @@ def resolve(name_or_path: str, folder: Path, what: str, suffixes=(".yaml", ".yml
     raise ConfigError(
         None, what, f"unknown {what} {name_or_path!r}; expected a path or one of: {', '.join(known)}"
     )
+
+
+BUNDLED_FOLDERS = ("hardware_profiles", "workloads")
+
+
+def display_path(path: str | Path | None, base: str | Path | None = None) -> str | None:
+    """A path as a report shows it, never as an absolute path of the machine it ran on:
+    a bundled file relative to the checkout (``hardware_profiles/h200-sxm.yaml``, also for a
+    file of another checkout or installation), any other file relative to ``base`` (the
+    report's folder; default the working directory)."""
+    if path is None:
+        return None
+    target = Path(path)
+    if not target.is_absolute():
+        return str(path)
+    target = target.resolve()
+    for root in (_CHECKOUT, _PACKAGE / "_bundled"):
+        if target.is_relative_to(root):
+            return str(target.relative_to(root))
+    parts = target.parts
+    for i in range(len(parts) - 2, 0, -1):  # a bundled file of another checkout or install
+        if parts[i] in BUNDLED_FOLDERS:
+            return str(Path(*parts[i:]))
+    start = Path(base).resolve() if base is not None else Path.cwd()
+    return os.path.relpath(target, start)
+
+
+def relative_text(text: str) -> str:
+    """``text`` (an error message, a setting) without absolute prefixes of bundled files:
+    ``/home/x/decodesim/workloads/formats/a.yaml`` -> ``workloads/formats/a.yaml``."""
+    for root in (_PACKAGE / "_bundled", _CHECKOUT):
+        text = text.replace(f"{root}{os.sep}", "")
+    folders = "|".join(BUNDLED_FOLDERS)
+    return re.sub(rf"(?<![\w.])/(?:[^\s:'\"`/]+/)*?({folders})/", r"\1/", text)  # other checkouts, installs

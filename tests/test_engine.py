@@ -41,17 +41,39 @@ def _log_bytes(log):
     return by
 
 
+@pytest.mark.parametrize("software", ["fused", "torch-graph", "torch-eager"])
 @pytest.mark.parametrize("batch, context", [(1, 512), (16, 4096)])
-def test_event_log_conserves_op_graph_bytes(batch, context):
-    result = simulate(batch=batch, context=context, steps=2, keep_log=True)
+def test_event_log_conserves_kernel_bytes(batch, context, software):
+    """The log moves exactly the bytes of the kernels the stack runs the ops as."""
+    result = simulate(batch=batch, context=context, steps=2, keep_log=True, software=software)
     res = result.resolved
+    costs = CostModel(res.hardware, res.stack)
     expected = defaultdict(int)
     for step in res.steps:
         graph = lower_step(res, step.contexts, step.index)
         for op in graph.ops:
-            for a in op.accesses:
-                expected[(a.level, a.write)] += a.bytes
+            for f in costs.cost(op.work).flows:
+                expected[(f.link, f.write)] += f.bytes
     assert dict(_log_bytes(result.log)) == dict(expected)
+
+
+@pytest.mark.parametrize("software", ["fused", "torch-graph", "torch-eager", "torch-graph-grouped"])
+@pytest.mark.parametrize("model", ["llama-3-8b", "mixtral-8x7b"])
+def test_kernels_move_at_least_each_ops_bytes(software, model):
+    """Conservation of the stacks: every role an op reads or writes is moved by its kernels at
+    least once (exactly once where the stack fuses the op into one kernel)."""
+    from sim.lowering.kernels import role_bytes
+
+    res = resolve(RunSpec(model=model, batch=4, context=1024, steps=1, software=software))
+    graph = lower_step(res, res.steps[0].contexts)
+    for op in graph.ops:
+        for write in (False, True):
+            need = role_bytes(op.accesses, write)
+            moved = role_bytes([a for k in op.work.kernels_run for a in k.accesses if a.role != "temp"], write)
+            for role, n in need.items():
+                assert moved.get(role, 0) >= n * 0.999, (op.name, role, write, moved.get(role, 0), n)
+            if len(op.work.kernels_run) == 1:
+                assert {r: v for r, v in moved.items()} == need, op.name
 
 
 @pytest.mark.parametrize("kw", [

@@ -49,7 +49,7 @@ def test_bundled_formats_have_plausible_fidelity():
     assert rows["int8"]["attn_kl"] < rows["kivi-4"]["attn_kl"] < rows["kivi-2"]["attn_kl"]
     assert rows["kivi-4"]["attn_kl"] < rows["int4-asym-g128"]["attn_kl"]  # per-channel K, smaller groups
     for r in rows.values():
-        assert all(np.isfinite(v) for k, v in r.items() if k != "format")
+        assert all(np.isfinite(v) for k, v in r.items() if k != "kv")
 
 
 def test_the_window_is_kept_exactly():
@@ -135,7 +135,7 @@ def test_fidelity_cli_on_synthetic(cli):
     import json
 
     data = json.loads(out)
-    assert [r["format"] for r in data["rows"]] == ["fp16", "int2-asym-outlier"]
+    assert [r["kv"] for r in data["rows"]] == ["fp16", "int2-asym-outlier"]
     assert data["params"]["tokens"] == 256
     assert data["rows"][1]["k_outlier_fraction"] == pytest.approx(13 / 256)  # ceil(5% of 256) channels
 

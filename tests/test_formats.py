@@ -183,14 +183,14 @@ def test_slow_vector_unit_makes_kivi2_attention_slower_than_int8():
 
     slow = str(FIXTURES / "h200-slow-vector.yaml")  # the H200 with a 32x slower vector unit
     restore = ("hardware.compute.vector_flops_per_cycle.fp32=256", "hardware.compute.vector_flops_per_cycle.bf16=512")
-    run = dict(hardware=slow, batch=4, context=8192, steps=1, keep_ops=True)
+    run = dict(hardware=slow, batch=4, context=8192, steps=1, keep_ops=True, software="torch-graph")
     fast_int8, fast_kivi = (simulate(kv=kv, overrides=restore, **run) for kv in ("int8", "kivi-2"))
     slow_int8, slow_kivi = (simulate(kv=kv, **run) for kv in ("int8", "kivi-2"))
     fast_ratio = _attention_ns(fast_kivi) / _attention_ns(fast_int8)
     slow_ratio = _attention_ns(slow_kivi) / _attention_ns(slow_int8)
     # at full vector rate kivi-2's 2.4x fewer KV bytes keep it near int8; with a slow vector
     # unit its 5 dequant ops per value (int8: 2) make its attention far slower
-    assert fast_ratio < 1.1
+    assert fast_ratio < 1.25
     assert slow_ratio > 1.5 and slow_ratio > 1.5 * fast_ratio
     assert slow_kivi.summary["breakdown_ms"]["dequant"] > slow_kivi.summary["breakdown_ms"].get("kv", 0.0)
     att = next(o for o in slow_kivi.ops if o["name"] == "attention")
@@ -205,7 +205,7 @@ def test_outlier_heavy_format_makes_attention_gather_bound(tmp_path):
         "name": "heavy-outliers", "description": "2-bit with 20% sparse COO outliers", "role": "kv", "bits": 2,
         "symmetric": False, "scale_dtype": "fp16", "zero_dtype": "fp16", "per": "row", "group_size": 128,
         "outliers": {"fraction": 0.2, "layout": "coo", "index_bits": 16}}))
-    r = simulate(kv=str(heavy), batch=8, context=8192, steps=1, keep_ops=True)
+    r = simulate(kv=str(heavy), batch=8, context=8192, steps=1, keep_ops=True, software="torch-graph")
     att = next(o for o in r.ops if o["name"] == "attention")
     assert att["bound"] == "outliers"
     assert r.summary["breakdown_ms"]["outliers"] > r.summary["breakdown_ms"].get("kv", 0.0)
@@ -230,3 +230,74 @@ def test_the_step_reads_exactly_the_formats_bytes(kv):
     des = r.summary["per_token_ms_p50"]
     analytic = simulate(kv=kv, batch=3, context=5000, steps=1, engine="analytic").summary["per_token_ms_p50"]
     assert des >= analytic * 0.999 and des == pytest.approx(analytic, rel=0.05)
+
+
+def _attention_ms(kv: str, software: str = "fused", **kw) -> float:
+    from sim.run import simulate
+
+    r = simulate(kv=kv, batch=16, context=16384, steps=1, keep_ops=True, software=software, **kw)
+    return sum(o["duration_ns"] for o in r.ops if o["name"] == "attention") / 1e6
+
+
+def test_attention_time_is_monotone_in_the_kernels_efficiency(tmp_path):
+    """A worse implementation (lower efficiency, more picoseconds per value) is never faster."""
+    import yaml as _yaml
+
+    from sim.config.software import software_dir
+
+    base = _yaml.safe_load((software_dir() / "fused.yaml").read_text())
+    times = []
+    for scale in (0.5, 1.0, 2.0, 4.0):
+        stack = dict(base, name=f"fused-x{scale}")
+        impl = dict(stack["attention"]["triton_group"])
+        impl["value_ps"] = dict(impl["value_ps"], value=impl["value_ps"]["value"] * scale)
+        impl["outlier_ps"] = dict(impl["outlier_ps"], value=impl["outlier_ps"]["value"] * scale)
+        stack["attention"] = {"triton_group": impl}
+        path = tmp_path / f"s{scale}.yaml"
+        path.write_text(_yaml.safe_dump(stack))
+        times.append(_attention_ms("int2-asym-outlier", software=str(path)))
+    assert times == sorted(times)
+
+
+@pytest.mark.parametrize("group", [32, 64, 128])
+def test_group_size_changes_bytes_and_dequant_work_as_hand_computed(group, tmp_path):
+    """int4 asymmetric, K and V per token in groups of G, fp16 scale + zero: per token and
+    layer (8 KV heads x 128 = 1024 values each of K and V) 1024 x 4 bits + 1024 / G x 32 bits."""
+    fmt = tmp_path / f"int4-g{group}.yaml"
+    fmt.write_text(yaml.safe_dump({"name": f"int4-g{group}", "description": "test", "role": "kv", "bits": 4,
+                                   "symmetric": False, "scale_dtype": "fp16", "zero_dtype": "fp16", "per": "row",
+                                   "group_size": group}))
+    from sim.formats import get_format
+
+    f = get_format(str(fmt))
+    per_token = 2 * (1024 * 4 // 8 + (1024 // group) * 4)
+    assert f.kv_footprint(1000, 1024, 1024) == 1000 * per_token
+    from sim.lowering.ops import kv_quant
+
+    assert kv_quant(f)[1] == group  # the dequantization cost sees the group size
+
+
+def test_zero_dequant_cost_and_ideal_bandwidth_reproduce_the_byte_model(tmp_path):
+    """A stack whose attention kernel has no start-up beyond the byte model's, efficiency 1 and
+    no per-value cost gives attention time = KV bytes / stream rate (+ the fixed start-up)."""
+    import yaml as _yaml
+
+    from sim.config.software import software_dir
+
+    base = _yaml.safe_load((software_dir() / "fused.yaml").read_text())
+    impl = {k: dict(v, value=0.0) for k, v in base["attention"]["triton_group"].items()}
+    impl["efficiency"] = dict(impl["efficiency"], value=1.0)
+    base["attention"] = {"triton_group": impl}
+    path = tmp_path / "ideal.yaml"
+    path.write_text(_yaml.safe_dump(dict(base, name="ideal")))
+    from sim.run import simulate
+
+    r = simulate(kv="kivi-2", batch=16, context=16384, steps=1, keep_ops=True, software=str(path))
+    att = next(o for o in r.ops if o["name"] == "attention")
+    ideal = simulate(kv="fp16", batch=16, context=16384, steps=1, keep_ops=True, software=str(path))
+    att16 = next(o for o in ideal.ops if o["name"] == "attention")
+    kv2 = att["read_kv_hbm_bytes"]
+    kv16 = att16["read_kv_hbm_bytes"]
+    # with no dequantization cost the time falls with the bytes
+    assert att["duration_ns"] < att16["duration_ns"]
+    assert kv2 < 0.25 * kv16

@@ -104,15 +104,14 @@ def test_tiny_run_works(path: Path, tiny_model: str):
 def test_event_log_conserves_op_graph_bytes(path: Path, tiny_model: str):
     result = _run(path, tiny_model, keep_log=True)
     res = result.resolved
-    costs = CostModel(res.hardware)
+    costs = CostModel(res.hardware, res.stack)
     expected = defaultdict(int)
     for position, step in enumerate(res.steps):
         for op in lower_step(res, step.contexts, step.index, position).ops:
-            for a in op.accesses:
-                # memory levels move exactly the graph's bytes; a collective's wire bytes are its
-                # algorithm's (a ring all-reduce sends 2(n-1)/n of the message per chip)
-                wire = costs.flow(op.work, a, costs.tiles_for(op.work)).bytes if a.level == "link" else a.bytes
-                expected[(a.level, a.write)] += wire
+            # memory levels move exactly the kernels' bytes; a collective's wire bytes are its
+            # algorithm's (a ring all-reduce sends 2(n-1)/n of the message per chip)
+            for f in costs.cost(op.work).flows:
+                expected[(f.link, f.write)] += f.bytes
     logged = defaultdict(int)
     for _s, _l, _op, resource, kind, _t0, _t1, nbytes, _f in result.log:
         if resource not in ("compute", "host"):

@@ -109,6 +109,16 @@ BAD = {
     "unknown format": ("sweep:\n  grid:\n    kv: [fp16, int3-nope]\n", "sweep.grid.kv", "unknown format"),
     "unknown top-level key": ("sweeps:\n  grid:\n    batch: [1]\n", "sweeps", "unknown key"),
     "unknown base field": ("base: {bacth: 2}\n", "base", "unknown run field"),
+    "format groups do not divide a row width": (
+        "sweep:\n  grid:\n    kv: [fp16, int2-asym-outlier]\n    model: [llama-3-8b, deepseek-v3]\n",
+        "sweep.grid.kv", "must divide the K row width 576"),
+    "exclude names no axis": ("sweep:\n  grid:\n    batch: [1, 2]\n  exclude:\n    - {where: {bacth: 1}, reason: r}\n",
+                              "sweep.exclude.0.where", "not a swept axis"),
+    "exclude names no value of the axis": (
+        "sweep:\n  grid:\n    batch: [1, 2]\n  exclude:\n    - {where: {batch: 3}, reason: r}\n",
+        "sweep.exclude.0.where.batch", "must be a value of the axis"),
+    "exclude without a reason": ("sweep:\n  grid:\n    batch: [1, 2]\n  exclude:\n    - {where: {batch: 1}}\n",
+                                 "sweep.exclude.0.reason", "required"),
 }
 
 
@@ -127,6 +137,38 @@ def test_bad_input_is_one_error_naming_file_and_path(tmp_path, case):
     code, stdout, stderr = run_cli("study", str(path), "--out", str(out), "--no-progress")
     assert code == 2 and stderr.count("\n") == 1 and str(path) in stderr
     assert not out.exists()
+
+
+def test_exclude_leaves_out_the_combinations_a_format_cannot_run(tmp_path):
+    path = write(tmp_path, """
+        name: excl
+        base: {steps: 1}
+        sweep:
+          grid:
+            kv: [fp16, int2-asym-outlier]
+            model: [llama-3-8b, deepseek-v3]
+          exclude:
+            - {where: {model: deepseek-v3, kv: int2-asym-outlier}, reason: groups of 128 do not divide 576}
+    """)
+    study = load_study(path)  # checks every point's widths: passes once the misfit is left out
+    combos = {(p.labels["kv"], p.labels["model"]) for p in study.points}
+    assert combos == {("fp16", "llama-3-8b"), ("fp16", "deepseek-v3"), ("int2-asym-outlier", "llama-3-8b")}
+    assert [(rule.reason, n) for rule, n in study.excluded] == [("groups of 128 do not divide 576", 1)]
+    code, out, err = run_cli("study", str(path), "--check")
+    assert code == 0, err
+    assert "1 grid points left out by sweep.exclude (model=deepseek-v3, kv=int2-asym-outlier)" in out
+
+
+def test_every_bundled_study_resolves_and_checks_every_width():
+    from sim.paths import studies_dir
+
+    from sim.config.loader import load_yaml
+
+    for path in sorted(studies_dir().glob("*.yaml")):
+        if load_yaml(path).get("kind") == "serve":  # a serving study (decodesim serve --study)
+            continue
+        study = load_study(path)  # raises on any point that cannot run
+        assert study.hashes is not None and len(study.hashes) == len(study.points)
 
 
 # -- cache ----------------------------------------------------------------------------------
@@ -252,8 +294,10 @@ def test_the_documented_example_study_is_valid(tmp_path):
     example = text.split("```yaml\n", 1)[1].split("```", 1)[0]
     path = write(tmp_path, example, "example.yaml")
     study = load_study(path)
-    assert len(study.grid_points) == 4 * 4 * 2
+    assert len(study.grid_points) == 4 * 4 * 2 - 4  # llama-3-70b at batch 64 is left out (sweep.exclude)
     assert {p.labels["batch"] for p in study.grid_points} == {1, 4, 16, 64}
+    assert [n for _rule, n in study.excluded] == [4]
+    assert [c.name for c in study.spec.plots.claims] == ["fp8-weights"]
 
 
 def test_detail_point_follows_every_zipped_value(tmp_path):

@@ -1,4 +1,13 @@
-"""Options shared by the subcommands that run the simulator (run, compare, solve, ...)."""
+"""What the subcommands share: the run options (run, compare, solve, ...) and the ``--json``
+envelope.
+
+Every ``--json`` output is one JSON object: ``{"schema_version": "1.0", "kind": "<subcommand>",
+...payload}``, described by the versioned JSON Schema ``sim/schema/output.schema.json``
+(draft 2020-12; ``sim.schema.output_schema()`` loads it). The same field names are used
+everywhere: ``per_token_ms_p50`` / ``per_token_ms_p99`` for latency, ``kv`` for a KV-cache
+format, ``weights`` for a weight format, units in every other name. ``schema_version`` is
+bumped (major) when a field is renamed or removed, (minor) when one is added.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +17,10 @@ from pathlib import Path
 from sim.config.loader import validate
 from sim.config.spec import RunSpec
 from sim.io import output_problem, to_json, write_atomic, write_frame
+from sim.schema import SCHEMA_VERSION
 
-__all__ = ["add_run_options", "spec_from_args", "fmt_bytes", "to_json", "write_atomic", "write_frame", "output_file",
-           "output_dir"]
+__all__ = ["add_run_options", "spec_from_args", "fmt_bytes", "to_json", "write_atomic", "write_frame", "emit_json",
+           "envelope", "output_file", "output_dir"]
 
 
 def output_file(text: str) -> Path:
@@ -48,12 +58,13 @@ def add_run_options(p: argparse.ArgumentParser, *, formats: bool = True) -> None
     p.add_argument("--steps", type=int, default=d.steps, help="decode steps to simulate (default 8)")
     p.add_argument("--target-ms", type=float, default=d.target_ms, help="per-token latency target (default 10)")
     p.add_argument("--engine", choices=["des", "analytic"], default=d.engine, help="discrete-event or closed form")
-    p.add_argument("--graph", action=argparse.BooleanOptionalAction, default=True,
-                   help="run the step as a captured graph (default) or launch kernels one by one")
+    p.add_argument("--graph", action=argparse.BooleanOptionalAction, default=None,
+                   help="run the step as a captured graph or launch kernels one by one (default: the stack's)")
     p.add_argument("--tp", type=int, default=None, help="tensor-parallel chips (default: min(chips, 8))")
     p.add_argument("--pp", type=int, default=None, help="pipeline stages (default: chips / tp)")
-    p.add_argument("--software", choices=["fused", "torch-eager"], default=d.software,
-                   help="kernel decomposition: a fused serving stack or plain PyTorch")
+    p.add_argument("--software", default=d.software, metavar="STACK|PATH",
+                   help="software stack (workloads/software/: fused, fused-naive-kv, torch-graph, torch-graph-grouped, "
+                        "torch-graph-dense, torch-eager) or a stack YAML: which kernels run each op")
     p.add_argument("--chips", type=int, default=None, help="chip count (overrides the profile's system.chips)")
     moe = p.add_argument_group("Mixture-of-Experts (models with a moe: section)")
     moe.add_argument("--dispatch", choices=["host_sync", "device", "sram_zero_copy"], default=d.dispatch,
@@ -83,3 +94,16 @@ def fmt_bytes(n: float) -> str:
         if abs(n) >= size:
             return f"{n / size:.2f} {unit}"
     return f"{n:.0f} B"
+
+
+def envelope(kind: str, payload: dict) -> dict:
+    """``payload`` under the versioned envelope every ``--json`` output has."""
+    reserved = {"schema_version", "kind"} & set(payload)
+    if reserved:
+        raise ValueError(f"payload may not set {sorted(reserved)}")
+    return {"schema_version": SCHEMA_VERSION, "kind": kind, **payload}
+
+
+def emit_json(kind: str, payload: dict) -> None:
+    """Print one ``--json`` output: the envelope and ``payload`` (sim/schema/output.schema.json)."""
+    print(to_json(envelope(kind, payload)))

@@ -21,12 +21,15 @@ def register(sub) -> None:
     p.add_argument("--weights", default="bf16", help="weight format for every run (default bf16)")
     p.add_argument("--fidelity-tokens", type=int, default=2048,
                    help="tokens of synthetic KV for the error columns (default 2048, at most the context)")
+    p.add_argument("--kernels", default=None, metavar="STACK,STACK",
+                   help="also compare attention kernels: the attention time of each format under each stack's "
+                        "kernel (e.g. fused,fused-naive-kv), against fp16, with the break-even factor")
     p.add_argument("--json", action="store_true", help="print JSON rows")
     p.set_defaults(handler=handle)
 
 
 def handle(args) -> int:
-    from sim.commands.common import spec_from_args, to_json
+    from sim.commands.common import emit_json, spec_from_args
     from sim.errors import ConfigError
     from sim.report.compare import compare_rows
 
@@ -37,11 +40,31 @@ def handle(args) -> int:
         raise ConfigError("--fidelity-tokens", "fidelity_tokens", "must be > 0", args.fidelity_tokens)
     spec = spec_from_args(args)
     rows = compare_rows(spec, names, fidelity_tokens=args.fidelity_tokens)
+    kernels = []
+    if args.kernels:
+        from sim.report.compare import attention_rows
+
+        kernels = attention_rows(spec, names, [s.strip() for s in args.kernels.split(",") if s.strip()])
     if args.json:
-        print(to_json({"spec": spec.model_dump(), "rows": rows}))
+        setup = {k: v for k, v in spec.model_dump().items() if k != "kv"}
+        emit_json("compare", {"spec": setup, "kv_formats": names, "rows": rows, "kernels": kernels})
         return 0
     print(render(spec, rows))
+    if kernels:
+        print(render_kernels(kernels))
     return 0
+
+
+def render_kernels(rows: list[dict]) -> str:
+    lines = ["  attention kernels: per-token ms, attention ms per step, attention vs fp16, KV rate reached, "
+             "break-even (how many times cheaper per value the kernel must be to match fp16's step)",
+             f"  {'stack':<17}{'KV format':<19}{'ms/token':>9}{'attn ms':>9}{'vs fp16':>8}{'KV GB/s':>9}{'break-even':>11}"]
+    for r in rows:
+        be = r["break_even"]
+        be_txt = "-" if be is None else ("never" if be == float("inf") else ("meets" if be <= 1.0 else f"{be:.2f}x"))
+        lines.append(f"  {r['software']:<17}{r['kv']:<19}{r['step_ms']:>9.3f}{r['attention_ms']:>9.3f}"
+                     f"{r['attention_vs_baseline']:>8.2f}{r['kv_GBps']:>9.0f}{be_txt:>11}")
+    return "\n".join(lines)
 
 
 def render(spec, rows: list[dict]) -> str:
@@ -51,14 +74,14 @@ def render(spec, rows: list[dict]) -> str:
              f"  {'KV format':<19}{'ms/token':>9}{'cut':>7}{'KV KiB/tok':>11}{'reduct.':>8}{'KV bytes':>9}"
              f"{'dequant':>8}{'attn err':>9}{'KL':>9}  {'bound':<9}verdict"]
     for r in rows:
-        if r["per_token_ms"] is None:
+        if r["per_token_ms_p50"] is None:
             ms = cut = share = deq = "-"
         else:
-            ms = f"{r['per_token_ms']:.3f}"
+            ms = f"{r['per_token_ms_p50']:.3f}"
             cut = f"{r['latency_cut_pct']:.1f}%" if r["latency_cut_pct"] is not None else "-"
             share = f"{r['kv_bytes_share_pct']:.1f}%" if r["kv_bytes_share_pct"] is not None else "-"
             deq = f"{r['dequant_ms']:.2f}"
-        lines.append(f"  {r['kv']:<19}{ms:>9}{cut:>7}{r['kv_bytes_per_token'] / 1024:>11.1f}"
+        lines.append(f"  {r['kv']:<19}{ms:>9}{cut:>7}{r['kv_stored_bytes_per_token'] / 1024:>11.1f}"
                      f"{r['reduction_pct']:>7.1f}%{share:>9}{deq:>8}{r['attn_output_rel_error']:>9.4f}"
                      f"{r['attn_kl']:>9.5f}  {r['bound']:<9}{r['verdict']}")
     lines.append(f"  KV KiB/tok: KV stored per token over all layers at the context; KV bytes: KV (incl. "

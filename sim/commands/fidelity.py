@@ -68,7 +68,7 @@ def synthetic_params(items: list[str], seed: int):
 
 
 def handle(args) -> int:
-    from sim.commands.common import to_json
+    from sim.commands.common import emit_json
     from sim.errors import ConfigError
     from sim.formats import get_format
     from sim.formats.fidelity import load_kv, score_std, synthetic
@@ -88,7 +88,7 @@ def handle(args) -> int:
         sample = synthetic(synthetic_params(args.synthetic, args.seed))
     rows = fidelity_rows(formats, sample, seed=args.seed)
     if args.json:
-        print(to_json({"input": sample.label, "params": sample.params, "rows": rows}))
+        emit_json("fidelity", {"input": sample.label, "params": sample.params, "rows": rows})
         return 0
     tokens, width = sample.k_pre.shape
     print(f"fidelity on {sample.label} KV: {tokens} tokens x {sample.kv_heads} KV heads x {sample.head_dim}, "
@@ -96,7 +96,7 @@ def handle(args) -> int:
     print(f"  {'format':<20}{'K err':>8}{'V err':>8}{'score err':>10}{'KL (nats)':>11}{'out err':>9}"
           f"{'K outl.':>8}{'V outl.':>8}")
     for r in rows:
-        print(f"  {r['format']:<20}{r['k_rel_error']:>8.4f}{r['v_rel_error']:>8.4f}{r['score_rel_error']:>10.4f}"
+        print(f"  {r['kv']:<20}{r['k_rel_error']:>8.4f}{r['v_rel_error']:>8.4f}{r['score_rel_error']:>10.4f}"
               f"{r['attn_kl']:>11.5f}{r['output_rel_error']:>9.4f}{100 * r['k_outlier_fraction']:>7.2f}%"
               f"{100 * r['v_outlier_fraction']:>7.2f}%")
     print("  errors are relative Frobenius norms; K after RoPE; KL(P || P_hat) averaged over queries")

@@ -9,7 +9,7 @@ expert. ``--write FILE`` saves the generated trace in the routing file format
 
 from __future__ import annotations
 
-from sim.commands.common import output_file, to_json
+from sim.commands.common import emit_json, output_file
 
 
 def register(sub) -> None:
@@ -79,8 +79,8 @@ def handle(args) -> int:
     if args.write is not None:
         routing.write(trace, args.write)
     if args.json:
-        print(to_json({"model": model.name, "experts": moe.experts, "top_k": moe.top_k, "moe_layers": layers,
-                       "routing": trace.description, "rows": rows}))
+        emit_json("routing", {"model": model.name, "experts": moe.experts, "top_k": moe.top_k, "moe_layers": layers,
+                              "routing": trace.description, "rows": rows})
         return 0
     print(f"decodesim routing: {model.name}, {moe.experts} experts, top-{moe.top_k}, {layers} MoE layers, "
           f"{trace.steps} steps, routing {trace.description}")

@@ -6,6 +6,7 @@ import sys
 
 from sim.commands.common import (
     add_run_options,
+    emit_json,
     fmt_bytes,
     output_dir,
     output_file,
@@ -24,14 +25,36 @@ def register(sub) -> None:
     p.add_argument("--out", type=output_dir, default=None, help="write per-step and per-op tables (Parquet + CSV) here")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--trace-out", type=output_file, default=None,
-                   help="write a Chrome/Perfetto trace JSON of the first step's timeline")
+                   help="write a Chrome/Perfetto trace JSON of the timeline (every step; see --trace-steps)")
+    p.add_argument("--trace-steps", default=None, metavar="A:B",
+                   help="steps the trace keeps, A <= step < B (either end may be left out; default all)")
     p.set_defaults(handler=handle)
+
+
+def step_range(text: str | None, steps: int) -> tuple[int, int] | None:
+    """``--trace-steps A:B`` as (A, B), half-open like a Python slice; None keeps every step."""
+    from sim.errors import ConfigError
+
+    if text is None:
+        return None
+    lo, sep, hi = text.partition(":")
+    try:
+        a = int(lo) if lo.strip() else 0
+        b = (int(hi) if hi.strip() else steps) if sep else a + 1
+    except ValueError:
+        raise ConfigError("--trace-steps", "trace_steps", "expected A:B with whole numbers (A <= step < B)",
+                          text) from None
+    if not 0 <= a < b:
+        raise ConfigError("--trace-steps", "trace_steps", f"expected 0 <= A < B (the run has steps 0..{steps - 1})",
+                          text)
+    return a, b
 
 
 def handle(args) -> int:
     from sim.run import simulate
 
     spec = spec_from_args(args)
+    trace_steps = step_range(args.trace_steps, spec.steps)
     keep = args.out is not None or args.trace_out is not None
     result = simulate(spec, keep_ops=keep, keep_log=keep)
     if args.out is not None and result.steps:
@@ -41,11 +64,11 @@ def handle(args) -> int:
         write_frame(log, args.out / "events")
         write_atomic(args.out / "summary.json", to_json({**result.summary, "spec": spec.model_dump()}))
     if args.trace_out is not None and result.log:
-        from sim.report.trace import chrome_trace
+        from sim.report.trace import trace_of
 
-        write_atomic(args.trace_out, chrome_trace(result.log, step=result.steps[0]["step"]))
+        write_atomic(args.trace_out, trace_of(result, trace_steps))
     if args.json:
-        print(to_json(result.summary))
+        emit_json("run", result.summary)
     else:
         print(render(result.summary))
     return 0

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sim.commands.common import add_run_options, spec_from_args, to_json
+from sim.commands.common import add_run_options, emit_json, spec_from_args
 
 
 def register(sub) -> None:
@@ -37,7 +37,7 @@ def handle(args) -> int:
     spec = spec_from_args(args)
     solution = solve(spec, args.vary, args.target_ms, lo, hi, rel_tol=args.rel_tol)
     if args.json:
-        print(to_json(solution.as_dict()))
+        emit_json("solve", solution.as_dict())
         return 0
     print(f"decodesim solve: {spec.model} on {spec.hardware}, batch {spec.batch}, context {spec.context}, "
           f"weights {spec.weights}, KV {spec.kv}, target {solution.target_ms:g} ms")

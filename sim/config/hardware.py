@@ -223,12 +223,14 @@ class System(Strict):
 class KernelClass(Strict):
     """What one kernel of a class costs on this chip beyond its bytes and work: the start-up
     and tail of a kernel in a captured graph (``startup_ns``, the inter-kernel gap included)
-    and the rate its reads from the backing store reach at large sizes (``bandwidth_GBps``).
+    and the rate its reads from the backing store reach at large sizes, as a fraction of the
+    store's sustained stream rate (``stream_fraction``; so a profile derived with another
+    store keeps the kernels' quality).
     ``parallel: rows`` marks classes whose grid is one CTA per row (a row reduction over few
     rows cannot spread over the chip)."""
 
     startup_ns: Num
-    bandwidth_GBps: Pos
+    stream_fraction: Pos
     parallel: Literal["elements", "rows"] = "elements"
     cta_bandwidth_GBps: Pos | None = None  # with parallel: rows, what one row's CTA pulls
 
@@ -261,6 +263,14 @@ class HardwareProfile(Strict):
     host: Host
     system: System
     kernels: KernelCosts | None = None  # measured kernel-class costs; without it: the byte model's start-ups
+
+    @model_validator(mode="after")
+    def _fractions(self):
+        for name, c in (self.kernels.classes.items() if self.kernels else ()):
+            if c.stream_fraction.value > 1.2:
+                raise ValueError(f"kernels.classes.{name}.stream_fraction must be at most 1.2 (a kernel "
+                                 f"cannot stream much faster than the store's measured stream rate)")
+        return self
 
     @model_validator(mode="after")
     def _hierarchy(self):

@@ -95,6 +95,9 @@ class ModelSpec(Strict):
     vocab: whole(1, MAX_VOCAB)
     tied_embeddings: bool
     activation: Literal["swiglu", "gelu"] = "swiglu"
+    # the reference implementation stores Q, K, V (and gate, up) as one fused weight, so a
+    # plain PyTorch stack runs one GEMM for them (Phi-3's qkv_proj and gate_up_proj)
+    fused_projections: bool = False
     max_context: whole(1, MAX_CONTEXT)
     moe: MoESpec | None = None
     attention: AttentionSpec | None = None

@@ -65,10 +65,20 @@ class Kernel(Strict):
 
 
 class OpKernels(Strict):
-    """The kernels of one op (or group of ops)."""
+    """The kernels of one op (or group of ops). ``stream`` runs the op on a side stream: it
+    forks from the main stream where it is issued and the first later op named ``join``
+    waits for it (e.g. a shared expert beside the router and the routed experts)."""
 
     kernels: tuple[Kernel, ...] = Field(min_length=1)
     source: str = ""
+    stream: str | None = None
+    join: str | None = None
+
+    @model_validator(mode="after")
+    def _join(self):
+        if (self.stream is None) != (self.join is None):
+            raise ValueError("stream and join go together (a side stream must join the main stream)")
+        return self
 
 
 class AttentionImpl(Strict):
@@ -153,6 +163,13 @@ class SoftwareStack(Strict):
                     entry = self.ops[group]
                     break
         return entry.kernels if entry is not None else None
+
+    def side_stream(self, op_name: str) -> tuple[str, str] | None:
+        """(stream, join op) when the stack runs ``op_name`` on a side stream."""
+        entry = self.ops.get(op_name)
+        if entry is not None and entry.stream is not None:
+            return entry.stream, entry.join
+        return None
 
     def dispatch(self, kclass: str) -> float:
         """Host time to launch one kernel of ``kclass`` eagerly (ns)."""

@@ -320,6 +320,17 @@ class Format:
         return math.ceil(bits / 8)
 
 
+def check_widths(kv: Format, weights: Format, k_width: int, v_width: int, weight_cols: tuple[int, ...]) -> None:
+    """Every check that needs a tensor width, run before anything is simulated: the KV
+    format against one chip's K and V row widths, the weight format against the row
+    lengths of the matrices it stores. A format whose groups do not divide a row width is
+    rejected (ConfigError naming the format file and key), never padded silently."""
+    kv.check_width("k", k_width)
+    kv.check_width("v", v_width)
+    for cols in weight_cols:
+        weights.check_width("weight", cols)
+
+
 # -- loading -------------------------------------------------------------------------------
 
 

@@ -243,7 +243,7 @@ def measure(fmt, sample: KVSample, seed: int = 0) -> dict:
     with np.errstate(divide="ignore", invalid="ignore"):
         kl = np.where(p > 0, p * (np.log(p) - np.log(np.maximum(p_hat, 1e-300))), 0.0).sum(axis=-1)
     return {
-        "format": fmt.name, "k_rel_error": _rel(k_hat, k_post), "v_rel_error": _rel(v_hat, sample.v),
+        "kv": fmt.name, "k_rel_error": _rel(k_hat, k_post), "v_rel_error": _rel(v_hat, sample.v),
         "score_rel_error": _rel(s_hat, s), "attn_kl": float(kl.mean()), "output_rel_error": _rel(o_hat, o),
         **stats,
     }

@@ -25,6 +25,8 @@ def widths(model, tp: int = 1) -> tuple[int, int]:
 
 
 def byte_row(fmt: Format, tokens: int, k_width: int, v_width: int) -> dict:
+    """One KV format's bytes at ``tokens`` of context for one layer's K and V rows (stored
+    bytes per token per layer, bits per value by component, reduction against fp16)."""
     base = get_format(BASELINE)
     k = fmt.tensor_bytes("k", tokens, k_width)
     v = fmt.tensor_bytes("v", tokens, v_width)
@@ -32,11 +34,11 @@ def byte_row(fmt: Format, tokens: int, k_width: int, v_width: int) -> dict:
     ref = base.kv_footprint(tokens, k_width, v_width)
     values = tokens * (k_width + v_width)
     return {
-        "format": fmt.name, "context": tokens,
+        "kv": fmt.name, "context": tokens,
         "k_bits": 8 * k.total / (tokens * k_width), "v_bits": 8 * v.total / (tokens * v_width),
         "kv_bits": 8 * total / values,
-        "k_bytes_per_token": k.total / tokens, "v_bytes_per_token": v.total / tokens,
-        "kv_bytes_per_token": total / tokens, "footprint_bytes": total,
+        "k_stored_bytes_per_token_layer": k.total / tokens, "v_stored_bytes_per_token_layer": v.total / tokens,
+        "kv_stored_bytes_per_token_layer": total / tokens, "footprint_bytes": total,
         "reduction_pct": 100 * (1 - total / ref),
         "code_bits": 8 * (k.values + v.values) / values, "metadata_bits": 8 * (k.metadata + v.metadata) / values,
         "window_bits": 8 * (k.window + v.window) / values,
@@ -53,7 +55,7 @@ def byte_rows(formats: list[Format], contexts: list[int], k_width: int, v_width:
 
 def weight_row(fmt: Format, rows: int = 4096, cols: int = 4096) -> dict:
     t = fmt.weight_read(rows, cols)
-    return {"format": fmt.name, "bits": 8 * fmt.weight_bytes(rows, cols) / (rows * cols),
+    return {"weights": fmt.name, "bits": 8 * fmt.weight_bytes(rows, cols) / (rows * cols),
             "reduction_pct": 100 * (1 - fmt.weight_bytes(rows, cols) / get_format(BASELINE).weight_bytes(rows, cols)),
             "dequant_ops_per_value": t.dequant_ops / (rows * cols), "matmul_dtype": fmt.matmul_dtype}
 

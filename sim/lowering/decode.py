@@ -21,6 +21,7 @@ import math
 from dataclasses import replace
 
 from sim.config.setup import ACT_BYTES, Setup
+from sim.errors import SimulationError
 from sim.lowering.graph import Access, Builder, Op, OpGraph, make_graph
 from sim.lowering.moe import lower_moe, moe_weight_bytes_per_chip
 from sim.lowering.ops import (
@@ -32,6 +33,7 @@ from sim.lowering.ops import (
     dense_ffn_weight_bytes,
     matmul,
     norm_bytes,
+    prefill_attention,
     vector,
     vocab_bytes,
 )
@@ -55,14 +57,25 @@ def weight_bytes_per_chip(setup: Setup, stage: int) -> int:
 # -- the step ------------------------------------------------------------------------------
 
 
-def lower_step(setup: Setup, contexts: tuple[int, ...], step: int = 0, position: int = 0) -> OpGraph:
-    """The op graph of one decode step for sequences whose caches hold ``contexts`` tokens
-    (after this step's token is appended). ``position`` is the step's place in the run (the
-    MoE routing and placement row)."""
+def lower_step(setup: Setup, contexts: tuple[int, ...], step: int = 0, position: int = 0,
+               prefill: tuple[tuple[int, int], ...] = ()) -> OpGraph:
+    """The op graph of one step that decodes a token for each sequence whose cache holds
+    ``contexts`` tokens (after this step's token is appended) and, mixed in (chunked
+    prefill), processes a prompt chunk for each ``(chunk tokens, tokens cached before the
+    chunk)`` of ``prefill``. The projections, norms and FFN run over all token rows (decode
+    rows plus chunk tokens); decode attention reads each cache once per sequence; prefill
+    attention is its own op (causal over the chunk and the cache before it); the LM head runs
+    one row per sequence. ``position`` is the step's place in the run (the MoE routing row)."""
     contexts = tuple(contexts)
+    prefill = tuple(prefill)
+    if prefill and setup.moe is not None:
+        raise SimulationError("prefill steps of Mixture-of-Experts models are not modelled (the routing "
+                              "trace covers decode rows only)")
     m = setup.model
-    batch = len(contexts)
+    batch = len(contexts) + sum(chunk for chunk, _ in prefill)  # token rows
+    logits = len(contexts) + len(prefill)
     act_row = batch * m.hidden * ACT_BYTES
+    logit_row = logits * m.hidden * ACT_BYTES
     ops: list[Op] = []
     for stage in range(setup.pp):
         b = builder(setup, ops, stage)
@@ -75,14 +88,14 @@ def lower_step(setup: Setup, contexts: tuple[int, ...], step: int = 0, position:
         else:
             b.add("recv_activations", -1, "p2p", [Access("link", act_row, "link", role="link")],
                   collective=("p2p", act_row, 2), deps=(ops[-1].idx,), parallelism=1)
-        lower_layers(setup, b, setup.stage_layers(stage), contexts, position)
+        lower_layers(setup, b, setup.stage_layers(stage), contexts, position, prefill)
         if stage == setup.pp - 1:
-            vector(setup, b, "final_norm", -1, reads=act_row, weights=norm_bytes(setup), writes=act_row,
-                   ops=batch * m.hidden * VEC_OPS["rmsnorm"], rows=batch)
-            matmul(setup, b, "lm_head", -1, batch, m.hidden, setup.vocab)
-            tokens = vector(setup, b, "argmax", -1, reads=batch * setup.vocab * ACT_BYTES, writes=batch * 8,
-                            ops=batch * setup.vocab * VEC_OPS["argmax"], rows=batch)
-            gather = collective(setup, b, "gather_tokens", -1, "allgather", batch * 8, setup.tp)
+            vector(setup, b, "final_norm", -1, reads=logit_row, weights=norm_bytes(setup), writes=logit_row,
+                   ops=logits * m.hidden * VEC_OPS["rmsnorm"], rows=logits)
+            matmul(setup, b, "lm_head", -1, logits, m.hidden, setup.vocab)
+            tokens = vector(setup, b, "argmax", -1, reads=logits * setup.vocab * ACT_BYTES, writes=logits * 8,
+                            ops=logits * setup.vocab * VEC_OPS["argmax"], rows=logits)
+            gather = collective(setup, b, "gather_tokens", -1, "allgather", logits * 8, setup.tp)
             last = gather or tokens
             ops[last.idx] = _synced(last)
     return make_graph(ops, step=step, contexts=contexts, stages=setup.pp)
@@ -92,7 +105,8 @@ def _synced(op: Op) -> Op:
     return replace(op, host_sync=True)
 
 
-def lower_layers(setup: Setup, b: Builder, layers: range, contexts: tuple[int, ...], position: int) -> None:
+def lower_layers(setup: Setup, b: Builder, layers: range, contexts: tuple[int, ...], position: int,
+                 prefill: tuple[tuple[int, int], ...] = ()) -> None:
     """Lower ``layers``. Layers whose FFN is dense lower to the same ops; after the first two
     dense layers have been lowered (and found equal), further dense layers are copies with
     shifted indices rather than lowered again. MoE layers are always lowered (routing
@@ -104,7 +118,7 @@ def lower_layers(setup: Setup, b: Builder, layers: range, contexts: tuple[int, .
             b.append_shifted(template, len(b.ops) - template[0].idx, layer)
             continue
         start = len(b.ops)
-        lower_layer(setup, b, layer, contexts, position)
+        lower_layer(setup, b, layer, contexts, position, prefill)
         span = b.ops[start:]
         if setup.is_moe_layer(layer):
             previous = None
@@ -125,9 +139,10 @@ def _same_ops(first: list[Op], second: list[Op]) -> bool:
     return all(_signature(a, first[0].idx) == _signature(b, second[0].idx) for a, b in zip(first, second, strict=True))
 
 
-def lower_layer(setup: Setup, b: Builder, layer: int, contexts: tuple[int, ...], position: int) -> None:
+def lower_layer(setup: Setup, b: Builder, layer: int, contexts: tuple[int, ...], position: int,
+                prefill: tuple[tuple[int, int], ...] = ()) -> None:
     m = setup.model
-    batch = len(contexts)
+    batch = len(contexts) + sum(chunk for chunk, _ in prefill)  # token rows
     act_row = batch * m.hidden * ACT_BYTES
     norm = dict(reads=act_row, weights=norm_bytes(setup), writes=act_row, ops=batch * m.hidden * VEC_OPS["rmsnorm"],
                 rows=batch)
@@ -141,7 +156,10 @@ def lower_layer(setup: Setup, b: Builder, layer: int, contexts: tuple[int, ...],
            ops=batch * (setup.q_width + setup.k_width) * VEC_OPS["rope"] + batch * (setup.k_width + setup.v_width) * 4,
            rows=batch,
            extra=(Access(setup.store, batch * append.stream_bytes, "kv", write=True, role="cache"),))
-    attention(setup, b, layer, contexts)
+    if contexts:
+        attention(setup, b, layer, contexts)
+    if prefill:
+        prefill_attention(setup, b, layer, prefill)
     matmul(setup, b, "o_proj", layer, batch, setup.q_width, m.hidden, residual=True)
     collective(setup, b, "allreduce_attn", layer, "allreduce", act_row, setup.tp)
     vector(setup, b, "ffn_norm", layer, **norm)

@@ -185,19 +185,30 @@ class Builder:
     """Appends ops in program order; by default each op depends on the previous op of its
     stream (a GPU stream runs kernels in order)."""
 
-    def __init__(self, ops: list[Op] | None = None, stage: int = 0, expand=None):
+    def __init__(self, ops: list[Op] | None = None, stage: int = 0, expand=None, streams=None):
         self.ops: list[Op] = [] if ops is None else ops
         self._last: dict[tuple[int, str], int] = {}
         self.stage = stage
         self.expand = expand  # (name, kind, accesses, fields) -> the kernels that run the op
+        self.streams = streams  # op name -> (side stream, op that joins it) or None
+        self._joins: dict[str, list[int]] = {}  # op name -> side ops it must wait for
 
     def add(self, name: str, layer: int, kind: str, accesses, *, deps=None, stream: str = "main",
             host_sync: bool = False, row: str = "", compute_row: str = "compute", tags=(), **work) -> Op:
         """Append one op; ``work`` holds the ``Work`` fields other than kind and accesses."""
         idx = len(self.ops)
+        side = self.streams(name) if self.streams is not None and deps is None else None
+        if side is not None:  # fork from the main stream's tail onto the side stream
+            stream, join = side
+            main = self._last.get((self.stage, "main"))
+            previous = self._last.get((self.stage, stream))
+            deps = tuple(d for d in (main, previous) if d is not None)
+            self._joins.setdefault(join, []).append(idx)
         key = (self.stage, stream)
         if deps is None:
             deps = (self._last[key],) if key in self._last else ()
+        if name in self._joins:
+            deps = tuple(deps) + tuple(self._joins.pop(name))
         accesses = tuple(a for a in accesses if a.bytes > 0)
         extra = {k: work.pop(k) for k in ("parts", "values", "quant", "active") if k in work}
         if self.expand is not None:

@@ -53,6 +53,8 @@ def op_expander(setup: Setup):
     def run(name: str, kind: str, accesses, work: dict, parts=None, values: int = 0, quant: tuple = (),
             active: int = 1):
         specs = stack.kernels_for(name)
+        if name in ("qkv", "gate_up") and setup.model.fused_projections:
+            specs = stack.ops[f"{name}@fused"].kernels if f"{name}@fused" in stack.ops else None
         if name not in NOT_WEIGHTS:
             specs = with_prologue(specs, prologue, kind)
         return expand(specs, kind, accesses, matrix_flops=work.get("matrix_flops", 0),
@@ -66,7 +68,7 @@ def op_expander(setup: Setup):
 
 def builder(setup: Setup, ops: list[Op] | None = None, stage: int = 0) -> Builder:
     """A Builder whose ops run through the setup's software stack."""
-    return Builder(ops, stage, expand=op_expander(setup))
+    return Builder(ops, stage, expand=op_expander(setup), streams=setup.stack.side_stream)
 
 
 def matmul(setup: Setup, b: Builder, name: str, layer: int, batch: int, k: int, n: int,
@@ -123,6 +125,30 @@ def attention(setup: Setup, b: Builder, layer: int, contexts: tuple[int, ...]) -
                  vector_ops=VEC_OPS["softmax"] * setup.heads * total_ctx + dequant, dequant_ops=dequant,
                  dtype="bf16", parallelism=splits * setup.kv_heads, tags=(("tokens", total_ctx),),
                  values=total_ctx * (setup.k_width + setup.v_width), quant=kv_quant(setup.kv))
+
+
+def prefill_attention(setup: Setup, b: Builder, layer: int, prefill: tuple[tuple[int, int], ...]) -> Op:
+    """Causal attention of prompt chunks: each chunk of ``c`` tokens after ``before`` cached
+    tokens reads its cache (old and new tokens) once and does 4 x heads x head_dim x c x
+    (before + (c + 1) / 2) FLOPs (each query sees the tokens before it)."""
+    m = setup.model
+    stream, gather, granule, dequant, _total, splits = kv_traffic(setup, tuple(before + c for c, before in prefill))
+    queries = sum(c for c, _ in prefill)
+    pairs = sum(c * before + c * (c + 1) // 2 for c, before in prefill)  # (query, key) pairs
+    act = setup.act_level
+    accesses = [
+        Access(setup.store, stream, "kv", role="kv"),
+        Access(setup.store, gather, "outliers", granule=granule or None, role="kv"),
+        Access(act, queries * setup.q_width * ACT_BYTES, "act", role="x"),
+        Access(act, queries * setup.q_width * ACT_BYTES, "act", write=True, role="y"),
+    ]
+    group = max(1, m.heads // m.kv_heads)
+    return b.add("attention_prefill", layer, "attention", accesses, matrix_flops=4 * setup.heads * m.head_dim * pairs,
+                 matrix_m=group * max(c for c, _ in prefill),
+                 vector_ops=VEC_OPS["softmax"] * setup.heads * pairs + dequant, dequant_ops=dequant,
+                 dtype="bf16", parallelism=max(splits, queries / 64) * setup.kv_heads, tags=(("tokens", pairs),),
+                 values=sum(before + c for c, before in prefill) * (setup.k_width + setup.v_width),
+                 quant=kv_quant(setup.kv))
 
 
 def kv_quant(fmt) -> tuple:

@@ -41,8 +41,8 @@ def compare_rows(spec, kv_formats: list[str], fidelity_tokens: int = 2048) -> li
         step_ms = sum(breakdown.values()) or float("nan")
         kv_ms = breakdown.get("kv", 0.0) + breakdown.get("outliers", 0.0)
         rows.append({
-            "kv": name, "per_token_ms": s.get("per_token_ms_p50"), "per_token_ms_p99": s.get("per_token_ms_p99"),
-            "kv_bytes_per_token": per_token_store, "kv_read_bytes_per_step": kv_read if result.steps else None,
+            "kv": name, "per_token_ms_p50": s.get("per_token_ms_p50"), "per_token_ms_p99": s.get("per_token_ms_p99"),
+            "kv_stored_bytes_per_token": per_token_store, "kv_read_bytes_per_step": kv_read if result.steps else None,
             "kv_bytes_share_pct": 100 * kv_read / store if store else None,
             "kv_ms": kv_ms, "kv_time_share_pct": 100 * kv_ms / step_ms if breakdown else None,
             "dequant_ms": breakdown.get("dequant", 0.0), "bound": s.get("bound"), "verdict": s.get("verdict"),
@@ -50,15 +50,15 @@ def compare_rows(spec, kv_formats: list[str], fidelity_tokens: int = 2048) -> li
             "score_rel_error": fid["score_rel_error"], "fidelity_tokens": sample.k_pre.shape[0],
         })
     ref = base_kv
-    base_ms = next((r["per_token_ms"] for r in rows if r["kv"] == BASELINE), None)
+    base_ms = next((r["per_token_ms_p50"] for r in rows if r["kv"] == BASELINE), None)
     if ref is None:  # fp16 not in the list: the reduction is still against fp16 bytes
         res = resolve(spec.model_copy(update={"kv": BASELINE}))
         context = max(max(step.contexts) for step in res.steps)
         ref = res.model.layers * get_format(BASELINE).kv_footprint(context, res.k_width, res.v_width) / context
     for r in rows:
-        r["reduction_pct"] = 100 * (1 - r["kv_bytes_per_token"] / ref)
-        r["latency_cut_pct"] = (100 * (1 - r["per_token_ms"] / base_ms)
-                                if base_ms and r["per_token_ms"] is not None else None)
+        r["reduction_pct"] = 100 * (1 - r["kv_stored_bytes_per_token"] / ref)
+        r["latency_cut_pct"] = (100 * (1 - r["per_token_ms_p50"] / base_ms)
+                                if base_ms and r["per_token_ms_p50"] is not None else None)
     return rows
 
 
@@ -82,3 +82,67 @@ def attention_costs(spec) -> dict:
     out["matrix_m"] = next(op.work.matrix_m for op in graph.ops if op.kind == "attention")
     out["matrix_tile_m"] = costs.tile_m
     return out
+
+
+def attention_rows(spec, kv_formats: list[str], stacks: list[str], baseline: str = "fp16") -> list[dict]:
+    """For each KV format and each stack's attention kernel: the step and attention times,
+    attention against the baseline format's, the KV rate the kernel reaches, and the
+    break-even factor: how much cheaper per dequantized value the kernel must be for the
+    format's step to match the baseline's (1 or less: it already does; inf: not even a
+    free dequantization would)."""
+    out = []
+    for software in stacks:
+        base = _attention(spec.model_copy(update={"kv": baseline, "software": software}))
+        for name in kv_formats:
+            run = spec.model_copy(update={"kv": name, "software": software})
+            row = _attention(run)
+            row.update(kv=name, software=software, attention_vs_baseline=row["attention_ms"] / base["attention_ms"],
+                       break_even=break_even(run, base["step_ms"]) if name != baseline else None)
+            out.append(row)
+    return out
+
+
+def _attention(spec) -> dict:
+    r = simulate(spec, keep_ops=True)
+    att = [o for o in r.ops if o["name"] == "attention" and o["step"] == r.steps[0]["step"]]
+    ns = sum(o["duration_ns"] for o in att)
+    kv_bytes = sum(o.get("read_kv_hbm_bytes", 0) + o.get("read_outliers_hbm_bytes", 0) for o in att)
+    return {"step_ms": r.summary["per_token_ms_p50"], "attention_ms": ns / 1e6,
+            "kv_GBps": kv_bytes / ns if ns else 0.0}
+
+
+def break_even(spec, target_ms: float) -> float:
+    """The factor by which the stack's dequantization cost per value must shrink for ``spec``'s
+    step to take ``target_ms`` (bisection on a scaled copy of the stack; monotone)."""
+    import tempfile
+    from pathlib import Path
+
+    import yaml
+
+    from sim.config.software import load_stack
+
+    stack = load_stack(spec.software)
+    if not stack.attention:
+        return float("nan")
+    raw = stack.model_dump(mode="json", by_alias=True)
+
+    def step_ms(scale: float, folder: Path) -> float:
+        scaled = dict(raw, name=f"{raw['name']}-x{scale:.6g}")
+        scaled["attention"] = {
+            name: {k: (dict(v, value=v["value"] * scale) if k.endswith("_ps") and isinstance(v, dict) else v)
+                   for k, v in impl.items()} for name, impl in raw["attention"].items()}
+        path = folder / f"stack-{scale:.6g}.yaml"
+        path.write_text(yaml.safe_dump(scaled))
+        return simulate(spec.model_copy(update={"software": str(path)})).summary["per_token_ms_p50"]
+
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        if step_ms(1.0, folder) <= target_ms:
+            return 1.0
+        if step_ms(0.0, folder) > target_ms:
+            return float("inf")
+        lo, hi = 0.0, 1.0  # scale lo meets the target, hi does not
+        for _ in range(16):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if step_ms(mid, folder) <= target_ms else (lo, mid)
+        return 1.0 / lo if lo > 0 else float("inf")

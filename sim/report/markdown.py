@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from sim.report.plots import LATENCY, load, sensitivity_swings
+from sim.paths import display_path, relative_text
+from sim.report.claims import claim_panels, metric_columns, metric_label, variants
+from sim.report.plots import LATENCY, load, no_effect, sensitivity_swings
 
 MAX_ROWS = 80
 
@@ -202,21 +204,91 @@ def _short(axis: str) -> str:
     return axis.split(".")[-1]
 
 
+PICTURES = (("feasibility", "Feasibility map: p99 latency over two swept axes, target contour in red"),
+            ("breakdown", "Per-token latency breakdown"),
+            ("tornado", "Sensitivity: which knob moves latency most"),
+            ("bandwidth", "Bandwidth use within one decode step (DES event log)"),
+            ("roofline", "Roofline: every op of one step under each memory level's roof"))
+
+
 def write_report(out_dir: str | Path) -> Path:
+    """Write ``<out_dir>/report.md`` from the saved table, settings and plots."""
     out_dir = Path(out_dir)
     table, settings = load(out_dir)
     grid = table[table["group"] == "grid"]
-    sens = table[table["group"] == "sensitivity"]
     axes = settings.get("axes", {})
     md_table = partial(_table, exact=frozenset(axes))
-    timing = json.loads((out_dir / "timing.json").read_text()) if (out_dir / "timing.json").is_file() else {}
     lines = [f"# Study: {settings['name']}", ""]
     if settings.get("description"):
         lines += [settings["description"].strip(), ""]
     if settings.get("question"):
         lines += [f"**Question.** {settings['question'].strip()}", ""]
-    lines += ["## Answer", ""] + answer(grid, axes) + [""]
+    left_out = sum(rule["points"] for rule in settings.get("excluded") or [])
+    note = [f"- {left_out} more grid points are left out on purpose (see \"Left out on purpose\")."] if left_out else []
+    lines += ["## Answer", ""] + answer(grid, axes) + note + [""]
+    lines += _claims_section(grid, settings, out_dir / "plots")
+    lines += _tables_section(grid, settings, md_table)
+    lines += _plots_section(out_dir / "plots")
+    lines += _verdicts_section(grid, axes, md_table)
+    lines += _sensitivity_section(table[table["group"] == "sensitivity"], settings)
+    lines += _left_out_section(table, settings, md_table)
+    lines += _settings_section(settings, out_dir)
+    path = out_dir / "report.md"
+    _write(path, "\n".join(lines))
+    return path
+
+
+def _claims_section(grid: pd.DataFrame, settings: dict, plots: Path) -> list[str]:
+    """One figure per claim, each with its answer in one line of numbers."""
+    claims = [c for c in settings["study"].get("plots", {}).get("claims") or []
+              if (plots / f"claim-{c['name']}.png").is_file()]
+    if not claims:
+        return []
+    lines = ["## Claims, one figure each", ""]
+    for claim in claims:
+        name = f"claim-{claim['name']}"
+        lines += [f"### {claim['title']}", "", f"![{claim['title']}](plots/{name}.png)", f"([SVG](plots/{name}.svg))",
+                  ""]
+        lines += [f"- {line}" for line in claim_answer(claim_panels(grid, settings, claim), claim)] + [""]
+    return lines
+
+
+def claim_answer(panels, claim: dict) -> list[str]:
+    """A claim figure's answer in words: per panel, how many rows meet the target (latency)
+    or the median change against the baseline (any other metric)."""
+    out = []
+    latency = metric_columns(claim) == [LATENCY]
+    names = [", ".join(f"{a}={v}" for a, v in variant.items()) for variant in variants(claim)]
+    for panel in panels:
+        where = ", ".join(f"{a}={v}" for a, v in panel.at.items())
+        head = f"At {where}: " if where else ""
+        rows = panel.rows
+        if latency:
+            meets = sum(any(c.meets for c in r.claimed) for r in rows)
+            base = sum(r.baseline.meets for r in rows)
+            out.append(f"{head}the claimed setting meets the target in {meets} of {len(rows)} rows, the baseline "
+                       f"in {base}.")
+        parts = []
+        for k, label in enumerate(names):
+            changes = [100 * (r.claimed[k].value / r.baseline.value - 1) for r in rows
+                       if r.claimed[k].status == "ok" and r.baseline.status == "ok" and r.baseline.value]
+            if changes:
+                parts.append(f"{label}: median {pd.Series(changes).median():+.1f}% over {len(changes)} rows")
+        if parts:
+            out.append(f"{head if not latency else ''}{metric_label(claim)} against the baseline: "
+                       + "; ".join(parts) + ".")
+        missing = sum(r.baseline.status != "ok" or any(c.status != "ok" for c in r.claimed) for r in rows)
+        if missing:
+            out.append(f"{missing} of {len(rows)} rows lack a point (does not fit, failed or left out: the figure "
+                       "says which).")
+    return out
+
+
+def _tables_section(grid: pd.DataFrame, settings: dict, md_table) -> list[str]:
+    """summary_by, focus, compare and the frontier tables."""
+    axes = settings.get("axes", {})
     study = settings["study"]
+    lines: list[str] = []
     if study.get("summary_by"):
         table_by = summary_by(grid, axes, study["summary_by"])
         lines += [f"### By {', '.join(study['summary_by'])}", ""] + md_table(table_by, list(table_by.columns)) + [""]
@@ -237,23 +309,29 @@ def write_report(out_dir: str | Path) -> Path:
         lines += md_table(front, list(front.columns)) + [""]
     elif x is not None and not front.empty:
         lines += [f"(The frontier along `{x}` has {len(front)} rows: see results.csv.)", ""]
-    plots = out_dir / "plots"
-    pictures = [("feasibility", "Feasibility map: p99 latency over two swept axes, target contour in red"),
-                ("breakdown", "Per-token latency breakdown"),
-                ("tornado", "Sensitivity: which knob moves latency most"),
-                ("bandwidth", "Bandwidth utilisation within one decode step (DES event log)"),
-                ("roofline", "Roofline with every op of one step placed")]
-    shown = [(n, t) for n, t in pictures if (plots / f"{n}.png").is_file()]
-    if shown:
-        lines += ["## Plots", ""]
-        for name, title in shown:
-            lines += [f"### {title}", "", f"![{title}](plots/{name}.png)", f"([SVG](plots/{name}.svg))", ""]
-    lines += ["## Verdicts", ""]
+    return lines
+
+
+def _plots_section(plots: Path) -> list[str]:
+    """Every other plot the folder holds (a feasibility map may be split into several)."""
+    lines: list[str] = []
+    for name, title in PICTURES:
+        files = sorted(plots.glob(f"{name}.png")) + sorted(plots.glob(f"{name}-*.png"))
+        for file in files:
+            part = file.stem[len(name) + 1:]
+            heading = f"{title} ({part})" if part else title
+            lines += [f"### {heading}", "", f"![{heading}](plots/{file.name})", f"([SVG](plots/{file.stem}.svg))", ""]
+    return ["## Plots", ""] + lines if lines else []
+
+
+def _verdicts_section(grid: pd.DataFrame, axes: dict, md_table) -> list[str]:
+    lines = ["## Verdicts", ""]
     varying = [a for a, v in axes.items() if len(v) > 1]
     cols = varying + (["seed"] if grid["seed"].nunique() > 1 else []) + [
         "per_token_ms_p50", LATENCY, "bound", "verdict", "capacity_needed_bytes", "error"]
-    shown_rows = grid.head(MAX_ROWS)
-    view = shown_rows.copy()
+    view = grid.head(MAX_ROWS).copy()
+    if "error" in view:
+        view["error"] = view["error"].map(lambda e: relative_text(e) if isinstance(e, str) else e)
     if "capacity_needed_bytes" in view:
         view["capacity_needed_bytes"] = view["capacity_needed_bytes"] / 1e9
         view = view.rename(columns={"capacity_needed_bytes": "memory GB/chip"})
@@ -261,27 +339,57 @@ def write_report(out_dir: str | Path) -> Path:
     lines += md_table(view, cols)
     if len(grid) > MAX_ROWS:
         lines += ["", f"({len(grid) - MAX_ROWS} more rows in [results.csv](results.csv).)"]
-    lines.append("")
+    return lines + [""]
+
+
+def _sensitivity_section(sens: pd.DataFrame, settings: dict) -> list[str]:
     swings = sensitivity_swings(sens)
-    if swings is not None:
-        base, bars = swings
-        pct = settings["study"].get("sensitivity", {}).get("percent")
-        lines += [f"## Sensitivity (each knob -{pct:g}% / +{pct:g}%, base p99 {base:.3f} ms)", "",
-                  "| knob | p99 at -X% (ms) | p99 at +X% (ms) | swing (ms) |", "|---|---|---|---|"]
-        rows = [(abs(hi_v - lo_v), knob, lo_v, hi_v) for knob, lo_v, hi_v in bars]
-        for swing, knob, lo_v, hi_v in sorted(rows, reverse=True):
-            lines.append(f"| `{knob}` | {lo_v:.3f} | {hi_v:.3f} | {swing:.3f} |")
+    if swings is None:
+        return []
+    base, bars = swings
+    pct = settings["study"].get("sensitivity", {}).get("percent")
+    lines = [f"## Sensitivity (each knob -{pct:g}% / +{pct:g}%, base p99 {base:.3f} ms)", "",
+             "| knob | p99 at -X% (ms) | p99 at +X% (ms) | swing (ms) |", "|---|---|---|---|"]
+    rows = [(abs(hi_v - lo_v), knob, lo_v, hi_v) for knob, lo_v, hi_v in bars]
+    for swing, knob, lo_v, hi_v in sorted(rows, reverse=True):
+        idle = " (no effect)" if no_effect(base, lo_v, hi_v) else ""
+        lines.append(f"| `{knob}`{idle} | {lo_v:.3f} | {hi_v:.3f} | {swing:.3f} |")
+    return lines + [""]
+
+
+def _left_out_section(table: pd.DataFrame, settings: dict, md_table) -> list[str]:
+    """Points that failed, and grid combinations the study leaves out on purpose."""
+    lines: list[str] = []
+    varying = [a for a, v in settings.get("axes", {}).items() if len(v) > 1]
+    excluded = settings.get("excluded") or []
+    if excluded:
+        lines += ["## Left out on purpose (sweep.exclude)", "", "| where | points | reason |", "|---|---|---|"]
+        for rule in excluded:
+            where = ", ".join(f"{a}={v}" for a, v in rule["where"].items())
+            lines.append(f"| {where} | {rule['points']} | {rule['reason']} |")
         lines.append("")
-    failed = table[table["status"] != "ok"]
+    failed = table[table["status"] != "ok"].copy()
     if not failed.empty:
+        failed["error"] = failed["error"].map(lambda e: relative_text(e) if isinstance(e, str) else e)
         lines += ["## Failed points", ""] + md_table(failed, ["point", *varying, "error"]) + [""]
-    lines += ["## Resolved settings", "", f"- Study file: `{settings['file']}`",
-              f"- Simulator: `{settings['simulator']}`",
-              f"- Hardware file (base): `{settings['hardware_file']}`; model file: `{settings['model_file']}`",
-              "- Base run spec (overrides applied to every point included):", "", "```json",
-              json.dumps(settings["base_spec"], indent=1), "```", "", "- Swept axes:", ""]
+    return lines
+
+
+def _settings_section(settings: dict, out_dir: Path) -> list[str]:
+    """The resolved settings: files (relative paths), base spec, axes, runs, hardware sources."""
+    def shown(path):
+        return relative_text(display_path(path, out_dir) or "")
+
+    axes = settings.get("axes", {})
+    lines = ["## Resolved settings", "", f"- Study file: `{shown(settings['file'])}`",
+             f"- Simulator: `{settings['simulator']}`",
+             f"- Hardware file (base): `{shown(settings['hardware_file'])}`; model file: "
+             f"`{shown(settings['model_file'])}`",
+             "- Base run spec (overrides applied to every point included):", "", "```json",
+             relative_text(json.dumps(settings["base_spec"], indent=1)), "```", "", "- Swept axes:", ""]
     for axis, values in axes.items():
         lines.append(f"  - `{axis}`: {', '.join(_val(v) for v in values)}")
+    timing = json.loads((out_dir / "timing.json").read_text()) if (out_dir / "timing.json").is_file() else {}
     if timing:
         lines += ["", f"- Runs: {timing['points']} points ({settings.get('unique_runs')} unique), "
                       f"{timing['simulated']} simulated now, {timing['cached']} from the cache, "
@@ -293,7 +401,4 @@ def write_report(out_dir: str | Path) -> Path:
               "| path | value | source | estimate |", "|---|---|---|---|"]
     for path, value, source, estimate in settings.get("hardware_sources", []):
         lines.append(f"| `{path}` | {_fmt(value)} | {str(source).replace('|', '/')} | {'yes' if estimate else ''} |")
-    lines += ["", "</details>", ""]
-    path = out_dir / "report.md"
-    _write(path, "\n".join(lines))
-    return path
+    return lines + ["", "</details>", ""]

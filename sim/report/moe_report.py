@@ -316,35 +316,58 @@ PLOT_BATCH = 8
 PLOT_NAME = "moe-breakdown-b8.png"
 
 
+def panel_title(s: dict) -> str:
+    """A setup in words, from its run summary: "mixtral-8x7b, weights bf16 / h200-sxm x8
+    (tp 8 x pp 1), experts spread (expert parallel over 8 chips)"."""
+    moe = s.get("moe") or {}
+    chips = f" x{s['chips']} (tp {s['tp']} x pp {s['pp']})" if s["chips"] > 1 else ""
+    if moe.get("expert_parallel", 1) > 1:
+        experts = f"experts spread over {moe['expert_parallel']} chips"
+    elif s["chips"] > 1:
+        experts = "experts TP-sharded"
+    else:
+        experts = f"experts {moe.get('placement', 'in HBM')}"
+    return f"{s['model']}, weights {s['weights']}\n{s['hardware']}{chips}, {experts}"
+
+
 def plot_breakdown(results: list[dict], path: Path) -> None:
-    """Stacked latency breakdown, one panel per setup, one bar per dispatch path (PNG, atomic)."""
+    """Stacked latency breakdown, one panel per setup, one bar per dispatch path (PNG, atomic).
+    Panel titles and the figure title come from the plotted runs' summaries; rows that are
+    zero in every plotted run are left out of the legend."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from sim.report import labels
+    from sim.report.figures import eng_axis
     from sim.report.plots import ROW_ORDER
 
     by = {(r["setup"], r["dispatch"]): r["summary"] for r in results if r["batch"] == PLOT_BATCH}
-    fig, axes = plt.subplots(1, len(PLOT_SETUPS), figsize=(4.2 * len(PLOT_SETUPS), 4.6))
-    rows = [row for row in ROW_ORDER if any(row in by[(st, d)].get("breakdown_ms", {})
-                                             for st in PLOT_SETUPS for d in DISPATCHES)]
+    setups = [st for st in PLOT_SETUPS if all((st, d) in by for d in DISPATCHES)]
+    fig, axes = plt.subplots(1, len(setups), figsize=(4.4 * len(setups), 4.8), squeeze=False)
+    rows = [row for row in ROW_ORDER if any(by[(st, d)].get("breakdown_ms", {}).get(row, 0.0) > 0
+                                             for st in setups for d in DISPATCHES)]
     colours = plt.get_cmap("tab20")(range(len(rows)))
-    for ax, setup in zip(axes, PLOT_SETUPS, strict=True):
+    for ax, setup in zip(axes[0], setups, strict=True):
         bottom = [0.0] * len(DISPATCHES)
         for row, colour in zip(rows, colours, strict=True):
             heights = [by[(setup, d)]["breakdown_ms"].get(row, 0.0) for d in DISPATCHES]
-            ax.bar(range(len(DISPATCHES)), heights, bottom=bottom, color=colour, label=row)
+            ax.bar(range(len(DISPATCHES)), heights, bottom=bottom, color=colour, label=labels.row(row))
             bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
         target = by[(setup, DISPATCHES[0])]["target_ms"]
         if max(bottom) >= 0.5 * target:
             ax.axhline(target, color="black", linestyle="--", linewidth=1)
             ax.text(len(DISPATCHES) - 0.5, target, f"{target:g} ms target", ha="right", va="bottom", fontsize=8)
         ax.set_xticks(range(len(DISPATCHES)), [d.replace("_", " ") for d in DISPATCHES])
-        ax.set_ylabel("per-token latency (ms)")
-        ax.set_title(setup.replace(", ", "\n", 1), fontsize=9)
-    axes[-1].legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, title="breakdown row")
-    fig.suptitle(f"MoE dispatch paths at batch {PLOT_BATCH}, context {CONTEXT}", fontsize=11)
+        ax.set_xlabel("MoE dispatch path")
+        ax.set_ylabel("time per decode step (ms)")
+        eng_axis(ax, "y")
+        ax.set_title(panel_title(by[(setup, DISPATCHES[0])]), fontsize=9)
+    axes[0][-1].legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, title="breakdown row")
+    first = by[(setups[0], DISPATCHES[0])]
+    fig.suptitle(f"MoE dispatch paths at batch {first['batch']}, context {first['context']}, KV {first['kv']}",
+                 fontsize=11)
     fig.tight_layout()
     write_with(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
     plt.close(fig)
@@ -355,6 +378,73 @@ def build_report(command: str = "decodesim moe-report", plot_path: Path | None =
     if plot_path is not None:
         plot_breakdown(results, plot_path)
     text = render(results, policy_table(), command, scale_check())
+    head, sep, rest = text.partition("\n## ")
+    text = head + "\n" + "\n".join(executions_section()) + "\n" + sep.lstrip("\n") + rest
     if plot_path is not None:
         text = text.replace("## Every run", f"![breakdown]({plot_path.name})\n\n## Every run", 1)
     return text
+
+
+# -- MoE executions as kernels (issue 13) ------------------------------------------------------
+
+EXEC_MODELS = (("Mixtral-8x7B", "mixtral-8x7b", {}), ("OLMoE-1B-7B", "olmoe-1b-7b", {}),
+               ("Qwen3-30B-A3B", "qwen3-30b-a3b", {}))
+EXECUTIONS = (
+    ("eager, per-expert loop, host sync per layer", dict(software="torch-eager", dispatch="host_sync")),
+    ("CUDA graph, per-expert loop", dict(software="torch-graph", dispatch="device")),
+    ("CUDA graph, all experts dense", dict(software="torch-graph-dense", dispatch="device")),
+    ("CUDA graph, grouped GEMM (Triton fused MoE)", dict(software="torch-graph-grouped", dispatch="device")),
+    ("fused serving stack, grouped GEMM", dict(software="fused", dispatch="device")),
+    ("fused serving stack, zero-copy SRAM dispatch", dict(software="fused", dispatch="sram_zero_copy")),
+)
+EXEC_BATCHES = (1, 8, 32)
+MEMORY_ROWS = ("weights", "expert_weights", "kv", "activations", "outliers", "temp", "combine")
+
+
+def _execution_row(fields: dict, batch: int) -> dict:
+    s = simulate(RunSpec(batch=batch, context=CONTEXT, steps=2, **fields)).summary
+    b = s.get("breakdown_ms") or {}
+    return {"ms": s["per_token_ms_p50"], "bytes": sum(b.get(r, 0.0) for r in MEMORY_ROWS),
+            "startup": b.get("kernel_startup", 0.0), "host": b.get("launch_sync", 0.0),
+            "other": s["per_token_ms_p50"] - sum(b.get(r, 0.0) for r in MEMORY_ROWS) - b.get("kernel_startup", 0.0)
+            - b.get("launch_sync", 0.0), "kernels": None, "verdict": s["verdict"]}
+
+
+def executions_section() -> list[str]:
+    """Where an MoE step's time goes under each execution: bytes, kernel start-up, host
+    (launches and syncs), the rest; and what each change removes."""
+    out = ["## MoE executions as kernels: where the stalls are", "",
+           f"h200-sxm, bf16 weights, context {CONTEXT}, uniform routing. Each execution is a software stack "
+           "(workloads/software/): the per-expert loop launches 8 kernels per touched expert (index_select, gate, "
+           "up, silu, mul, down, scale, index_add_), the grouped GEMM a constant handful, the dense execution "
+           "reads every expert; eager mode pays the measured host dispatch per kernel and a plain PyTorch block's "
+           "syncs per touched expert. Columns: per-token ms = bytes (memory rows) + kernel start-up + host + rest "
+           "(compute, dispatch and combine phases, latency). The measured whole steps these stacks are checked "
+           "against are in reports/validation.md (frozen set: Mixtral-8x7B and OLMoE-1B-7B).", "",
+           "| model | execution | batch | ms / token | bytes | kernel start-up | host | rest | verdict |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    table: dict[tuple, dict] = {}
+    for label, model, extra in EXEC_MODELS:
+        for name, fields in EXECUTIONS:
+            for batch in EXEC_BATCHES:
+                r = _execution_row(dict(model=model, weights="bf16", **fields, **extra), batch)
+                table[(label, name, batch)] = r
+                out.append(f"| {label} | {name} | {batch} | {r['ms']:.2f} | {r['bytes']:.2f} | {r['startup']:.2f} | "
+                           f"{r['host']:.2f} | {r['other']:.2f} | {r['verdict']} |")
+    out += ["", "What each change removes (batch 8):", ""]
+    for label, _model, _extra in EXEC_MODELS:
+        e = [table[(label, name, 8)] for name, _ in EXECUTIONS]
+        eager, loop, _dense, grouped, fused, zero = e
+        stalls = loop["startup"] + loop["host"]
+        out.append(
+            f"* {label}: the CUDA-graph per-expert loop takes {loop['ms']:.2f} ms, of which kernel start-up is "
+            f"{loop['startup']:.2f} ms ({100 * loop['startup'] / loop['ms']:.0f}%) and bytes {loop['bytes']:.2f} ms; "
+            f"eager with host syncs takes {eager['ms']:.2f} ms ({eager['host']:.2f} ms of it host launches and "
+            f"syncs). Removing the host sync and launching from a graph saves {eager['ms'] - loop['ms']:.2f} ms; "
+            f"the grouped GEMM saves a further {loop['ms'] - grouped['ms']:.2f} ms; the fused serving stack "
+            f"reaches {fused['ms']:.2f} ms; zero-copy SRAM dispatch on top changes it by "
+            f"{zero['ms'] - fused['ms']:+.3f} ms ({'no expert fits the pinnable L2' if abs(zero['ms'] - fused['ms']) < 1e-3 else 'resident experts read from L2'}). "
+            f"The stalls the seed blames on dispatch are {100 * stalls / loop['ms']:.0f}% of the graph loop's step: "
+            "they are kernel count and host time, which grouping and graphs remove; SRAM residency cannot remove "
+            "them.")
+    return out + [""]

@@ -14,7 +14,7 @@ from functools import lru_cache
 from pathlib import Path
 
 import sim
-from sim.config.setup import resolve
+from sim.config.setup import Setup, resolve
 from sim.config.spec import RunSpec, apply_run_overrides
 
 
@@ -42,9 +42,10 @@ def _file_bytes(path: str | None) -> bytes:
         return b""
 
 
-def content_hash(spec: RunSpec, extra: str = "") -> str:
-    """The key of one run: everything that can change its result, and nothing else."""
-    res = resolve(spec)
+def content_hash(spec: RunSpec, extra: str = "", res: Setup | None = None) -> str:
+    """The key of one run: everything that can change its result, and nothing else.
+    ``res`` is ``resolve(spec)`` when the caller already has it (saves resolving twice)."""
+    res = resolve(spec) if res is None else res
     h = hashlib.sha256()
     for part in (simulator_version(), extra, apply_run_overrides(spec).model_dump_json(),
                  res.hardware.model_dump_json(), res.model.model_dump_json()):

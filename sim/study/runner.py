@@ -39,6 +39,7 @@ from sim.config.setup import resolve
 from sim.config.spec import RunSpec, apply_run_overrides
 from sim.errors import ConfigError
 from sim.io import output_problem, stale_temp_files
+from sim.paths import display_path
 from sim.study.keys import content_hash, simulator_version
 from sim.study.spec import Point, Study, detail_assignments, is_number
 
@@ -416,7 +417,7 @@ def results(out_dir: str | Path) -> pd.DataFrame:
 def run_detail(study: Study, out: Path) -> None:
     """Run one point with the DES, keeping its op table and event log, for the timeline plots."""
     from sim.costs import CostModel
-    from sim.report.trace import chrome_trace
+    from sim.report.trace import trace_of
     from sim.run import simulate
 
     chosen = detail_assignments(study)
@@ -452,9 +453,18 @@ def run_detail(study: Study, out: Path) -> None:
             "peaks_GBps": {k: v for k, v in costs.capacity.items() if k != "compute"},
             "levels": [level.name for level in res.hardware.memory],
             "matrix_peak_TFLOPs": peak_tflops, "matmul_dtype": dtype,
+            "vector_peak_Tops": vector_peak_Tops(res.hardware),
+            "vector_efficiency": res.hardware.compute.vector_efficiency.value,
+            "pp": res.pp, "tp": res.tp,
             "fits": bool(result.summary["capacity"]["fits"])}
-    write_atomic(folder / "trace.json", chrome_trace(result.log, step=result.steps[0]["step"]))
+    write_atomic(folder / "trace.json", trace_of(result))
     write_json_atomic(meta_path, meta)
+
+
+def vector_peak_Tops(hardware) -> float:
+    """The vector units' peak (tera operations per second, fp32), the dequantization ceiling."""
+    c = hardware.compute
+    return c.tiles.value * c.vector_rate("fp32") * c.clock_GHz.value / 1e3
 
 
 def write_settings(study: Study, out: Path, keys: list[str]) -> None:
@@ -472,11 +482,12 @@ def write_settings(study: Study, out: Path, keys: list[str]) -> None:
                 seen.append(v)
         axes[axis] = seen
     write_json_atomic(out / "study.json", {
-        "name": study.spec.name, "file": study.file, "description": study.spec.description,
+        "name": study.spec.name, "file": display_path(study.file, out), "description": study.spec.description,
         "question": study.spec.question, "study": study.spec.model_dump(mode="json"), "axes": axes,
         "simulator": simulator_version(), "base_spec": apply_run_overrides(base).model_dump(mode="json"),
-        "hardware_file": res.hardware_file, "model_file": res.model_file,
+        "hardware_file": display_path(res.hardware_file, out), "model_file": display_path(res.model_file, out),
         "hardware_headline": res.hardware.headline(),
         "hardware_sources": [[p, v, s, e] for p, v, s, e in sources(res.hardware)],
         "points": len(study.points), "unique_runs": len(set(keys)),
+        "excluded": [{"where": rule.where, "reason": rule.reason, "points": n} for rule, n in study.excluded],
     })

@@ -32,7 +32,7 @@ from sim.run import simulate
 @dataclass
 class Evaluation:
     value: float
-    p99_ms: float | None  # None: does not fit
+    per_token_ms_p99: float | None  # None: does not fit
     meets: bool
     verdict: str
 
@@ -124,15 +124,15 @@ def solve(spec: RunSpec, path: str, target_ms: float | None = None, lo: float | 
 
     at_lo, at_hi = run(lo), run(hi)
     if at_lo.meets and at_hi.meets:
-        fast_lo = at_lo.p99_ms is not None and at_hi.p99_ms is not None and at_lo.p99_ms <= at_hi.p99_ms
+        fast_lo = at_lo.per_token_ms_p99 is not None and at_hi.per_token_ms_p99 is not None and at_lo.per_token_ms_p99 <= at_hi.per_token_ms_p99
         direction = "decrease" if fast_lo else "increase"
         edge = hi if fast_lo else lo
         return Solution(path, target, True, edge, direction, lo, hi,
                         f"every value in [{lo:g}, {hi:g}] meets {target:g} ms; the range end {edge:g} is the "
                         "bound (widen --range to look further)", evals)
     if not at_lo.meets and not at_hi.meets:
-        best = min((e for e in (at_lo, at_hi) if e.p99_ms is not None), key=lambda e: e.p99_ms, default=None)
-        best_txt = f"; best is {best.p99_ms:.3f} ms at {best.value:g}" if best else "; neither end fits in memory"
+        best = min((e for e in (at_lo, at_hi) if e.per_token_ms_p99 is not None), key=lambda e: e.per_token_ms_p99, default=None)
+        best_txt = f"; best is {best.per_token_ms_p99:.3f} ms at {best.value:g}" if best else "; neither end fits in memory"
         return Solution(path, target, False, None, "unknown", lo, hi,
                         f"no value of {path} in [{lo:g}, {hi:g}] meets {target:g} ms{best_txt}", evals)
     direction = "increase" if at_hi.meets else "decrease"
@@ -153,6 +153,6 @@ def solve(spec: RunSpec, path: str, target_ms: float | None = None, lo: float | 
     e = run(good)
     word = "smallest" if direction == "increase" else "largest"
     return Solution(path, target, True, good, direction, lo, hi,
-                    f"the {word} {path} that meets {target:g} ms is {good:g} (p99 {e.p99_ms:.3f} ms; "
-                    f"{bad:g} gives {cache[bad].p99_ms if cache[bad].p99_ms is not None else float('nan'):.3f} ms"
-                    f"{'' if cache[bad].p99_ms is not None else ', does not fit'}); current value {base:g}", evals)
+                    f"the {word} {path} that meets {target:g} ms is {good:g} (p99 {e.per_token_ms_p99:.3f} ms; "
+                    f"{bad:g} gives {cache[bad].per_token_ms_p99 if cache[bad].per_token_ms_p99 is not None else float('nan'):.3f} ms"
+                    f"{'' if cache[bad].per_token_ms_p99 is not None else ', does not fit'}); current value {base:g}", evals)

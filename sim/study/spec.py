@@ -14,6 +14,8 @@ A study file (``workloads/studies/*.yaml``)::
       zip:                                 # zipped lists (equal length) form ONE grid axis
         hardware: [h200-sxm, b200]
         tp: [1, 1]
+      exclude:                             # grid combinations left out on purpose (the report says why)
+        - {where: {model: deepseek-v3, kv: int2-asym-outlier}, reason: "groups of 128 do not divide 576"}
     seeds: [0, 1]                          # every point is run once per seed
     sensitivity: {percent: 20, knobs: [hardware.hbm.channel_bandwidth_GBps, batch]}
     plots: {feasibility: [batch, context], facet: kv, breakdown: batch}
@@ -25,7 +27,10 @@ so a typo such as ``steps: 1000000000`` is an error at once, not gigabytes of po
 Dotted paths are ``hardware.<path>`` (a memory level may be named directly), ``model.<path>``
 and the RunSpec fields. A value is absolute or ``{scale: f}`` / ``{add: x}``. Every point is
 resolved (``sim.run.resolve``) before anything runs, so a misspelt path, a wrong type, an
-empty sweep or a duplicate axis is one ConfigError naming the study file and the path.
+empty sweep or a duplicate axis is one ConfigError naming the study file and the path. A
+format whose quantization groups do not divide a point's row width (or whose outlier indices
+cannot address it) is rejected here too, for every point at once, never padded silently:
+leave such combinations out with ``sweep.exclude``.
 """
 
 from __future__ import annotations
@@ -40,8 +45,10 @@ from pydantic import Field, field_validator
 
 from sim.config.loader import load_yaml, validate
 from sim.config.quantity import Strict
+from sim.config.setup import Setup, resolve
 from sim.config.spec import RUN_FIELDS, RunSpec, canonical
 from sim.errors import ConfigError
+from sim.formats.base import check_widths
 from sim.paths import resolve as resolve_path
 from sim.paths import studies_dir
 from sim.study.keys import content_hash
@@ -54,7 +61,24 @@ class Sensitivity(Strict):
     knobs: list[str] = Field(min_length=1)
 
 
+class Claim(Strict):
+    """One claim the study tests, drawn as one figure (``plots/claim-<name>.png``): per row
+    (a combination of the ``rows`` axes) the ``metric`` of the ``claimed`` setting against
+    the ``baseline``, every other axis equal (sim.report.claims)."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    title: str
+    claimed: dict[str, Any] = Field(min_length=1)  # axis -> value, or a list of values (one marker each)
+    baseline: dict[str, Any] = Field(min_length=1)  # axis -> value
+    metric: str | list[str] = "per_token_ms_p99"  # a result column, or columns summed
+    rows: list[str] = Field(min_length=1)  # one figure row per combination of these axes
+    where: dict[str, Any] = Field(default_factory=dict)  # only points matching these (axis -> value or list)
+    at: list[dict[str, Any]] = Field(default_factory=list, max_length=3)  # one panel per entry
+    expect_cut_percent: tuple[float, float] | None = None  # the cut the claim promises, shaded
+
+
 class Plots(Strict):
+    claims: list[Claim] = Field(default_factory=list)
     feasibility: tuple[str, str] | None = None  # (x axis, y axis) of the heatmap
     facet: str | list[str] | None = None  # one heatmap panel per value (combination) of these axes
     breakdown: str | None = None  # the axis the stacked bars run along (default: every point)
@@ -79,9 +103,18 @@ class Focus(Strict):
     by: list[str] = Field(default_factory=list)
 
 
+class Exclude(Strict):
+    """Grid combinations left out of a study on purpose, with the reason the report prints:
+    every point whose labels match all of ``where`` (axis -> value or list of values)."""
+
+    where: dict[str, Any] = Field(min_length=1)
+    reason: str = Field(min_length=1)
+
+
 class Sweep(Strict):
     grid: dict[str, Any] = Field(default_factory=dict)
     zip: dict[str, Any] = Field(default_factory=dict)
+    exclude: list[Exclude] = Field(default_factory=list)
 
 
 class StudySpec(Strict):
@@ -131,6 +164,7 @@ class Study:
     axes: list[str]  # every swept dotted path, grid axes then zipped ones
     points: list[Point]
     hashes: list[str] | None = None  # each point's content hash, once check_points has resolved it
+    excluded: list[tuple[Exclude, int]] = field(default_factory=list)  # sweep.exclude rules, points each left out
 
     @property
     def grid_points(self) -> list[Point]:
@@ -252,16 +286,26 @@ def expand(spec: StudySpec, file: str, max_points: int = MAX_POINTS) -> Study:
     for axis in spec.summary_by:
         if axis not in names:
             raise ConfigError(file, "summary_by", f"{axis!r} is not a swept axis; axes: {', '.join(names)}")
+    values = {**dict(axes), **zipped}
+    _check_excludes(spec, values, file)
+    _check_claims(spec, values, file)
     fixed = tuple(spec.overrides.items())
     points: list[Point] = []
     grid_lists = [vals for _, vals in axes]
     zip_rows = list(zip(*zipped.values(), strict=False)) if zipped else [()]
+    excluded = [0] * len(spec.sweep.exclude)
     for combo in itertools.product(*grid_lists):
         for zrow in zip_rows:
             assigned = tuple(zip([p for p, _ in axes], combo, strict=False)) + tuple(zip(zipped, zrow, strict=False))
+            rule = _excluded_by(spec, dict(assigned))
+            if rule is not None:
+                excluded[rule] += len(spec.seeds)
+                continue
             for seed in spec.seeds:
                 points.append(_point(spec, file, len(points), "grid", fixed, assigned, seed))
     detail = _detail_assignments(spec, axes, zipped, file)  # checks plots.detail
+    if _excluded_by(spec, dict(detail)) is not None:
+        raise ConfigError(file, "plots.detail", "names a point that sweep.exclude leaves out", dict(detail))
     if spec.sensitivity:
         knobs = spec.sensitivity.knobs
         for knob in knobs:
@@ -282,7 +326,56 @@ def expand(spec: StudySpec, file: str, max_points: int = MAX_POINTS) -> Study:
                     change = (knob, _scaled(current, 1 + sign * pct / 100))
                 points.append(_point(spec, file, len(points), "sensitivity", fixed, moved + (change,), seed,
                                      knob=knob, delta=sign * pct))
-    return Study(spec, file, names, points)
+    return Study(spec, file, names, points, excluded=[(rule, n) for rule, n in zip(spec.sweep.exclude, excluded,
+                                                                                     strict=True)])
+
+
+def _matches(value: Any, wanted: Any) -> bool:
+    """An axis value against one ``where`` entry (a value or a list of values); 25 == 25.0."""
+    options = wanted if isinstance(wanted, list) else [wanted]
+    return any(value == w or str(value) == str(w) for w in options)
+
+
+def _excluded_by(spec: StudySpec, labels: dict[str, Any]) -> int | None:
+    """The index of the first ``sweep.exclude`` rule matching a grid point's labels, or None."""
+    for i, rule in enumerate(spec.sweep.exclude):
+        if all(axis in labels and _matches(labels[axis], wanted) for axis, wanted in rule.where.items()):
+            return i
+    return None
+
+
+def _check_claims(spec: StudySpec, values: dict[str, list], file: str) -> None:
+    """Every axis a claim names is swept, and every value it names is one the axis takes."""
+    for i, claim in enumerate(spec.plots.claims):
+        base = f"plots.claims.{i}"
+        for axis in claim.rows:
+            if axis not in values:
+                raise ConfigError(file, f"{base}.rows", f"{axis!r} is not a swept axis; axes: {', '.join(values)}")
+        parts = [("claimed", claim.claimed), ("baseline", claim.baseline), ("where", claim.where)]
+        parts += [(f"at.{k}", at) for k, at in enumerate(claim.at)]
+        for part, where in parts:
+            for axis, wanted in where.items():
+                if axis not in values:
+                    raise ConfigError(file, f"{base}.{part}", f"{axis!r} is not a swept axis; axes: "
+                                      f"{', '.join(values)}")
+                for w in wanted if isinstance(wanted, list) else [wanted]:
+                    if not any(_matches(v, w) for v in values[axis]):
+                        raise ConfigError(file, f"{base}.{part}.{axis}", "must be a value of the axis "
+                                          f"({', '.join(str(v) for v in values[axis])})", w)
+
+
+def _check_excludes(spec: StudySpec, values: dict[str, list], file: str) -> None:
+    """Every ``sweep.exclude`` rule names swept axes and values those axes take (a typo
+    would otherwise exclude nothing, silently)."""
+    for i, rule in enumerate(spec.sweep.exclude):
+        for axis, wanted in rule.where.items():
+            if axis not in values:
+                raise ConfigError(file, f"sweep.exclude.{i}.where", f"{axis!r} is not a swept axis; axes: "
+                                  f"{', '.join(values)}")
+            for w in wanted if isinstance(wanted, list) else [wanted]:
+                if not any(_matches(v, w) for v in values[axis]):
+                    raise ConfigError(file, f"sweep.exclude.{i}.where.{axis}", "must be a value of the axis "
+                                      f"({', '.join(str(v) for v in values[axis])})", w)
 
 
 def _scaled(value, factor):
@@ -331,24 +424,60 @@ def _point(spec: StudySpec, file, index, group, fixed, assigned, seed, knob=None
 
 
 def check_points(study: Study) -> None:
-    """Resolve every point (and key it by its content hash); the first that fails is one
-    ConfigError naming the study file and the study key it comes from."""
+    """Resolve every point (and key it by its content hash) and check its formats against
+    its row widths; the first point that fails to resolve is one ConfigError naming the
+    study file and the study key it comes from. Width failures are collected over every
+    point and reported as one error (how many points, which format and model, the fix)."""
     seen: dict = {}
     hashes = []
+    misfits: dict[tuple, list[Point]] = {}
     for point in study.points:
         key = point.spec.model_dump_json()
         if key in seen:
             hashes.append(seen[key])
             continue
         try:
-            seen[key] = content_hash(point.spec)  # resolves the point
+            res = resolve(point.spec)
+            seen[key] = content_hash(point.spec, res=res)
             hashes.append(seen[key])
         except ConfigError as err:
             where = ", ".join(f"{p}={v!r}" for p, v in point.assignments) or "the base point"
             raise ConfigError(study.file, study_key(study.spec, err, point),
                               f"{err.expected} (from {err.file}{': ' + err.key_path if err.key_path else ''}; "
                               f"at {where})", err.got) from None
+        misfit = _width_misfit(res)
+        if misfit is not None:
+            misfits.setdefault(misfit, []).append(point)
     study.hashes = hashes
+    if misfits:
+        raise _width_error(study, misfits)
+
+
+def _width_misfit(res: Setup) -> tuple | None:
+    """(format name, model name, message) when a format does not fit the point's row widths."""
+    m = res.model
+    try:
+        check_widths(res.kv, res.weights, res.k_width, res.v_width, (m.hidden, res.q_width, -(-m.ffn // res.tp)))
+    except ConfigError as err:
+        fmt = res.kv if err.file == res.kv.file else res.weights
+        return fmt.name, m.name, f"{err.key_path} {err.got!r} {err.expected}"
+    return None
+
+
+def _width_error(study: Study, misfits: dict[tuple, list[Point]]) -> ConfigError:
+    """One error for every point whose format does not fit its row widths."""
+    total = sum(len(points) for points in misfits.values())
+    (fmt, model, message), points = next(iter(misfits.items()))
+    axis = next((p for p, v in points[0].assignments if v == fmt), None)
+    key = next((k for p, k in _axis_keys(study.spec) if p == axis), "base")
+    combos = "; ".join(f"{f} with {m}" for f, m, _ in misfits)
+    return ConfigError(study.file, key, f"{total} points cannot run: format {fmt!r} on {model}: {message}. "
+                       f"Combinations: {combos}. Leave them out with sweep.exclude (a where: and a reason:) "
+                       "or choose a format whose groups divide the row")
+
+
+def _axis_keys(spec: StudySpec) -> list[tuple[str, str]]:
+    return [(p, f"sweep.grid.{p}") for p in spec.sweep.grid] + [(p, f"sweep.zip.{p}") for p in spec.sweep.zip]
 
 
 def study_key(spec: StudySpec, err: ConfigError, point: Point | None = None) -> str:

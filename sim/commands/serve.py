@@ -1,0 +1,255 @@
+"""``decodesim serve``: closed-loop serving replay (TTFT, TPOT, throughput, KV occupancy).
+
+One replay: ``decodesim serve --requests azure-conv --rate-scale 2 --out DIR``. A sweep:
+``--rates 2,4,8`` (or ``--rate-scales``) and/or comma lists in ``--kv``, ``--hardware``,
+``--model``. A serving study: ``--study FILE`` (default output ``reports/<name>/``). See
+docs/serving.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from sim.commands.common import to_json, write_atomic
+from sim.serve.scheduler import DEFAULT_MAX_BATCH, DEFAULT_MAX_TOKENS_PER_STEP, VLLM_BLOCK_TOKENS
+
+
+def register(sub) -> None:
+    p = sub.add_parser("serve", help="closed-loop serving replay: TTFT, TPOT, throughput, KV occupancy",
+                       description="Replay request arrivals through a vLLM-like continuous-batching scheduler "
+                                   "with paged KV memory; each step takes the simulated step time.")
+    p.add_argument("--hardware", default="h200-sxm", help="profile name or path; a comma list sweeps")
+    p.add_argument("--model", default="llama-3-8b", help="model name or path; a comma list sweeps")
+    p.add_argument("--weights", default="bf16", help="weight format (default bf16)")
+    p.add_argument("--kv", default="fp16", help="KV-cache format; a comma list sweeps (e.g. fp16,int8,kivi-2)")
+    p.add_argument("--software", default="fused", metavar="STACK|PATH",
+                   help="software stack (workloads/software/) or a stack YAML (default fused)")
+    p.add_argument("--graph", action=argparse.BooleanOptionalAction, default=None,
+                   help="captured graphs or kernels launched one by one (default: the stack's; eager is slow to replay)")
+    p.add_argument("--tp", type=int, default=None, help="tensor-parallel chips (default: min(chips, 8))")
+    p.add_argument("--pp", type=int, default=None, help="pipeline stages (default: chips / tp)")
+    p.add_argument("--chips", type=int, default=None, help="chip count (overrides the profile's)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="DOTTED.PATH=VALUE",
+                   help="override a profile or model field, as in `decodesim run --set`")
+    p.add_argument("--requests", default="azure-conv",
+                   help="azure-conv, azure-code (the full Azure 2023 hour), synthetic, or a request file "
+                        "(.jsonl/.csv/.parquet with arrival_s, prompt_tokens, output_tokens)")
+    rate = p.add_mutually_exclusive_group()
+    rate.add_argument("--rate-scale", type=float, default=None, help="replay a recorded trace at K x its rate")
+    rate.add_argument("--rate", type=float, default=None, help="requests per second (synthetic: the Poisson rate)")
+    rate.add_argument("--rates", default=None, help="sweep: comma list of requests per second")
+    rate.add_argument("--rate-scales", default=None, help="sweep: comma list of rate scales")
+    p.add_argument("--duration-s", type=float, default=None,
+                   help="replay arrivals before this many seconds (synthetic default 600; traces: all)")
+    p.add_argument("--prompt-median", type=int, default=1024, help="synthetic: median prompt tokens")
+    p.add_argument("--output-median", type=int, default=256, help="synthetic: median output tokens")
+    p.add_argument("--seed", type=int, default=0, help="synthetic arrivals' seed")
+    p.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH,
+                   help=f"most sequences per step (vLLM max_num_seqs; default {DEFAULT_MAX_BATCH})")
+    p.add_argument("--block-tokens", type=int, default=VLLM_BLOCK_TOKENS,
+                   help=f"tokens per KV block (default {VLLM_BLOCK_TOKENS}, vLLM's)")
+    p.add_argument("--max-tokens-per-step", type=int, default=DEFAULT_MAX_TOKENS_PER_STEP,
+                   help=f"token budget per step (vLLM max_num_batched_tokens; default {DEFAULT_MAX_TOKENS_PER_STEP})")
+    p.add_argument("--policy", choices=["chunked", "separate"], default="chunked",
+                   help="chunked prefill mixed into decode steps (default) or separate prefill steps")
+    p.add_argument("--target-ms", type=float, default=10.0, help="p99 TPOT target (default 10)")
+    p.add_argument("--study", default=None, help="run a serving study YAML (kind: serve)")
+    p.add_argument("--jobs", type=int, default=None, help="worker processes for sweeps (default: cores)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="one replay: steps/requests Parquet, summary.json, over-time plot; sweep: table, "
+                        "latency-vs-rate plot, report.md")
+    p.add_argument("--replot", action="store_true",
+                   help="sweep or study: redraw the plot and report from DIR/table.parquet without replaying")
+    p.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    p.set_defaults(handler=handle)
+
+
+def handle(args) -> int:
+    from sim.config.loader import validate
+    from sim.serve.spec import ServeSpec
+
+    if args.study:
+        return _study(args)
+    lists = {name: _list(getattr(args, name), name) for name in ("hardware", "model", "kv")}
+    rates = _numbers(args.rates, "--rates")
+    scales = _numbers(args.rate_scales, "--rate-scales")
+    base = validate(ServeSpec, {
+        "hardware": lists["hardware"][0], "model": lists["model"][0], "weights": args.weights, "kv": lists["kv"][0],
+        "software": args.software, "graph": args.graph, "tp": args.tp, "pp": args.pp, "chips": args.chips, "overrides": args.overrides,
+        "requests": args.requests, "rate_scale": args.rate_scale, "rate": args.rate, "duration_s": args.duration_s,
+        "prompt_median": args.prompt_median, "output_median": args.output_median, "seed": args.seed,
+        "max_batch": args.max_batch, "block_tokens": args.block_tokens,
+        "max_tokens_per_step": args.max_tokens_per_step, "policy": args.policy, "target_ms": args.target_ms,
+    }, "command line")
+    if rates or scales or any(len(v) > 1 for v in lists.values()):
+        from sim.serve.sweep import grid
+
+        points = grid(base, hardware=lists["hardware"], models=[(m, args.weights) for m in lists["model"]],
+                      kv=lists["kv"], rates=rates, rate_scales=scales)
+        return _sweep(points, args, title="Serving sweep", command=_command(args))
+    return _single(base, args)
+
+
+def _command(args) -> str:
+    """The sweep's command line, from the options that differ from their defaults."""
+    defaults = vars(build_defaults())
+    words = ["decodesim", "serve"]
+    for name, value in vars(args).items():
+        if name in ("command", "handler", "out", "json", "jobs", "replot", "study") or value == defaults.get(name):
+            continue
+        flag = "--" + name.replace("_", "-")
+        if name == "overrides":
+            words += [w for item in value for w in ("--set", item)]
+        elif value is False:
+            words.append("--no-" + name.replace("_", "-"))
+        else:
+            words += [flag, str(value)]
+    if args.out is not None:
+        words += ["--out", str(args.out)]
+    return " ".join(words)
+
+
+def build_defaults():
+    """The serve options' defaults (a parse of no arguments)."""
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    return parser.parse_args(["serve"])
+
+
+def _list(text: str, name: str) -> list[str]:
+    from sim.errors import ConfigError
+
+    values = [v.strip() for v in text.split(",") if v.strip()]
+    if not values:
+        raise ConfigError("command line", f"--{name}", "expected a name or a comma list of names", text)
+    return values
+
+
+def _numbers(text: str | None, flag: str) -> list[float] | None:
+    from sim.errors import ConfigError
+
+    if text is None:
+        return None
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ConfigError("command line", flag, "expected a comma list of numbers", text) from None
+    if not values or any(not v > 0 for v in values):
+        raise ConfigError("command line", flag, "expected numbers > 0", text)
+    return values
+
+
+def _single(spec, args) -> int:
+    from sim.serve.replay import serve
+
+    summary = serve(spec, args.out)
+    if args.out is not None:
+        import pandas as pd
+
+        from sim.serve.plots import over_time
+
+        write_atomic(args.out / "summary.json", to_json({**summary, "spec": spec.model_dump()}))
+        steps = pd.read_parquet(args.out / "steps.parquet", columns=["t_start_s", "step_ms", "batch",
+                                                                    "kv_occupancy", "waiting"])
+        if len(steps):
+            over_time(steps, args.out / "over-time.png",
+                      title=f"{summary['model']} on {summary['hardware']}, KV {summary['kv']}, "
+                            f"{summary['rate_per_s']:.3g} req/s ({summary['requests']})")
+    print(to_json(summary) if args.json else render(summary))
+    return 0
+
+
+def _sweep(points, args, *, title: str, command: str, description: str = "", question: str = "",
+           notes: str = "", out: Path | None = None) -> int:
+    from sim.serve.plots import latency_vs_rate
+    from sim.serve.report import render as render_report
+    from sim.serve.sweep import run_sweep, write_table, write_text
+
+    def progress(row):
+        done = f"p99 TPOT {row['tpot_ms_p99']:.2f} ms" if row.get("status") == "ok" else row.get("status")
+        rate = row.get("rate_per_s", row.get("rate_request"))
+        sys.stderr.write(f"  {row['hardware']} {row['model']} {row['weights']} KV {row['kv']} "
+                         f"rate {rate:.4g} req/s: {done}\n" if rate else f"  {row['hardware']} {row['model']}: {done}\n")
+        sys.stderr.flush()
+
+    out = out or args.out
+    if args.replot:
+        table = _saved_table(out)
+    else:
+        table = run_sweep(points, args.jobs, progress=progress)
+    target = points[0].target_ms
+    if out is not None:
+        write_table(table, out)
+        latency_vs_rate(table, out / "latency-vs-rate.png", target_ms=target)
+        write_text(out / "report.md", render_report(table, title=title, target_ms=target, description=description,
+                                                    question=question, notes=notes, command=command))
+    if args.json:
+        print(table.to_json(orient="records", indent=2))
+    else:
+        print(render_table(table, target))
+    return 0
+
+
+def _saved_table(out: Path | None):
+    import pandas as pd
+
+    from sim.errors import ConfigError
+
+    if out is None or not (out / "table.parquet").is_file():
+        raise ConfigError(str(out / "table.parquet") if out else "command line", None if out else "--out",
+                          "--replot needs the table of an earlier run (--out DIR with table.parquet)")
+    return pd.read_parquet(out / "table.parquet")
+
+
+def _study(args) -> int:
+    from sim.serve.sweep import load_study, study_points
+
+    study, path = load_study(args.study)
+    points = study_points(study, path)
+    out = args.out or Path("reports") / study.name
+    return _sweep(points, args, title=f"{study.name}: serving latency against request rate and KV format",
+                  command=f"decodesim serve --study {args.study}", description=study.description,
+                  question=study.question, notes=study.notes, out=out)
+
+
+def render(s: dict) -> str:
+    """The summary of one replay as a table."""
+    lines = [f"decodesim serve: {s['model']} ({s['weights']} weights) on {s['hardware']} "
+             f"({s['chips']} chip{'s' if s['chips'] > 1 else ''}, tp {s['tp']} x pp {s['pp']}), KV {s['kv']}",
+             f"  requests: {s['source']}; {s['requests_done']} done, {s['requests_rejected']} rejected, "
+             f"{s['rate_per_s']:.3g} req/s offered; {s['simulated_s']:.1f} s simulated in {s['steps']} steps",
+             f"  scheduler: {s['policy']} prefill, <= {s['max_tokens_per_step']} tokens and <= {s['max_batch_limit']} "
+             f"sequences per step, {s['block_tokens']}-token KV blocks; KV pool {s['kv_pool_bytes_per_chip'] / 1e9:.1f} "
+             f"GB per chip ({s['kv_pool_tokens_at_4k']:,} tokens at 4k context)",
+             f"  {'':<6}{'p50':>10}{'p90':>10}{'p99':>10}{'mean':>10}"]
+    for key, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2e_ms", "E2E"), ("step_ms", "step")):
+        lines.append(f"  {label:<6}" + "".join(f"{s[f'{key}_{q}']:>10.2f}" for q in ("p50", "p90", "p99", "mean"))
+                     + "  ms")
+    lines += [f"  throughput: {s['throughput_tokens_per_s']:.0f} output tokens/s, {s['prefill_tokens_per_s']:.0f} "
+              f"prefill tokens/s, {s['throughput_req_per_s']:.2f} requests/s",
+              f"  batch: mean {s['mean_batch']:.1f} (while busy {s['mean_batch_busy']:.1f}), max {s['max_batch']}; "
+              f"waiting: mean {s['mean_waiting']:.1f}, max {s['max_waiting']}",
+              f"  KV occupancy: mean {100 * s['mean_kv_occupancy']:.1f}%, max {100 * s['max_kv_occupancy']:.1f}%; "
+              f"preemptions {s['preemptions']} ({s['recomputed_tokens']} tokens recomputed)"]
+    word = "MEETS" if s["meets_target"] else "MISSES"
+    lines.append(f"  verdict: {word} the {s['target_ms']:g} ms target: p99 TPOT {s['tpot_ms_p99']:.2f} ms at "
+                 f"{s['rate_per_s']:.3g} req/s")
+    lines.append(f"  replayed in {s['wall_s']:.1f} s wall")
+    return "\n".join(lines)
+
+
+def render_table(table, target_ms: float) -> str:
+    """A sweep as one line per point."""
+    lines = [f"{'hardware':<13}{'model':<13}{'weights':<8}{'kv':<18}{'req/s':>7}{'TPOT p50':>10}{'TPOT p99':>10}"
+             f"{'TTFT p99':>10}{'batch':>7}{'KV occ':>8}  verdict (p99 TPOT <= {target_ms:g} ms)"]
+    for _, r in table.iterrows():
+        head = f"{r['hardware']:<13}{r['model']:<13}{r['weights']:<8}{r['kv']:<18}"
+        if r.get("status") != "ok":
+            lines.append(head + f"  {r.get('status')}: {r.get('reason')}")
+            continue
+        lines.append(head + f"{r['rate_per_s']:>7.3g}{r['tpot_ms_p50']:>10.2f}{r['tpot_ms_p99']:>10.2f}"
+                     f"{r['ttft_ms_p99']:>10.0f}{r['mean_batch_busy']:>7.1f}{100 * r['mean_kv_occupancy']:>7.1f}%"
+                     f"  {r['verdict']}")
+    return "\n".join(lines)

@@ -1,0 +1,147 @@
+"""What every study plot shares: saving (PNG + SVG, atomic), reading the saved results,
+picking rows, and the settings a set of rows holds constant (for titles derived from data).
+
+A title never states a setting the plotted rows do not have: ``held(frame, axes)`` reads the
+values off the rows themselves, so a panel of llama-3-70b points with fp8 weights says
+"weights=fp8" even when the study's detail point has bf16.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from matplotlib.ticker import FuncFormatter  # noqa: E402
+
+from sim.io import write_with  # noqa: E402
+from sim.report import labels  # noqa: E402
+
+ROW_ORDER = ["weights", "expert_weights", "kv", "outliers", "activations", "combine", "compute", "expert_compute",
+             "router", "dequant", "dispatch", "links", "host_link", "latency", "launch_sync", "contention"]
+LATENCY = "per_token_ms_p99"
+MAX_PANELS = 8  # small multiples beyond this are split into one figure per value of the first facet
+
+
+def save(fig, folder: Path, name: str) -> list[str]:
+    """Write ``fig`` as ``folder/name.png`` and ``.svg`` (atomically); returns both paths."""
+    folder.mkdir(parents=True, exist_ok=True)
+    out = []
+    for ext in ("png", "svg"):
+        target = folder / f"{name}.{ext}"
+        write_with(target, lambda tmp, ext=ext: fig.savefig(tmp, dpi=130 if ext == "png" else None,
+                                                            bbox_inches="tight", format=ext,
+                                                            metadata={"Date": None} if ext == "svg" else None))
+        out.append(str(target))
+    plt.close(fig)
+    return out
+
+
+def load(out_dir: Path) -> tuple[pd.DataFrame, dict]:
+    """The saved results table and study settings of a study folder."""
+    table = pd.read_parquet(out_dir / "results.parquet")
+    settings = json.loads((out_dir / "study.json").read_text())
+    return table, settings
+
+
+def ok_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows that ran and have a latency (points that fit)."""
+    if frame.empty or "status" not in frame:
+        return frame.iloc[0:0]
+    ok = frame[frame["status"] == "ok"]
+    if LATENCY in ok:
+        ok = ok[ok[LATENCY].notna()]
+    return ok
+
+
+def study_axes(settings: dict) -> dict[str, list]:
+    return settings.get("axes", {})
+
+
+def varying(settings: dict) -> list[str]:
+    """The swept axes that take more than one value."""
+    return [a for a, vals in study_axes(settings).items() if len(vals) > 1]
+
+
+def detail_values(settings: dict) -> dict:
+    """The point the detail run used: plots.detail, else each axis's middle value."""
+    chosen = dict(settings["study"].get("plots", {}).get("detail") or {})
+    for axis, vals in study_axes(settings).items():
+        chosen.setdefault(axis, vals[(len(vals) - 1) // 2])
+    return chosen
+
+
+def key(value) -> str:
+    """One spelling per value, so 25 (from the study) and 25.0 (from the table) match."""
+    if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool):
+        return f"{float(value):.12g}"
+    return str(value)
+
+
+def keys(column: pd.Series) -> pd.Series:
+    return column.map(key)
+
+
+def matching(frame: pd.DataFrame, where: dict) -> pd.DataFrame:
+    """Rows whose axis values match ``where`` (axis -> value or list of values)."""
+    sel = frame
+    for axis, wanted in where.items():
+        if axis not in sel:
+            return sel.iloc[0:0]
+        options = wanted if isinstance(wanted, list) else [wanted]
+        sel = sel[keys(sel[axis]).isin([key(w) for w in options])]
+    return sel
+
+
+def held(frame: pd.DataFrame, axes: list[str]) -> dict:
+    """The axes of ``axes`` that take exactly one value in ``frame``, with that value."""
+    out = {}
+    for axis in axes:
+        if axis in frame and not frame.empty:
+            values = frame[axis].dropna().unique()
+            if len(values) == 1:
+                out[axis] = values[0]
+    return out
+
+
+def settings_text(values: dict) -> str:
+    """``{"kv": "fp16", "batch": 8}`` as "kv=fp16, batch=8" (dotted paths in words)."""
+    return ", ".join(labels.setting(a, v) for a, v in values.items())
+
+
+def target_ms(frame: pd.DataFrame, default: float = 10.0) -> float:
+    if "target_ms" in frame and frame["target_ms"].notna().any():
+        return float(frame["target_ms"].dropna().iloc[0])
+    return default
+
+
+def eng_axis(axis, which: str = "y") -> None:
+    """Engineering tick labels (12.6k, not 1.26e+04) on one axis of ``axis``, major and minor."""
+    target = axis.yaxis if which == "y" else axis.xaxis
+    formatter = FuncFormatter(lambda v, _pos: labels.eng(v))
+    target.set_major_formatter(formatter)
+    target.set_minor_formatter(FuncFormatter(lambda v, _pos: _minor(v)))
+
+
+def _minor(value: float) -> str:
+    """Minor log ticks: label 2x and 5x decades only, so the axis stays readable."""
+    if value <= 0:
+        return ""
+    lead = value / 10 ** np.floor(np.log10(value))
+    return labels.eng(value) if round(lead) in (2, 5) and abs(lead - round(lead)) < 1e-6 else ""
+
+
+def rate_text(GBps: float) -> str:
+    """A bandwidth in human units: 4800 -> "4.8 TB/s", 450 -> "450 GB/s"."""
+    return f"{GBps / 1e3:.3g} TB/s" if GBps >= 1e3 else f"{GBps:.3g} GB/s"
+
+
+def slug(value) -> str:
+    """A facet value as part of a file name."""
+    text = "".join(c if c.isalnum() or c in "-_." else "-" for c in labels.tick(value))
+    return text.strip("-") or "value"

@@ -1,0 +1,139 @@
+"""Serving metrics: latency percentiles, throughput, batch, KV occupancy and the verdict.
+
+Definitions (as vLLM's serving benchmark reports them):
+
+* TTFT, time to first token: first token sampled - arrival (queueing and prefill included);
+* TPOT, time per output token: (finish - first token) / (output tokens - 1), per request
+  (requests with one output token have none);
+* end-to-end latency: finish - arrival;
+* throughput: output tokens (and finished requests) per second of the window from the first
+  arrival to the last finish;
+* per-step figures are time-weighted (each step counts for its duration; idle gaps count as
+  zero batch and zero occupancy); ``mean_batch_per_step`` is the plain mean over steps;
+* ``mean_in_system``: time-average number of requests arrived and not finished (running or
+  waiting), from the per-step rows; Little's law says it equals
+  ``throughput_req_per_s x mean_e2e_s`` (tests hold them within 2%).
+
+The verdict: ``meets-target`` when the p99 TPOT is at most ``target_ms`` at this request
+rate, else ``misses-target``. Memory: three floats per finished request and one per step
+(for the percentiles); everything else is running sums.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+
+import numpy as np
+
+from sim.units import ns_to_ms
+
+PERCENTILES = (50, 90, 99)
+
+
+class Metrics:
+    """Running sums over the replay's steps and finished requests."""
+
+    def __init__(self, target_ms: float):
+        self.target_ms = target_ms
+        self.ttft_ms = array("d")
+        self.tpot_ms = array("d")
+        self.e2e_ms = array("d")
+        self.step_ms = array("f")
+        self.first_arrival_ns: int | None = None
+        self.last_finish_ns = 0
+        self.requests_done = self.rejected = self.preemptions = self.recomputed_tokens = 0
+        self.output_tokens = self.prompt_tokens = 0
+        self.steps = self.batch_sum = self.max_batch = self.max_waiting = 0
+        self.busy_ns = self.batch_ns = self.in_system_ns = self.waiting_ns = self.occupancy_ns = 0.0
+        self.max_occupancy = 0.0
+        self.prefill_tokens = self.sampled_tokens = 0
+
+    def arrived(self, arrival_ns: int) -> None:
+        if self.first_arrival_ns is None:
+            self.first_arrival_ns = arrival_ns
+
+    def step(self, dt_ns: int, batch: int, in_system: int, waiting: int, occupancy: float, prefill_tokens: int,
+             sampled: int) -> None:
+        self.steps += 1
+        self.step_ms.append(ns_to_ms(dt_ns))
+        self.busy_ns += dt_ns
+        self.batch_sum += batch
+        self.batch_ns += batch * dt_ns
+        self.in_system_ns += in_system * dt_ns
+        self.waiting_ns += waiting * dt_ns
+        self.occupancy_ns += occupancy * dt_ns
+        self.max_batch = max(self.max_batch, batch)
+        self.max_waiting = max(self.max_waiting, waiting)
+        self.max_occupancy = max(self.max_occupancy, occupancy)
+        self.prefill_tokens += prefill_tokens
+        self.sampled_tokens += sampled
+
+    def finished(self, seq) -> None:
+        self.requests_done += 1
+        self.output_tokens += seq.output
+        self.prompt_tokens += seq.prompt
+        self.preemptions += seq.preemptions
+        self.recomputed_tokens += seq.recomputed_tokens
+        self.last_finish_ns = max(self.last_finish_ns, seq.finish_ns)
+        self.ttft_ms.append(ns_to_ms(seq.first_token_ns - seq.arrival_ns))
+        self.e2e_ms.append(ns_to_ms(seq.finish_ns - seq.arrival_ns))
+        if seq.output > 1:
+            self.tpot_ms.append(ns_to_ms(seq.finish_ns - seq.first_token_ns) / (seq.output - 1))
+
+    def summary(self) -> dict:
+        """The replay's figures (see the module docstring)."""
+        window_ns = max(1, self.last_finish_ns - (self.first_arrival_ns or 0))
+        window_s = window_ns / 1e9
+        out = {"requests_done": self.requests_done, "requests_rejected": self.rejected, "steps": self.steps,
+               "simulated_s": window_s, "busy_fraction": self.busy_ns / window_ns}
+        for name, values in (("ttft_ms", self.ttft_ms), ("tpot_ms", self.tpot_ms), ("e2e_ms", self.e2e_ms),
+                             ("step_ms", self.step_ms)):
+            out.update(_percentiles(name, values))
+        mean_e2e_s = (sum(self.e2e_ms) / len(self.e2e_ms) / 1e3) if self.e2e_ms else math.nan
+        out.update({
+            "throughput_tokens_per_s": self.output_tokens / window_s,
+            "prefill_tokens_per_s": self.prefill_tokens / window_s,
+            "throughput_req_per_s": self.requests_done / window_s,
+            "output_tokens": self.output_tokens, "prompt_tokens": self.prompt_tokens,
+            "sampled_tokens": self.sampled_tokens, "prefill_tokens": self.prefill_tokens,
+            "mean_batch": self.batch_ns / window_ns, "mean_batch_busy": self.batch_ns / max(1.0, self.busy_ns),
+            "mean_batch_per_step": self.batch_sum / max(1, self.steps), "max_batch": self.max_batch,
+            "mean_waiting": self.waiting_ns / window_ns, "max_waiting": self.max_waiting,
+            "mean_in_system": self.in_system_ns / window_ns, "mean_e2e_s": mean_e2e_s,
+            "mean_kv_occupancy": self.occupancy_ns / window_ns, "max_kv_occupancy": self.max_occupancy,
+            "preemptions": self.preemptions, "recomputed_tokens": self.recomputed_tokens,
+            "target_ms": self.target_ms,
+        })
+        p99 = out["tpot_ms_p99"]
+        meets = bool(p99 <= self.target_ms) if math.isfinite(p99) else False
+        out.update({"meets_target": meets, "verdict": "meets-target" if meets else "misses-target"})
+        return out
+
+
+def _percentiles(name: str, values) -> dict:
+    if not len(values):
+        return {f"{name}_p{q}": math.nan for q in PERCENTILES} | {f"{name}_mean": math.nan}
+    data = np.frombuffer(values, dtype=np.float64 if values.typecode == "d" else np.float32)
+    result = {f"{name}_p{q}": float(np.percentile(data, q)) for q in PERCENTILES}
+    result[f"{name}_mean"] = float(data.mean(dtype=np.float64))
+    return result
+
+
+def crossing_rate(rates, values, target: float) -> dict:
+    """Where ``values`` (e.g. p99 TPOT, non-decreasing in rate, NaN allowed) first exceeds
+    ``target`` along ``rates``: the bracketing rates and a linear interpolation between them,
+    or ``below``/``above`` when the target is crossed before the first or never."""
+    pairs = sorted((r, v) for r, v in zip(rates, values, strict=True) if v is not None and math.isfinite(v))
+    if not pairs:
+        return {"kind": "none"}
+    if pairs[0][1] > target:
+        return {"kind": "below", "rate": pairs[0][0]}
+    for (r0, v0), (r1, v1) in zip(pairs, pairs[1:], strict=False):
+        if v0 <= target < v1:
+            return {"kind": "between", "low": r0, "high": r1,
+                    "rate": r0 + (target - v0) * (r1 - r0) / (v1 - v0)}
+    return {"kind": "above", "rate": pairs[-1][0]}
+
+
+__all__ = ["Metrics", "crossing_rate", "PERCENTILES"]

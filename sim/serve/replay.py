@@ -1,0 +1,203 @@
+"""The closed-loop replay: requests arrive by timestamp, steps take the step model's time.
+
+The clock (integer nanoseconds) starts at the first arrival. Each iteration: requests whose
+arrival time has come join the waiting queue (one that can never fit, because its prompt and
+output exceed the model's context or alone overflow the KV pool, is rejected and counted);
+if nothing runs or waits, the clock jumps to the next arrival; otherwise the scheduler
+decides the step's work, the step model gives its duration (rounded to the nanosecond) and
+the clock advances by it. Requests that arrive during a step join before the next one.
+
+Outputs, streamed (memory holds only live requests plus a few numbers per finished one):
+
+* per step (``steps.parquet``): ``step, t_start_s, step_ms, batch`` (sequences in the step),
+  ``decode_seqs, prefill_seqs, prefill_tokens, sampled_tokens, running, waiting`` (after
+  scheduling), ``in_system`` (running + waiting), ``kv_blocks, kv_bytes, kv_occupancy``
+  (after the step's reservations), ``preempted``;
+* per request (``requests.parquet``): ``rid, arrival_s, prompt_tokens, output_tokens,
+  admitted_s, first_token_s, finish_s, ttft_ms, tpot_ms, e2e_ms, preemptions,
+  recomputed_tokens, status`` (``done`` or ``rejected``; times relative to the first
+  arrival);
+* ``summary.json``: sim.serve.metrics' figures, the setup and the step model's statistics.
+
+Parquet files are written in row groups of ``ROW_GROUP`` rows through
+``pyarrow.parquet.ParquetWriter`` to a temporary name and renamed when complete.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from sim.serve.metrics import Metrics
+from sim.serve.requests import Request
+from sim.serve.scheduler import Scheduler, Sequence
+from sim.serve.spec import ServeSpec, Setup, build
+from sim.serve.stepmodel import SimulatorStepModel, StepModel
+
+ROW_GROUP = 65_536
+
+STEP_SCHEMA = pa.schema([
+    ("step", pa.int64()), ("t_start_s", pa.float64()), ("step_ms", pa.float64()), ("batch", pa.int32()),
+    ("decode_seqs", pa.int32()), ("prefill_seqs", pa.int32()), ("prefill_tokens", pa.int32()),
+    ("sampled_tokens", pa.int32()), ("running", pa.int32()), ("waiting", pa.int32()), ("in_system", pa.int32()),
+    ("kv_blocks", pa.int64()), ("kv_bytes", pa.int64()), ("kv_occupancy", pa.float64()), ("preempted", pa.int32()),
+])
+REQUEST_SCHEMA = pa.schema([
+    ("rid", pa.int64()), ("arrival_s", pa.float64()), ("prompt_tokens", pa.int32()), ("output_tokens", pa.int32()),
+    ("admitted_s", pa.float64()), ("first_token_s", pa.float64()), ("finish_s", pa.float64()),
+    ("ttft_ms", pa.float64()), ("tpot_ms", pa.float64()), ("e2e_ms", pa.float64()), ("preemptions", pa.int32()),
+    ("recomputed_tokens", pa.int64()), ("status", pa.string()),
+])
+
+
+class TableWriter:
+    """Rows buffered column-wise and written to Parquet in row groups; a no-op without a
+    path. The file appears (atomically renamed) on ``close``."""
+
+    def __init__(self, path: Path | None, schema: pa.Schema, row_group: int = ROW_GROUP):
+        self.path, self.schema, self.row_group = path, schema, row_group
+        self.columns: list[list] = [[] for _ in schema.names]
+        self.rows = 0
+        self._writer = None
+        self._tmp = None
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            self._writer = pq.ParquetWriter(self._tmp, schema)
+
+    def append(self, *values) -> None:
+        if self._writer is None:
+            return
+        for column, value in zip(self.columns, values, strict=True):
+            column.append(value)
+        self.rows += 1
+        if len(self.columns[0]) >= self.row_group:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self.columns[0]:
+            arrays = [pa.array(col, type=f.type) for col, f in zip(self.columns, self.schema, strict=True)]
+            self._writer.write_table(pa.Table.from_arrays(arrays, schema=self.schema))
+            self.columns = [[] for _ in self.schema.names]
+
+    def close(self) -> None:
+        if self._writer is None:
+            return
+        self._flush()
+        self._writer.close()
+        os.replace(self._tmp, self.path)
+        self._writer = None
+
+    def abort(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._tmp.unlink(missing_ok=True)
+            self._writer = None
+
+
+def replay(source: Iterable[Request], model: StepModel, scheduler: Scheduler, *, target_ms: float = 10.0,
+           max_context: int | None = None, out_dir: str | Path | None = None) -> dict:
+    """Replay ``source`` through ``scheduler`` with step times from ``model``; returns the
+    metrics summary (sim.serve.metrics) and writes the tables to ``out_dir`` if given."""
+    out = Path(out_dir) if out_dir is not None else None
+    steps = TableWriter(out / "steps.parquet" if out else None, STEP_SCHEMA)
+    requests = TableWriter(out / "requests.parquet" if out else None, REQUEST_SCHEMA)
+    metrics = Metrics(target_ms)
+    try:
+        _loop(iter(source), model, scheduler, metrics, steps, requests, max_context)
+    except BaseException:
+        steps.abort()
+        requests.abort()
+        raise
+    steps.close()
+    requests.close()
+    return metrics.summary()
+
+
+def _loop(arrivals, model, scheduler: Scheduler, metrics: Metrics, steps: TableWriter, requests: TableWriter,
+          max_context) -> None:
+    pool = scheduler.pool
+    pending = next(arrivals, None)
+    origin = round(pending.arrival_s * 1e9) if pending else 0
+    clock = origin
+    index = 0
+    while pending is not None or scheduler.busy:
+        while pending is not None and round(pending.arrival_s * 1e9) <= clock:
+            _arrive(pending, scheduler, metrics, requests, max_context, origin)
+            pending = next(arrivals, None)
+        if not scheduler.busy:
+            if pending is not None:
+                clock = max(clock, round(pending.arrival_s * 1e9))
+            continue
+        work = scheduler.schedule(clock)
+        if not work.work:
+            raise RuntimeError("scheduler made no progress with requests waiting (a bug: every admitted "
+                               "request fits the pool alone)")
+        decode, prefill = work.split()
+        dt = max(1, round(model.step_ns(decode, prefill)))
+        prefill_tokens = sum(chunk for chunk, _ in prefill)
+        running, waiting = len(scheduler.running), len(scheduler.waiting)
+        kv_blocks, kv_bytes, occupancy = pool.used_blocks, pool.used_bytes, pool.occupancy
+        sampled, finished = scheduler.complete(work, clock + dt)
+        metrics.step(dt, len(work.work), running + waiting, waiting, occupancy, prefill_tokens, sampled)
+        steps.append(index, (clock - origin) / 1e9, dt / 1e6, len(work.work), len(decode), len(prefill),
+                     prefill_tokens, sampled, running, waiting, running + waiting, kv_blocks, kv_bytes, occupancy,
+                     work.preempted)
+        clock += dt
+        index += 1
+        for seq in finished:
+            metrics.finished(seq)
+            _request_row(requests, seq, origin, "done")
+
+
+def _arrive(request: Request, scheduler: Scheduler, metrics: Metrics, requests: TableWriter, max_context,
+            origin: int) -> None:
+    seq = Sequence(request.rid, round(request.arrival_s * 1e9), request.prompt_tokens, request.output_tokens)
+    metrics.arrived(seq.arrival_ns)
+    longest = seq.prompt + seq.output - 1  # tokens cached at the last step
+    if (max_context is not None and longest > max_context) or not scheduler.pool.fits_alone(longest):
+        metrics.rejected += 1
+        _request_row(requests, seq, origin, "rejected")
+        return
+    scheduler.arrive(seq)
+
+
+def _request_row(requests: TableWriter, seq: Sequence, origin: int, status: str) -> None:
+    def seconds(ns):
+        return (ns - origin) / 1e9 if ns >= 0 else math.nan
+
+    done = status == "done"
+    tpot = (seq.finish_ns - seq.first_token_ns) / 1e6 / (seq.output - 1) if done and seq.output > 1 else math.nan
+    requests.append(seq.rid, seconds(seq.arrival_ns), seq.prompt, seq.output, seconds(seq.admitted_ns),
+                    seconds(seq.first_token_ns), seconds(seq.finish_ns),
+                    (seq.first_token_ns - seq.arrival_ns) / 1e6 if done else math.nan, tpot,
+                    (seq.finish_ns - seq.arrival_ns) / 1e6 if done else math.nan, seq.preemptions,
+                    seq.recomputed_tokens, status)
+
+
+# -- a replay from a spec ---------------------------------------------------------------------
+
+
+def serve(spec: ServeSpec | Setup, out_dir: str | Path | None = None, *, step_model: StepModel | None = None) -> dict:
+    """Build (if needed) and replay one serving setup; returns the summary (setup, metrics,
+    step-model statistics, wall time). ``out_dir`` receives the tables and summary.json."""
+    setup = spec if isinstance(spec, Setup) else build(spec)
+    wall = time.perf_counter()
+    model = step_model or SimulatorStepModel(setup.resolved)
+    scheduler = Scheduler(setup.pool(), max_batch=setup.spec.max_batch,
+                          max_tokens_per_step=setup.spec.max_tokens_per_step, policy=setup.spec.policy)
+    figures = replay(setup.source, model, scheduler, target_ms=setup.spec.target_ms,
+                     max_context=setup.resolved.model.max_context, out_dir=out_dir)
+    summary = {**setup.describe(), **figures, "wall_s": time.perf_counter() - wall}
+    if isinstance(model, SimulatorStepModel):
+        summary["step_model"] = {**model.stats, "exact": model.exact, "fallback_reason": model.fallback_reason}
+    return summary
+
+
+__all__ = ["replay", "serve", "TableWriter", "STEP_SCHEMA", "REQUEST_SCHEMA"]

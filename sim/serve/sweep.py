@@ -1,0 +1,201 @@
+"""Rate sweeps and the serving study: many replays, one table, the crossing rates, a report.
+
+A sweep is the product hardware x (model, weights) x KV format x request rate of one
+``ServeSpec`` base; each point is one replay (sim.serve.replay.serve), run in worker
+processes. A point whose setup cannot run (for example the weights leave no memory for the
+KV cache) becomes a row with ``status: does-not-fit`` or ``error`` and the reason.
+
+The serving study file (``workloads/studies/serving-rate-vs-kv.yaml``), read by
+``decodesim serve --study FILE``::
+
+    kind: serve                       # marks a serving study (sim.study runs the other kind)
+    name: serving-rate-vs-kv          # the report folder: reports/<name>/
+    description: "..."
+    question: "..."
+    hardware: [h200-sxm, h200-sxm-x8]
+    models:                           # model and weight format pairs
+      - {model: llama-3-8b, weights: bf16}
+      - {model: llama-3-70b, weights: fp8}
+    kv: [fp16, int8, kivi-2]
+    rates: [2, 4, 8, 16]              # requests per second (or rate_scales: [0.5, 1, 2])
+    base: {requests: azure-conv, duration_s: 1200, policy: chunked, target_ms: 10}  # ServeSpec fields
+    notes: |                          # Markdown kept verbatim in the report
+      ...
+
+For each (hardware, model, weights, KV format) the report gives the rate at which p99 TPOT
+crosses the target (sim.serve.metrics.crossing_rate: the bracketing sweep rates and a linear
+interpolation between them).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import tempfile
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any, Literal
+
+import pandas as pd
+from pydantic import Field, model_validator
+
+from sim.config.loader import load_yaml, validate
+from sim.config.quantity import Strict
+from sim.errors import ConfigError, SimulationError
+from sim.paths import resolve as resolve_path
+from sim.paths import studies_dir
+from sim.serve.metrics import crossing_rate
+from sim.serve.replay import serve
+from sim.serve.spec import ServeSpec
+
+GROUP = ["hardware", "model", "weights", "kv"]
+REPORT_COLUMNS = [("rate_per_s", "rate (req/s)", "{:.3g}"), ("tpot_ms_p50", "TPOT p50 (ms)", "{:.2f}"),
+                  ("tpot_ms_p99", "TPOT p99 (ms)", "{:.2f}"), ("ttft_ms_p99", "TTFT p99 (ms)", "{:.0f}"),
+                  ("step_ms_p50", "step p50 (ms)", "{:.2f}"), ("mean_batch_busy", "mean batch", "{:.1f}"),
+                  ("max_batch", "max batch", "{:.0f}"), ("mean_kv_occupancy", "mean KV occ.", "{:.1%}"),
+                  ("preemptions", "preempt.", "{:.0f}"), ("throughput_tokens_per_s", "tok/s", "{:.0f}"),
+                  ("verdict", "verdict", "{}")]
+
+
+class ModelEntry(Strict):
+    model: str
+    weights: str = "bf16"
+
+
+class ServeStudySpec(Strict):
+    kind: Literal["serve"]
+    name: str = Field(min_length=1)
+    description: str = ""
+    question: str = ""
+    hardware: list[str] = Field(min_length=1)
+    models: list[ModelEntry] = Field(min_length=1)
+    kv: list[str] = Field(min_length=1)
+    rates: list[float] | None = None
+    rate_scales: list[float] | None = None
+    base: dict[str, Any] = Field(default_factory=dict)
+    notes: str = ""
+
+    @model_validator(mode="after")
+    def _one_rate_axis(self):
+        if (self.rates is None) == (self.rate_scales is None):
+            raise ValueError("give exactly one of rates (requests per second) or rate_scales")
+        values = self.rates if self.rates is not None else self.rate_scales
+        if not values or any(not (v > 0 and math.isfinite(v)) for v in values):
+            raise ValueError("rates must be a non-empty list of numbers > 0")
+        return self
+
+
+def load_study(name_or_path: str) -> tuple[ServeStudySpec, str]:
+    """A serving study by bundled name or path; ConfigError naming the file and key if bad."""
+    path = str(resolve_path(name_or_path, studies_dir(), "study"))
+    raw = load_yaml(path)
+    if not isinstance(raw, dict) or raw.get("kind") != "serve":
+        raise ConfigError(path, "kind", "a serving study starts with `kind: serve` (other studies run with "
+                          "`decodesim study`)", raw.get("kind") if isinstance(raw, dict) else raw)
+    return validate(ServeStudySpec, raw, path), path
+
+
+def study_points(study: ServeStudySpec, file: str = "study") -> list[ServeSpec]:
+    """Every point of the study as a validated ServeSpec (ConfigError on a bad field)."""
+    axis = "rate" if study.rates is not None else "rate_scale"
+    values = study.rates if study.rates is not None else study.rate_scales
+    points = []
+    for hardware, entry, kv, value in itertools.product(study.hardware, study.models, study.kv, values):
+        data = {**study.base, "hardware": hardware, "model": entry.model, "weights": entry.weights, "kv": kv,
+                axis: value}
+        points.append(validate(ServeSpec, data, file))
+    return points
+
+
+def grid(base: ServeSpec, *, hardware=None, models=None, kv=None, rates=None, rate_scales=None) -> list[ServeSpec]:
+    """The product of the given axes around ``base`` (each axis defaults to base's value)."""
+    axis, values = ("rate", rates) if rates else ("rate_scale", rate_scales) if rate_scales else (None, [None])
+    out = []
+    for hw, (model, weights), fmt, value in itertools.product(
+            hardware or [base.hardware], models or [(base.model, base.weights)], kv or [base.kv], values):
+        data = {**base.model_dump(), "hardware": hw, "model": model, "weights": weights, "kv": fmt}
+        if axis:
+            data.update({"rate": None, "rate_scale": None, axis: value})
+        out.append(validate(ServeSpec, data, "command line"))
+    return out
+
+
+def run_point(spec_json: str) -> dict:
+    """One replay as a table row (worker entry point; never raises for bad setups)."""
+    spec = ServeSpec.model_validate_json(spec_json)
+    row = {"hardware": spec.hardware, "model": spec.model, "weights": spec.weights, "kv": spec.kv,
+           "rate_request": spec.rate, "rate_scale_request": spec.rate_scale}
+    try:
+        summary = serve(spec)
+    except (ConfigError, SimulationError) as err:
+        status = "does-not-fit" if "no memory is left" in str(err) else "error"
+        return {**row, "status": status, "reason": str(err)}
+    summary.pop("step_model", None)
+    return {**row, **summary, "status": "ok", "reason": ""}
+
+
+def run_sweep(points: list[ServeSpec], jobs: int | None = None, progress=None) -> pd.DataFrame:
+    """Replay every point (in ``jobs`` worker processes; 1 runs in this process)."""
+    payloads = [p.model_dump_json() for p in points]
+    jobs = max(1, min(jobs or os.cpu_count() or 1, len(payloads)))
+    rows = []
+    if jobs == 1:
+        for payload in payloads:
+            rows.append(run_point(payload))
+            if progress:
+                progress(rows[-1])
+    else:
+        with ProcessPoolExecutor(jobs) as pool:
+            for row in pool.map(run_point, payloads):
+                rows.append(row)
+                if progress:
+                    progress(row)
+    return pd.DataFrame(rows)
+
+
+def crossings(table: pd.DataFrame, target_ms: float) -> pd.DataFrame:
+    """Per (hardware, model, weights, kv): where p99 TPOT crosses ``target_ms`` along rate."""
+    rows = []
+    ok = table[table["status"] == "ok"] if "status" in table else table
+    for key, group in table.groupby(GROUP, sort=False):
+        fine = ok.loc[ok.index.intersection(group.index)]
+        found = crossing_rate(fine["rate_per_s"], fine["tpot_ms_p99"], target_ms) if len(fine) else {"kind": "none"}
+        rows.append({**dict(zip(GROUP, key, strict=True)), **found, "text": describe_crossing(found, group)})
+    return pd.DataFrame(rows)
+
+
+def describe_crossing(found: dict, group: pd.DataFrame) -> str:
+    kind = found["kind"]
+    if kind == "between":
+        return f"{found['rate']:.3g} req/s (between {found['low']:.3g} and {found['high']:.3g})"
+    if kind == "below":
+        return f"below {found['rate']:.3g} req/s (misses at every rate swept)"
+    if kind == "above":
+        return f"above {found['rate']:.3g} req/s (meets at every rate swept)"
+    reasons = sorted(set(group.get("reason", pd.Series(dtype=str)).dropna()) - {""})
+    return "not run: " + (reasons[0] if reasons else "no finished requests")
+
+
+def write_table(table: pd.DataFrame, out: Path) -> None:
+    """``table.parquet`` and ``table.csv`` in ``out``, each written atomically."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name, writer in (("table.parquet", "parquet"), ("table.csv", "csv")):
+        fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{name}.")
+        os.close(fd)
+        table.to_parquet(tmp, index=False) if writer == "parquet" else table.to_csv(tmp, index=False)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, out / name)
+
+
+def write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
+__all__ = ["ServeStudySpec", "load_study", "study_points", "grid", "run_point", "run_sweep", "crossings",
+           "write_table", "write_text"]
