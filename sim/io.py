@@ -5,6 +5,12 @@ Every file is written to a temp file in the target's folder and renamed over the
 run leaves no partial result that looks complete. Temp files are named ``.<name>.<rand>.tmp``
 and removed if the writer fails; files get the umask's mode (a report is for everyone to
 read, as a plain ``open()`` would make it).
+
+A place that cannot be written (a folder where a file should go, a file where a folder
+should be, a read-only or missing location) is a ``ConfigError`` naming the path, never a
+traceback; ``output_problem`` checks a path before any work is done (the commands' ``--out``
+arguments use it through ``output_file`` / ``output_dir``), and ``stale_temp_files`` finds
+what an earlier, killed writer left behind.
 """
 
 from __future__ import annotations
@@ -12,10 +18,13 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from sim.errors import ConfigError
 
 
 def _umask_mode() -> int:
@@ -30,21 +39,70 @@ FILE_MODE = _umask_mode()
 @contextmanager
 def atomic_path(path: Path | str, suffix: str = "") -> Iterator[Path]:
     """A temp path beside ``path`` to write; renamed onto ``path`` when the block succeeds,
-    removed when it raises. ``suffix`` keeps writers that pick a format by extension happy."""
+    removed when it raises. ``suffix`` keeps writers that pick a format by extension happy.
+    An unwritable place (or an OSError while writing) is a ConfigError naming ``path``."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix + ".tmp")
+    problem = output_problem(path)
+    if problem:
+        raise ConfigError(str(path), None, problem)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix + ".tmp")
+    except OSError as err:
+        raise ConfigError(str(path), None, f"cannot write here ({_reason(err)})") from None
     os.close(fd)
     try:
         yield Path(tmp)
         os.chmod(tmp, FILE_MODE)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         try:
             os.unlink(tmp)
         except OSError:
             pass
+        if isinstance(err, OSError):
+            raise ConfigError(str(path), None, f"cannot write here ({_reason(err)})") from None
         raise
+
+
+def _reason(err: OSError) -> str:
+    return err.strerror or type(err).__name__
+
+
+def output_problem(path: Path | str, *, folder: bool = False) -> str | None:
+    """Why ``path`` cannot be written as a file (``folder``: made or used as a folder), or
+    None when it looks writable. Checks without creating anything."""
+    path = Path(path)
+    if folder and path.exists() and not path.is_dir():
+        return "exists and is not a folder; expected a folder to write into"
+    if not folder and path.is_dir():
+        return "is a folder; expected a file path to write"
+    if not folder and path.exists() and not path.is_file():
+        return "exists and is not a regular file"
+    ancestor = path if folder and path.is_dir() else path.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if ancestor.exists() and not ancestor.is_dir():
+        return f"cannot be created: {ancestor} is a file, not a folder"
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        return f"cannot be written: no write permission in {ancestor}"
+    return None
+
+
+# temp files of this module (``.<name>.<8 random>.tmp``, with any suffix before ``.tmp``) and of
+# earlier writers (``.<name>.<8 random>`` from tempfile.mkstemp, ``<name>.tmp``)
+_TEMP = re.compile(r"\..+\.[a-z0-9_]{8}(\.[A-Za-z0-9]+)?\.tmp|\..+\.[a-z0-9_]{8}|[^.].*\.tmp")
+
+
+def stale_temp_files(folder: Path | str) -> list[Path]:
+    """Temp files an interrupted writer left in ``folder`` (not recursive). Only safe to remove
+    when no writer is at work there (the study runner holds the folder's lock)."""
+    folder = Path(folder)
+    try:
+        entries = list(folder.iterdir())
+    except OSError:
+        return []
+    return sorted(p for p in entries if _TEMP.fullmatch(p.name) and p.is_file() and not p.is_symlink())
 
 
 def write_atomic(path: Path | str, text: str) -> None:

@@ -1,7 +1,9 @@
 """Where bundled profiles and workloads live: the checkout, or the installed package.
 
 From a checkout, ``hardware_profiles/`` and ``workloads/`` beside ``sim/`` are used. After
-``pip install .`` the same folders are installed as package data under ``sim/_bundled/``.
+``pip install .`` the same folders are installed as package data under ``sim/_bundled/``,
+with what ``decodesim validate`` and ``moe-report`` read (the H200 calibration CSVs and fit,
+the validation set's data, the MoE report's hypothetical profile).
 """
 
 from __future__ import annotations
@@ -14,10 +16,16 @@ _PACKAGE = Path(__file__).resolve().parent
 _CHECKOUT = _PACKAGE.parent
 
 
+def in_checkout() -> bool:
+    """True when running from a source checkout (not an installed package)."""
+    return (_CHECKOUT / "pyproject.toml").is_file() and (_CHECKOUT / "hardware_profiles").is_dir()
+
+
 def bundled(*parts: str) -> Path:
-    """The bundled folder ``parts`` (e.g. ``bundled("workloads", "models")``)."""
+    """The bundled folder ``parts`` (e.g. ``bundled("workloads", "models")``): beside sim/ in a
+    checkout, under sim/_bundled/ when installed (pyproject.toml maps the same folders)."""
     checkout = _CHECKOUT.joinpath(*parts)
-    if checkout.is_dir() and (_CHECKOUT / "pyproject.toml").is_file():
+    if checkout.is_dir() and in_checkout():
         return checkout
     return _PACKAGE.joinpath("_bundled", *parts)
 

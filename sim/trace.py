@@ -29,6 +29,8 @@ from pathlib import Path
 
 from sim.errors import ConfigError
 
+MAX_CONTEXT = 1_000_000_000  # sim.config.model.MAX_CONTEXT (not imported: this module loads without pydantic)
+
 
 @dataclass(frozen=True, slots=True)
 class Step:
@@ -86,6 +88,12 @@ def synthetic_requests(n: int, rate_per_s: float, prompt_median: int, output_med
                        sigma: float = 0.8, seed: int = 0) -> list[Request]:
     import numpy as np  # only for generating requests: keeps numpy out of start-up
 
+    for name, value, low in (("rate_per_s", rate_per_s, 0), ("prompt_median", prompt_median, 0),
+                             ("output_median", output_median, 0), ("sigma", sigma, None)):
+        finite = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        if not finite or (value <= low if low is not None else value < 0):
+            raise ConfigError("synthetic_requests()", name, "must be a finite number " + ("> 0" if low == 0 else ">= 0"),
+                              value)
     rng = np.random.default_rng(seed)
     arrivals = np.cumsum(rng.exponential(1.0 / rate_per_s, n))
     prompts = np.maximum(1, rng.lognormal(math.log(prompt_median), sigma, n).astype(int))
@@ -94,33 +102,48 @@ def synthetic_requests(n: int, rate_per_s: float, prompt_median: int, output_med
 
 
 def azure_requests(path: str | Path, limit: int | None = None) -> list[Request]:
+    """Requests of the Azure LLM inference trace CSV (TIMESTAMP, ContextTokens, GeneratedTokens)."""
     import pandas as pd
 
-    frame = pd.read_csv(path, nrows=limit)
+    try:
+        frame = pd.read_csv(path, nrows=limit)
+    except Exception as err:  # noqa: BLE001 - any reader failure is bad input
+        raise ConfigError(str(path), None, f"cannot read the Azure trace CSV ({type(err).__name__})") from None
     missing = {"TIMESTAMP", "ContextTokens", "GeneratedTokens"} - set(frame.columns)
     if missing:
         raise ConfigError(str(path), sorted(missing)[0], "required column is missing")
-    times = pd.to_datetime(frame["TIMESTAMP"], format="mixed")
+    if frame.empty:
+        raise ConfigError(str(path), None, "the Azure trace has no rows")
+    try:
+        times = pd.to_datetime(frame["TIMESTAMP"], format="mixed")
+    except (ValueError, TypeError, OverflowError):
+        raise ConfigError(str(path), "TIMESTAMP", "expected date-times such as 2023-11-16 18:15:46.6805900") from None
     seconds = (times - times.iloc[0]).dt.total_seconds().to_numpy()
-    return [Request(float(t), int(p), int(o)) for t, p, o in
-            zip(seconds, frame["ContextTokens"], frame["GeneratedTokens"], strict=True)]
+    tokens = [_whole_column(frame[c], Path(path), c) for c in ("ContextTokens", "GeneratedTokens")]
+    return [Request(float(t), p, o) for t, p, o in zip(seconds, *tokens, strict=True)]
 
 
 # -- files -------------------------------------------------------------------------------
 
 
 def write(steps: list[Step], path: str | Path) -> None:
+    """Write ``steps`` as JSON Lines, Parquet or CSV (by suffix), atomically."""
+    from sim.io import write_with
+
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
     if path.suffix == ".parquet":
-        _frame(steps).to_parquet(tmp, index=False)
+        write_with(path, lambda tmp: _frame(steps).to_parquet(tmp, index=False))
     elif path.suffix == ".csv":
-        _frame(steps).to_csv(tmp, index=False)
+        write_with(path, lambda tmp: _frame(steps).to_csv(tmp, index=False))
     else:
-        with open(tmp, "w") as out:
-            for s in steps:
-                out.write(json.dumps({"step": s.index, "seqs": [list(p) for p in zip(s.seq_ids, s.contexts, strict=True)]}) + "\n")
-    tmp.replace(path)
+        write_with(path, lambda tmp: _write_jsonl(steps, tmp))
+
+
+def _write_jsonl(steps: list[Step], path: Path) -> None:
+    with open(path, "w") as out:
+        for s in steps:
+            pairs = [list(p) for p in zip(s.seq_ids, s.contexts, strict=True)]
+            out.write(json.dumps({"step": s.index, "seqs": pairs}) + "\n")
 
 
 def _frame(steps):
@@ -131,60 +154,144 @@ def _frame(steps):
 
 
 def read(path: str | Path) -> list[Step]:
+    """Read and check a trace file: JSON Lines, or a Parquet / CSV table with columns step,
+    seq_id, context (others are ignored); ``check`` below says what a trace must satisfy."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise ConfigError(str(path), None, "trace file not found")
-    if path.suffix in (".parquet", ".csv"):
-        return _read_table(path)
-    steps = []
-    with open(path) as lines:
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ConfigError(str(path), f"line {number}", f"invalid JSON ({err.msg})") from None
-            steps.append(_step(record, path, number, len(steps)))
-    if not steps:
-        raise ConfigError(str(path), None, "trace has no steps")
+    if not path.is_file():
+        raise ConfigError(str(path), None, "is not a file; expected a trace file (JSONL, Parquet or CSV)")
+    steps = _read_table(path) if path.suffix in (".parquet", ".csv") else _read_jsonl(path)
+    check(steps, str(path))
     return steps
+
+
+def _read_jsonl(path: Path) -> list[Step]:
+    steps = []
+    try:
+        with open(path, encoding="utf-8") as lines:
+            for number, line in enumerate(lines, 1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise ConfigError(str(path), f"line {number}", f"invalid JSON ({err.msg})") from None
+                steps.append(_step(record, path, number, len(steps)))
+    except UnicodeDecodeError:
+        raise ConfigError(str(path), None, "not a text file; expected JSON Lines (one step per line), "
+                                           "or a .parquet / .csv table") from None
+    except OSError as err:
+        raise ConfigError(str(path), None, f"cannot read file ({err.strerror or type(err).__name__})") from None
+    return steps
+
+
+def _whole(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _step(record, path, number, index) -> Step:
     where = f"line {number}"
     if not isinstance(record, dict) or "seqs" not in record:
         raise ConfigError(str(path), where, 'expected {"step": N, "seqs": [[seq_id, context], ...]}')
+    extra = sorted(set(record) - {"step", "seqs"})
+    if extra:
+        raise ConfigError(str(path), f"{where}.{extra[0]}", "unknown key; allowed keys: step, seqs")
+    step = record.get("step", index)
+    if not _whole(step) or step < 0:
+        raise ConfigError(str(path), f"{where}.step", "must be a whole number >= 0", step)
     seqs = record["seqs"]
     if not isinstance(seqs, list) or not seqs:
         raise ConfigError(str(path), f"{where}.seqs", "expected a non-empty list of [seq_id, context]")
     ids, contexts = [], []
     for pair in seqs:
-        if (not isinstance(pair, list) or len(pair) != 2 or not all(isinstance(v, int) and not isinstance(v, bool)
-                                                                      for v in pair)):
+        if not isinstance(pair, list) or len(pair) != 2 or not all(_whole(v) for v in pair):
             raise ConfigError(str(path), f"{where}.seqs", "each entry must be [seq_id, context] integers", pair)
-        if pair[1] < 1:
-            raise ConfigError(str(path), f"{where}.seqs", "context must be >= 1", pair[1])
         ids.append(pair[0])
         contexts.append(pair[1])
-    return Step(record.get("step", index), tuple(ids), tuple(contexts))
+    return Step(step, tuple(ids), tuple(contexts))
 
 
 def _read_table(path: Path) -> list[Step]:
     import pandas as pd
 
+    if path.stat().st_size == 0:
+        raise ConfigError(str(path), None, "trace file is empty")
     try:
         frame = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
     except Exception as err:  # noqa: BLE001 - any reader failure is bad input
         raise ConfigError(str(path), None, f"cannot read trace table ({type(err).__name__})") from None
+    columns = {}
     for column in ("step", "seq_id", "context"):
         if column not in frame.columns:
             raise ConfigError(str(path), column, "required column is missing")
-    if (frame["context"] < 1).any():
-        raise ConfigError(str(path), "context", "every context must be >= 1")
-    steps = []
-    for step, group in frame.groupby("step", sort=True):
-        steps.append(Step(int(step), tuple(int(v) for v in group["seq_id"]), tuple(int(v) for v in group["context"])))
+        columns[column] = _whole_column(frame[column], path, column)
+    by_step: dict[int, tuple[list[int], list[int]]] = {}
+    for step, seq, context in zip(columns["step"], columns["seq_id"], columns["context"], strict=True):
+        ids, contexts = by_step.setdefault(step, ([], []))
+        ids.append(seq)
+        contexts.append(context)
+    return [Step(step, tuple(ids), tuple(contexts)) for step, (ids, contexts) in sorted(by_step.items())]
+
+
+def _whole_column(series, path: Path, column: str) -> list[int]:
+    """The column as Python ints; the first value that is not a whole number is the error."""
+    import numpy as np
+    import pandas as pd
+
+    if series.dtype == bool:
+        raise ConfigError(str(path), column, "expected whole numbers, got booleans")
+    numbers = pd.to_numeric(series, errors="coerce").astype(float)
+    values = numbers.to_numpy()
+    with np.errstate(invalid="ignore"):
+        bad = ~np.isfinite(values) | (values != np.floor(values))
+    if bad.any():
+        row = int(bad.argmax())
+        where = f"row {row + 2}" if path.suffix == ".csv" else f"row {row}"  # CSV: line numbers (header is 1)
+        value = series.iloc[row]
+        raise ConfigError(str(path), f"{column} ({where})", "expected a whole number",
+                          value.item() if hasattr(value, "item") else value)
+    return [int(v) for v in numbers]
+
+
+def check(steps: list[Step], source: str) -> None:
+    """A trace must make sense as decode: steps in increasing order, each sequence once per
+    step with a context >= 1 (at most ``MAX_CONTEXT``), and a sequence that stays from one
+    step to the next grows by one token per step (contexts never shrink)."""
     if not steps:
-        raise ConfigError(str(path), None, "trace has no steps")
-    return steps
+        raise ConfigError(source, None, "trace has no steps")
+    last_seen: dict[int, tuple[int, int]] = {}  # seq id -> (step, context) when last active
+    previous: Step | None = None
+    for step in steps:
+        where = f"step {step.index}"
+        if previous is not None and step.index <= previous.index:
+            raise ConfigError(source, where, f"steps must increase (step {step.index} follows step {previous.index})")
+        if len(set(step.seq_ids)) != len(step.seq_ids):
+            raise ConfigError(source, where, f"sequence id {_repeated(step.seq_ids)} appears more than once in one step")
+        for seq, context in zip(step.seq_ids, step.contexts, strict=True):
+            if not 1 <= context <= MAX_CONTEXT:
+                raise ConfigError(source, f"{where}.seq {seq}", f"context must be in [1, {MAX_CONTEXT:,}]", context)
+            seen = last_seen.get(seq)
+            if seen is not None:
+                _check_growth(source, where, seq, seen, (step.index, context), previous)
+            last_seen[seq] = (step.index, context)
+        previous = step
+
+
+def _repeated(ids) -> int:
+    seen = set()
+    for seq in ids:
+        if seq in seen:
+            return seq
+        seen.add(seq)
+    raise AssertionError("no repeated id")
+
+
+def _check_growth(source, where, seq, seen, now, previous: Step) -> None:
+    (seen_step, seen_context), (step, context) = seen, now
+    if seen_step == previous.index and context != seen_context + (step - seen_step):
+        raise ConfigError(source, f"{where}.seq {seq}", f"context must grow by one token per step while a sequence "
+                          f"is active ({seen_context} at step {seen_step})", context)
+    if context <= seen_context:
+        raise ConfigError(source, f"{where}.seq {seq}", f"context must not shrink or repeat when a sequence "
+                          f"returns ({seen_context} at step {seen_step})", context)

@@ -73,7 +73,7 @@ def test_bundled_azure_trace_replays(cli, root):
 @pytest.mark.parametrize("content, expect", [
     ("{not json}\n", "line 1: invalid JSON"),
     ('{"step": 0}\n', 'expected {"step": N'),
-    ('{"step": 0, "seqs": [[1, 0]]}\n', "context must be >= 1"),
+    ('{"step": 0, "seqs": [[1, 0]]}\n', "context must be in [1, 1,000,000,000]"),
     ('{"step": 0, "seqs": [["a", 5]]}\n', "each entry must be [seq_id, context]"),
     ("", "trace has no steps"),
 ])

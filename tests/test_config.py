@@ -86,9 +86,9 @@ def test_safe_loading_refuses_python_tags(tmp_path):
 
 
 @pytest.mark.parametrize("setting, expect", [
-    ("hardware.hbm.nonsense=1", "memory.hbm.nonsense: no such key; allowed keys:"),
+    ("hardware.hbm.nonsense=1", "--set: hardware.hbm.nonsense: no such key; allowed keys:"),
     ("hardware.hbm.capacity_GB=0", "must be > 0"),
-    ("model.layers=-3", "layers: input should be greater than 0"),
+    ("model.layers=-3", "--set: model.layers: must be a whole number in [1, 10,000], got -3"),
     ("model.heads=7", "heads (7) must be a multiple of kv_heads"),
     ("bogus=1", "bogus: no such path"),
     ("hardware.hbm.capacity_GB.value.deeper=1", "is a value, not a section"),

@@ -12,14 +12,35 @@ bumped (major) when a field is renamed or removed, (minor) when one is added.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from sim.config.loader import validate
 from sim.config.spec import RunSpec
-from sim.io import to_json, write_atomic, write_frame
+from sim.io import output_problem, to_json, write_atomic, write_frame
 from sim.schema import SCHEMA_VERSION
 
 __all__ = ["add_run_options", "spec_from_args", "fmt_bytes", "to_json", "write_atomic", "write_frame", "emit_json",
-           "envelope"]
+           "envelope", "output_file", "output_dir"]
+
+
+def output_file(text: str) -> Path:
+    """An argparse type: a file path that can be written (checked before any work is done)."""
+    return _writable(text, folder=False)
+
+
+def output_dir(text: str) -> Path:
+    """An argparse type: a folder that exists or can be made, and can be written into."""
+    return _writable(text, folder=True)
+
+
+def _writable(text: str, folder: bool) -> Path:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a path, got an empty text")
+    path = Path(text)
+    problem = output_problem(path, folder=folder)
+    if problem:
+        raise argparse.ArgumentTypeError(f"{text}: {problem}")
+    return path
 
 
 def add_run_options(p: argparse.ArgumentParser, *, formats: bool = True) -> None:
@@ -29,6 +50,8 @@ def add_run_options(p: argparse.ArgumentParser, *, formats: bool = True) -> None
     p.add_argument("--batch", type=int, default=d.batch, help="sequences per step (default 1)")
     p.add_argument("--context", type=int, default=d.context, help="tokens in each cache at the first step (default 4096)")
     p.add_argument("--trace", default=None, help="decode trace file to replay (JSONL, Parquet or CSV)")
+    p.add_argument("--allow-long-context", action="store_true",
+                   help="simulate contexts beyond the model's max_context (an error otherwise)")
     if formats:
         p.add_argument("--weights", default=d.weights, help="weight format (default bf16; see `decodesim formats`)")
         p.add_argument("--kv", default=d.kv, help="KV-cache format (default fp16)")
@@ -56,7 +79,8 @@ def add_run_options(p: argparse.ArgumentParser, *, formats: bool = True) -> None
 
 
 SPEC_ARGS = ("hardware", "model", "batch", "context", "trace", "weights", "kv", "steps", "target_ms", "engine",
-             "graph", "tp", "pp", "software", "overrides", "chips", "dispatch", "placement", "routing")
+             "graph", "tp", "pp", "software", "overrides", "chips", "dispatch", "placement", "routing",
+             "allow_long_context")
 
 
 def spec_from_args(args, **changes) -> RunSpec:

@@ -32,6 +32,22 @@ def register(sub) -> None:
     p.set_defaults(handler=handle)
 
 
+def check_args(args) -> None:
+    """The numeric flags within their ranges (ConfigError naming the flag otherwise)."""
+    import math
+
+    from sim.errors import ConfigError
+
+    if not 0 <= args.seed <= 2**63 - 1:
+        raise ConfigError("--seed", "seed", "must be in [0, 2^63 - 1]", args.seed)
+    if not (2 <= args.head_dim <= 65_536 and args.head_dim % 2 == 0):
+        raise ConfigError("--head-dim", "head_dim", "must be an even number in [2, 65,536]", args.head_dim)
+    if not 1 <= args.queries <= 100_000:
+        raise ConfigError("--queries", "queries", "must be in [1, 100,000]", args.queries)
+    if not (math.isfinite(args.rope_theta) and args.rope_theta > 0):
+        raise ConfigError("--rope-theta", "rope_theta", "must be a finite number > 0", args.rope_theta)
+
+
 def synthetic_params(items: list[str], seed: int):
     from sim.config.loader import parse_assignment
     from sim.errors import ConfigError
@@ -58,6 +74,7 @@ def handle(args) -> int:
     from sim.formats.fidelity import load_kv, score_std, synthetic
     from sim.formats.tables import fidelity_rows
 
+    check_args(args)
     names = [n.strip() for n in args.kv.split(",") if n.strip()]
     if not names:
         raise ConfigError("--kv", "kv", "expected one or more comma-separated formats", args.kv)

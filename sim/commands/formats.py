@@ -7,7 +7,7 @@ writes the Markdown report (byte table, fidelity table, the claims check) instea
 
 from __future__ import annotations
 
-from pathlib import Path
+from sim.commands.common import output_file
 
 
 def register(sub) -> None:
@@ -18,7 +18,7 @@ def register(sub) -> None:
     p.add_argument("--context", type=int, default=4096, help="tokens in the cache (default 4096)")
     p.add_argument("--role", choices=["kv", "weights"], default=None, help="only KV or only weight formats")
     p.add_argument("--json", action="store_true", help="print JSON rows instead of the table")
-    p.add_argument("--report", type=Path, default=None, metavar="PATH",
+    p.add_argument("--report", type=output_file, default=None, metavar="PATH",
                    help="write the formats report (Markdown) to PATH, e.g. reports/formats.md")
     p.set_defaults(handler=handle)
 

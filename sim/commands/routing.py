@@ -9,9 +9,7 @@ expert. ``--write FILE`` saves the generated trace in the routing file format
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from sim.commands.common import emit_json
+from sim.commands.common import emit_json, output_file
 
 
 def register(sub) -> None:
@@ -26,7 +24,7 @@ def register(sub) -> None:
                    help="probability a token reuses its sequence's previous experts (default 0)")
     p.add_argument("--steps", type=int, default=64, help="decode steps to generate (default 64)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--write", type=Path, default=None, help="write the generated trace (largest batch) here")
+    p.add_argument("--write", type=output_file, default=None, help="write the generated trace (largest batch) here")
     p.add_argument("--json", action="store_true", help="print JSON rows instead of the table")
     p.set_defaults(handler=handle)
 
@@ -34,8 +32,10 @@ def register(sub) -> None:
 def handle(args) -> int:
     from sim.config.loader import load_yaml, validate
     from sim.config.model import ModelSpec
+    from sim.config.spec import MAX_BATCH, MAX_STEPS
     from sim.errors import ConfigError
     from sim.moe import routing
+    from sim.moe.plan import MAX_ROUTING_DRAWS
     from sim.paths import bundled, models_dir
     from sim.paths import resolve as resolve_path
 
@@ -49,10 +49,18 @@ def handle(args) -> int:
         raise ConfigError("--batch", "batch", "expected comma-separated whole numbers", args.batch) from None
     if not batches or batches[0] < 1:
         raise ConfigError("--batch", "batch", "expected batch sizes >= 1", args.batch)
-    if args.steps < 1:
-        raise ConfigError("--steps", "steps", "must be >= 1", args.steps)
+    if not 1 <= args.steps <= MAX_STEPS:
+        raise ConfigError("--steps", "steps", f"must be in [1, {MAX_STEPS:,}]", args.steps)
+    if batches[-1] > MAX_BATCH:
+        raise ConfigError("--batch", "batch", f"batch sizes must be at most {MAX_BATCH:,}", batches[-1])
+    if args.seed < 0:
+        raise ConfigError("--seed", "seed", "must be >= 0", args.seed)
     moe = model.moe
     layers = sum(1 for layer in range(model.layers) if not moe.is_dense(layer))
+    draws = args.steps * layers * batches[-1] * moe.experts
+    if args.routing in routing.KINDS and draws > MAX_ROUTING_DRAWS:
+        raise ConfigError("--steps", "steps", f"steps x MoE layers x largest batch x experts is {draws:.3g} expert "
+                          f"scores to draw; at most {MAX_ROUTING_DRAWS:.0e}: fewer --steps or smaller --batch")
     if args.routing in routing.KINDS:
         trace = routing.generate(moe.experts, moe.top_k, layers, args.steps, batches[-1], kind=args.routing,
                                  skew=args.skew, locality=args.locality, seed=args.seed)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 from sim.commands.common import (
     add_run_options,
     emit_json,
     fmt_bytes,
+    output_dir,
+    output_file,
     spec_from_args,
     to_json,
     write_atomic,
@@ -21,9 +22,9 @@ def register(sub) -> None:
                        description="Simulate decode steps and report per-token latency, what bounds it, "
                                    "whether it fits and whether it meets the target.")
     add_run_options(p)
-    p.add_argument("--out", type=Path, default=None, help="write per-step and per-op tables (Parquet + CSV) here")
+    p.add_argument("--out", type=output_dir, default=None, help="write per-step and per-op tables (Parquet + CSV) here")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-    p.add_argument("--trace-out", type=Path, default=None,
+    p.add_argument("--trace-out", type=output_file, default=None,
                    help="write a Chrome/Perfetto trace JSON of the timeline (every step; see --trace-steps)")
     p.add_argument("--trace-steps", default=None, metavar="A:B",
                    help="steps the trace keeps, A <= step < B (either end may be left out; default all)")

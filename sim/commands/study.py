@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from sim.commands.common import output_dir, output_file
 
 
 def register(sub) -> None:
@@ -11,16 +11,18 @@ def register(sub) -> None:
                                    "the points not yet cached, and write results.{parquet,csv}, plots and "
                                    "report.md under --out (default reports/<study name>/).")
     p.add_argument("file", help="study YAML path or bundled study name (workloads/studies/)")
-    p.add_argument("--out", type=Path, default=None, help="output folder (default reports/<study name>/)")
+    p.add_argument("--out", type=output_dir, default=None, help="output folder (default reports/<study name>/)")
     p.add_argument("--executor", choices=["local", "dask"], default="local",
                    help="local process pool (default) or a Dask distributed cluster")
     p.add_argument("--address", default=None, help="Dask scheduler address, e.g. tcp://10.0.0.1:8786")
     p.add_argument("--jobs", "-j", type=int, default=None, help="local worker processes (default: CPU count; 1 = "
                                                                  "in this process)")
+    p.add_argument("--max-points", type=int, default=None, metavar="N",
+                   help="refuse studies of more than N points (default 100,000; checked before expanding)")
     p.add_argument("--check", action="store_true", help="validate every point and print the plan; run nothing")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-report", action="store_true", help="write the table only (no plots or report)")
-    p.add_argument("--trace-out", type=Path, default=None,
+    p.add_argument("--trace-out", type=output_file, default=None,
                    help="also write the detail point's Chrome/Perfetto trace JSON (its one DES step) here")
     p.add_argument("--json", action="store_true", help="print one JSON object (the plan, and what ran) instead")
     p.set_defaults(handler=handle)
@@ -43,8 +45,11 @@ def _shown(path) -> str:
 def handle(args) -> int:
     from sim.errors import ConfigError
     from sim.study import load_study, run_study
+    from sim.study.spec import MAX_POINTS
 
-    study = load_study(args.file)
+    if args.max_points is not None and args.max_points < 1:
+        raise ConfigError("--max-points", "max_points", "must be >= 1", args.max_points)
+    study = load_study(args.file, max_points=args.max_points or MAX_POINTS)
     if args.executor == "dask" and not args.address:
         raise ConfigError("--address", "address", "--executor dask needs --address tcp://HOST:PORT")
     if args.jobs is not None and args.jobs < 1:

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
+
+from sim.commands.common import output_file
 
 
 def register(sub) -> None:
     p = sub.add_parser("trace", help="generate a decode trace file (JSONL, Parquet or CSV)",
                        description="Generate a decode trace: per step, the active sequences and their contexts.")
     p.add_argument("kind", choices=["fixed", "synthetic", "azure"], help="generator")
-    p.add_argument("--out", type=Path, required=True, help="output file (.jsonl, .parquet or .csv)")
+    p.add_argument("--out", type=output_file, required=True, help="output file (.jsonl, .parquet or .csv)")
     p.add_argument("--batch", type=int, default=8, help="fixed: sequences; others: the maximum batch")
     p.add_argument("--context", type=int, default=4096, help="fixed: starting context")
     p.add_argument("--steps", type=int, default=256, help="steps to write (at most)")
@@ -26,13 +29,34 @@ def register(sub) -> None:
     p.set_defaults(handler=handle)
 
 
+# flag -> (lowest, highest, lowest excluded): generous, but never so large that writing the trace takes minutes
+LIMITS = {"batch": (1, 1_000_000, False), "context": (1, 1_000_000_000, False), "steps": (1, 1_000_000, False),
+          "requests": (1, 10_000_000, False), "rate": (1e-6, 1e9, False), "prompt_median": (1, 1_000_000_000, False),
+          "output_median": (1, 1_000_000_000, False), "step_ms": (0.0, 1e6, True), "speedup": (0.0, 1e9, True),
+          "seed": (0, 2**63 - 1, False)}
+MAX_ENTRIES = 10_000_000  # batch x steps: (sequence, step) pairs in the file
+
+
+def check_args(args) -> None:
+    """Every numeric flag within its range (ConfigError naming the flag otherwise)."""
+    from sim.config.quantity import fmt_range
+    from sim.errors import ConfigError
+
+    for name, (lo, hi, open_low) in LIMITS.items():
+        value = getattr(args, name)
+        flag = "--" + name.replace("_", "-")
+        if not math.isfinite(value) or value > hi or value < lo or (open_low and value == lo):
+            raise ConfigError("command line", flag, f"must be in {fmt_range(lo, hi, open_low)}", value)
+    if args.batch * args.steps > MAX_ENTRIES:
+        raise ConfigError("command line", "--batch x --steps", f"must be at most {MAX_ENTRIES:,} (every step lists "
+                          "every sequence)", f"{args.batch:,} x {args.steps:,}")
+
+
 def handle(args) -> int:
     from sim import trace
     from sim.errors import ConfigError
 
-    for name in ("batch", "context", "steps", "requests"):
-        if getattr(args, name) <= 0:
-            raise ConfigError("command line", name, "must be > 0", getattr(args, name))
+    check_args(args)
     if args.kind == "fixed":
         steps = trace.fixed(args.batch, args.context, args.steps)
     else:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 import typing
 from pathlib import Path
 from typing import Any
@@ -135,10 +136,11 @@ def validate(model: type[pydantic.BaseModel], data: Any, file: str | Path | None
     try:
         return model.model_validate(data)
     except pydantic.ValidationError as err:
-        raise _config_error(model, err, str(file) if file else None, prefix, data) from None
+        raise config_error(model, err, str(file) if file else None, prefix, data) from None
 
 
-def _config_error(model, err: pydantic.ValidationError, file, prefix, data=None) -> ConfigError:
+def config_error(model, err: pydantic.ValidationError, file, prefix="", data=None) -> ConfigError:
+    """The one-line ConfigError for the first problem of a pydantic ValidationError."""
     first = err.errors(include_url=False)[0]
     raw_loc = tuple(first["loc"])
     loc = _named(tuple(part for part in raw_loc if not _is_union_tag(part)), data)
@@ -228,7 +230,12 @@ def parse_assignment(text: str, where: str = "--set") -> tuple[str, Any]:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
+    if isinstance(value, str) and _NUMBER.fullmatch(value.strip()):
+        value = float(value)  # YAML 1.1 reads 1e9 (no dot) as text; on the command line it is a number
     return path, value
+
+
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+")
 
 
 def apply_override(

@@ -2,18 +2,31 @@
 optional Mixture-of-Experts FFN (``moe:``) and an optional attention description (``attention:``,
 for DeepSeek's multi-head latent attention, whose cache is one compressed latent per token).
 
-Counts only; no weights. ``source`` names the config the shape comes from.
+Counts only; no weights. ``source`` names the config the shape comes from. Every count lies
+in a sanity range well beyond any published model (``MAX_LAYERS`` layers, ...), so a typo
+such as ``layers: 100000000000`` is an error that states the range, not minutes of work.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import PrivateAttr, model_validator
 
-from sim.config.quantity import Strict
+from sim.config.quantity import Strict, whole
 
-PosInt = Field(gt=0, strict=True)
+MAX_LAYERS = 10_000  # ~80x the deepest published decoder (Llama 3.1 405B: 126)
+MAX_WIDTH = 1_000_000  # hidden size, FFN width, LoRA rank (largest published: ~50k)
+MAX_HEADS = 100_000
+MAX_HEAD_DIM = 65_536
+MAX_VOCAB = 100_000_000
+MAX_CONTEXT = 1_000_000_000
+MAX_EXPERTS = 16_384  # routed experts per layer (largest published: 512)
+MAX_SHARED_EXPERTS = 1_024
+
+Layers = whole(1, MAX_LAYERS)
+Width = whole(1, MAX_WIDTH)
+Heads = whole(1, MAX_HEADS)
 
 
 class MoESpec(Strict):
@@ -22,14 +35,15 @@ class MoESpec(Strict):
     ``shared_expert_ffn``, default ``expert_ffn``). Layers listed in ``dense_layers`` (or the
     first ``first_k_dense``) use the dense FFN of the model's ``ffn`` size instead."""
 
-    experts: int = PosInt
-    top_k: int = PosInt
-    shared_experts: int = Field(default=0, ge=0, strict=True)
-    expert_ffn: int = PosInt
-    shared_expert_ffn: int | None = Field(default=None, gt=0, strict=True)
-    first_k_dense: int = Field(default=0, ge=0, strict=True)
-    dense_layers: tuple[int, ...] | None = None
+    experts: whole(1, MAX_EXPERTS)
+    top_k: whole(1, MAX_EXPERTS)
+    shared_experts: whole(0, MAX_SHARED_EXPERTS) = 0
+    expert_ffn: Width
+    shared_expert_ffn: Width | None = None
+    first_k_dense: whole(0, MAX_LAYERS) = 0
+    dense_layers: tuple[whole(0, MAX_LAYERS - 1), ...] | None = None
     router: Literal["softmax", "sigmoid"] = "softmax"
+    _dense: frozenset[int] = PrivateAttr(default=frozenset())
 
     @model_validator(mode="after")
     def _shape(self):
@@ -37,6 +51,10 @@ class MoESpec(Strict):
             raise ValueError(f"top_k ({self.top_k}) must be at most experts ({self.experts})")
         if self.first_k_dense and self.dense_layers is not None:
             raise ValueError("give first_k_dense or dense_layers, not both")
+        if self.dense_layers is not None:
+            self._dense = frozenset(self.dense_layers)
+            if len(self._dense) != len(self.dense_layers):
+                raise ValueError("dense_layers must not repeat a layer")
         return self
 
     @property
@@ -45,7 +63,7 @@ class MoESpec(Strict):
 
     def is_dense(self, layer: int) -> bool:
         if self.dense_layers is not None:
-            return layer in self.dense_layers
+            return layer in self._dense
         return layer < self.first_k_dense
 
 
@@ -55,8 +73,8 @@ class AttentionSpec(Strict):
     decoupled RoPE key of ``qk_rope_dim`` per token and layer, read as K and as V)."""
 
     kind: Literal["gqa", "mla"] = "gqa"
-    kv_lora_rank: int | None = Field(default=None, gt=0, strict=True)
-    qk_rope_dim: int | None = Field(default=None, gt=0, strict=True)
+    kv_lora_rank: Width | None = None
+    qk_rope_dim: whole(1, MAX_HEAD_DIM) | None = None
 
     @model_validator(mode="after")
     def _mla(self):
@@ -68,19 +86,19 @@ class AttentionSpec(Strict):
 class ModelSpec(Strict):
     name: str
     source: str
-    layers: int = PosInt
-    hidden: int = PosInt
-    heads: int = PosInt
-    kv_heads: int = PosInt
-    head_dim: int = PosInt
-    ffn: int = PosInt
-    vocab: int = PosInt
+    layers: Layers
+    hidden: Width
+    heads: Heads
+    kv_heads: Heads
+    head_dim: whole(1, MAX_HEAD_DIM)
+    ffn: Width
+    vocab: whole(1, MAX_VOCAB)
     tied_embeddings: bool
     activation: Literal["swiglu", "gelu"] = "swiglu"
     # the reference implementation stores Q, K, V (and gate, up) as one fused weight, so a
     # plain PyTorch stack runs one GEMM for them (Phi-3's qkv_proj and gate_up_proj)
     fused_projections: bool = False
-    max_context: int = PosInt
+    max_context: whole(1, MAX_CONTEXT)
     moe: MoESpec | None = None
     attention: AttentionSpec | None = None
 

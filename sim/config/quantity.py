@@ -3,18 +3,67 @@
 Every hardware figure is written ``{value: 4.8e3, source: "NVIDIA H200 datasheet",
 estimate: false}``. The classes differ only in the range they accept. ``Table`` is a sourced
 piecewise-linear curve (e.g. HBM efficiency against gather granule).
+
+Every number also lies within a sanity range that no real accelerator leaves (``MAX_VALUE``,
+``MIN_POSITIVE``, ``MAX_COUNT``): a profile that says 1e300 ns or 1e-300 GHz is a typo, and
+the error states the range instead of printing absurd results.
 """
 
 from __future__ import annotations
 
 import bisect
 import math
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+
+MAX_VALUE = 1e15  # |value| of any sourced number (1 PB/s is 1e6 GB/s; 1e15 leaves room for any unit)
+MIN_POSITIVE = 1e-6  # the smallest positive value (a clock of 1e-300 GHz is a typo, not a chip)
+MAX_COUNT = 1_000_000_000  # the largest count (of channels, tiles, chips, cores ...)
 
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+
+
+def _not_bool(value):
+    if isinstance(value, bool):
+        raise ValueError("must be a number, not a boolean")
+    return value
+
+
+def fmt_range(lo: float, hi: float, lo_open: bool = False) -> str:
+    """``[1, 1,000,000]`` or ``(0, 1e6]``: a range as errors state it."""
+    return f"{'(' if lo_open else '['}{_fmt(lo)}, {_fmt(hi)}]"
+
+
+def _in_range(lo: float, hi: float, what: str, lo_open: bool = False):
+    text = f"must be {what} in {fmt_range(lo, hi, lo_open)}"
+
+    def check(value):
+        if not math.isfinite(value) or value > hi or value < lo or (lo_open and value == lo):
+            raise ValueError(text)
+        return value
+
+    return check
+
+
+def _fmt(bound: float) -> str:
+    """1,000,000 for an int; 1e15 or 1e-6 for a float."""
+    if isinstance(bound, int):
+        return f"{bound:,}"
+    return f"{bound:g}".replace("e+0", "e").replace("e+", "e").replace("e-0", "e-")
+
+
+def whole(lo: int, hi: int, *, strict: bool = True):
+    """An integer field in [lo, hi], never a boolean; ``strict`` also refuses floats and text
+    (``4096.0``, ``"4096"``). The error states the range."""
+    return Annotated[int, BeforeValidator(_not_bool), Field(strict=strict), AfterValidator(_in_range(lo, hi, "a whole number"))]
+
+
+def real(lo: float, hi: float, *, lo_open: bool = False):
+    """A finite float field in [lo, hi] (``lo_open``: (lo, hi]), never a boolean."""
+    return Annotated[float, BeforeValidator(_not_bool), AfterValidator(_in_range(lo, hi, "a finite number", lo_open))]
 
 
 class _Sourced(Strict):
@@ -46,8 +95,8 @@ class Num(_Sourced):
     def _finite(cls, v: float) -> float:
         if not math.isfinite(v):
             raise ValueError("must be a finite number")
-        if v < 0 and cls is Num:  # the subclasses state their own ranges
-            raise ValueError("must be >= 0")
+        if cls is Num and not 0 <= v <= MAX_VALUE:  # the subclasses state their own ranges
+            raise ValueError(f"must be a number in [0, {_fmt(MAX_VALUE)}]")
         return v
 
 
@@ -59,6 +108,8 @@ class Pos(Num):
     def _positive(cls, v: float) -> float:
         if v <= 0:
             raise ValueError("must be > 0")
+        if not MIN_POSITIVE <= v <= MAX_VALUE:
+            raise ValueError(f"must be a number in [{_fmt(MIN_POSITIVE)}, {_fmt(MAX_VALUE)}]")
         return v
 
 
@@ -85,17 +136,19 @@ class Share(Num):
 
 
 class Count(_Sourced):
-    """A whole number >= 1."""
+    """A whole number in [1, MAX_COUNT]."""
 
     value: int
 
     @field_validator("value", mode="before")
     @classmethod
     def _whole(cls, v):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or float(v) != int(v):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or float(v) != int(v):
             raise ValueError("must be a whole number")
         if v < 1:
             raise ValueError("must be >= 1")
+        if v > MAX_COUNT:
+            raise ValueError(f"must be a whole number in [1, {MAX_COUNT:,}]")
         return int(v)
 
 
@@ -112,6 +165,8 @@ class Table(_Sourced):
         xs = [p[0] for p in self.points]
         if not xs:
             raise ValueError("points must not be empty")
+        if any(not math.isfinite(x) or abs(x) > MAX_VALUE for x in xs):
+            raise ValueError(f"every x must be a finite number in [-{_fmt(MAX_VALUE)}, {_fmt(MAX_VALUE)}]")
         if any(b <= a for a, b in zip(xs, xs[1:], strict=False)):
             raise ValueError("points must have increasing x")
         if any(not (0 < p[1] <= 1) for p in self.points):

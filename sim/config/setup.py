@@ -19,7 +19,7 @@ from sim.config.hardware import HardwareProfile
 from sim.config.loader import load_yaml, validate
 from sim.config.model import ModelSpec
 from sim.config.software import SoftwareStack, load_stack
-from sim.config.spec import RunSpec, apply_run_overrides, override_raw
+from sim.config.spec import RunSpec, apply_run_overrides, override_raw, validate_overridden
 from sim.errors import ConfigError
 from sim.formats import Format, get_format
 from sim.paths import hardware_dir, models_dir
@@ -84,14 +84,15 @@ def resolve(spec: RunSpec) -> Setup:
     chips = () if spec.chips is None else (("hardware.system.chips", spec.chips),)
     hw_raw, model_raw = override_raw(hw_raw, model_raw, (*chips, *spec.overrides), hw_path, model_path,
                                      HardwareProfile, ModelSpec)
-    hardware = validate(HardwareProfile, hw_raw, hw_path)
-    model = validate(ModelSpec, model_raw, model_path)
+    hardware = validate_overridden(HardwareProfile, hw_raw, hw_path, (*chips, *spec.overrides), "hardware.")
+    model = validate_overridden(ModelSpec, model_raw, model_path, spec.overrides, "model.")
     weights, kv = get_format(spec.weights), get_format(spec.kv)
     tp, pp = parallelism(spec, hardware, model, hw_path)
     if spec.trace:
         steps = traces.read(spec.trace)[: spec.steps]
     else:
         steps = traces.fixed(spec.batch, spec.context, spec.steps)
+    check_context(spec, model, steps)
     moe = None
     if model.moe is not None:
         from sim.moe.plan import build  # numpy and the placement: only for MoE models (start-up time)
@@ -111,6 +112,21 @@ def resolve(spec: RunSpec) -> Setup:
         v_width=kv_heads * model.head_dim * model.v_width // per_head,
         vocab=math.ceil(model.vocab / tp), layers_per_stage=math.ceil(model.layers / pp),
         store=store, act_level=shared.name if shared is not None else store)
+
+
+def check_context(spec: RunSpec, model: ModelSpec, steps) -> None:
+    """No step may hold more tokens than the model's ``max_context`` unless the run says
+    ``allow_long_context`` (a what-if beyond what the model was trained for)."""
+    if spec.allow_long_context:
+        return
+    longest = max(max(step.contexts) for step in steps) if spec.trace else spec.context + spec.steps - 1
+    if longest <= model.max_context:
+        return
+    where = (spec.trace, "context") if spec.trace else ("--context", "context")
+    how = "a step" if spec.trace else f"the last step (context {spec.context:,} + {spec.steps - 1:,} steps)"
+    raise ConfigError(*where, f"{how} holds {longest:,} tokens, beyond {model.name}'s max_context of "
+                      f"{model.max_context:,}; pass --allow-long-context (allow_long_context: true) to simulate "
+                      "it anyway", longest)
 
 
 def parallelism(spec: RunSpec, hardware: HardwareProfile, model: ModelSpec, hw_file: str = "hardware") -> tuple[int, int]:

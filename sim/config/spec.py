@@ -18,13 +18,19 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import field_validator, model_validator
 
 from sim.config.loader import apply_override, parse_assignment, validate
-from sim.config.quantity import Strict
+from sim.config.model import MAX_CONTEXT
+from sim.config.quantity import MAX_COUNT, Strict, real, whole
 from sim.errors import ConfigError
 
 Engine = Literal["des", "analytic"]
+MAX_BATCH = 1_000_000  # sequences per step
+MAX_STEPS = 1_000_000  # decode steps
+MAX_SEQUENCE_STEPS = 10_000_000  # batch x steps: (sequence, step) entries of a generated trace
+MAX_TARGET_MS = 1e6  # a per-token target beyond 1000 s is a typo
+MAX_CHIPS = 1_000_000
 
 
 class RunSpec(Strict):
@@ -34,31 +40,53 @@ class RunSpec(Strict):
     model: str = "llama-3-8b"
     weights: str = "bf16"
     kv: str = "fp16"
-    batch: int = Field(default=1, gt=0)
-    context: int = Field(default=4096, gt=0)
+    batch: whole(1, MAX_BATCH, strict=False) = 1
+    context: whole(1, MAX_CONTEXT, strict=False) = 4096
     trace: str | None = None
-    steps: int = Field(default=8, gt=0)
-    target_ms: float = Field(default=10.0, gt=0)
+    steps: whole(1, MAX_STEPS, strict=False) = 8
+    target_ms: real(0, MAX_TARGET_MS, lo_open=True) = 10.0
     engine: Engine = "des"
     graph: bool | None = None  # None: the software stack's launch mode
-    tp: int | None = Field(default=None, gt=0)
-    pp: int | None = Field(default=None, gt=0)
+    tp: whole(1, MAX_CHIPS, strict=False) | None = None
+    pp: whole(1, MAX_CHIPS, strict=False) | None = None
     software: str = "fused"  # a stack of workloads/software/ or a stack YAML path
     overrides: tuple[tuple[str, Any], ...] = ()
-    seed: int = 0
+    seed: whole(0, 2**63 - 1, strict=False) = 0
+    allow_long_context: bool = False  # simulate contexts beyond the model's max_context
     # Mixture-of-Experts (used when the model has a `moe:` section; see sim.lowering.moe)
     dispatch: Literal["host_sync", "device", "sram_zero_copy"] = "device"
     placement: Literal["all-hbm", "static", "lru", "lfu", "spread"] = "static"
     routing: str = "uniform"  # uniform | zipf | a routing file (sim.moe.routing)
-    routing_skew: float = Field(default=1.0, ge=0)
-    routing_locality: float = Field(default=0.0, ge=0, le=1)
-    sram_experts: int | None = Field(default=None, ge=0)  # experts to pin per chip (default: as many as fit)
-    chips: int | None = Field(default=None, gt=0)  # overrides hardware.system.chips
+    routing_skew: real(0, 100) = 1.0
+    routing_locality: real(0, 1) = 0.0
+    sram_experts: whole(0, MAX_COUNT, strict=False) | None = None  # experts to pin per chip (default: as many as fit)
+    chips: whole(1, MAX_CHIPS, strict=False) | None = None  # overrides hardware.system.chips
 
     @field_validator("overrides", mode="before")
     @classmethod
     def _pairs(cls, value):
-        return tuple(parse_assignment(item) if isinstance(item, str) else tuple(item) for item in value or ())
+        if isinstance(value, str):
+            value = [value]
+        if isinstance(value, dict):
+            value = list(value.items())
+        if not isinstance(value, (list, tuple)):
+            raise ValueError("overrides must be a list of DOTTED.PATH=VALUE texts or (path, value) pairs")
+        pairs = []
+        for item in value:
+            if isinstance(item, str):
+                pairs.append(parse_assignment(item))
+            elif isinstance(item, (list, tuple)) and len(item) == 2 and isinstance(item[0], str):
+                pairs.append(tuple(item))
+            else:
+                raise ValueError(f"each override must be DOTTED.PATH=VALUE text or a (path, value) pair, got {item!r}")
+        return tuple(pairs)
+
+    @model_validator(mode="after")
+    def _bounded_work(self):
+        if self.batch * self.steps > MAX_SEQUENCE_STEPS:
+            raise ValueError(f"batch x steps must be at most {MAX_SEQUENCE_STEPS:,} (every step lists every "
+                             f"sequence), got {self.batch:,} x {self.steps:,}")
+        return self
 
 
 RUN_FIELDS = frozenset(RunSpec.model_fields) - {"overrides"}
@@ -115,12 +143,58 @@ def override_raw(hw_raw: dict, model_raw: dict, overrides, hw_file: str, model_f
     """Apply the ``hardware.`` and ``model.`` overrides to the raw YAML data of a profile
     and a model (validated afterwards by the caller)."""
     for path, value in overrides:
-        if path.startswith(HARDWARE):
-            sub = hardware_subpath(path[len(HARDWARE):], hw_raw)
-            hw_raw = apply_override(hw_raw, sub, value, hardware_model, hw_file, source="override (--set)")
-        elif path.startswith(MODEL):
-            model_raw = apply_override(model_raw, path[len(MODEL):], value, model_model, model_file)
+        try:
+            if path.startswith(HARDWARE):
+                sub = hardware_subpath(path[len(HARDWARE):], hw_raw)
+                hw_raw = apply_override(hw_raw, sub, value, hardware_model, hw_file, source="override (--set)")
+            elif path.startswith(MODEL):
+                model_raw = apply_override(model_raw, path[len(MODEL):], value, model_model, model_file)
+        except ConfigError as err:  # name the override, not the (maybe installed) file it was applied to
+            prefix = HARDWARE if path.startswith(HARDWARE) else MODEL
+            raise ConfigError("--set", canonical(prefix + err.key_path), err.expected, err.got) from None
     return hw_raw, model_raw
+
+
+def validate_overridden(model, raw: dict, file: str, overrides, prefix: str):
+    """``validate(model, raw, file)`` for a profile or model after ``overrides``; an error at
+    (or around) a path an override set names that override (``--set: PATH: ...``), since the
+    file itself is not at fault."""
+    try:
+        return validate(model, raw, file)
+    except ConfigError as err:
+        culprit = _culprit(err.key_path, overrides, prefix, raw)
+        if culprit is None:
+            raise
+        at = canonical(prefix + err.key_path)
+        inner = "" if not err.key_path or at in (canonical(culprit), canonical(culprit) + ".value") \
+            else f" (at {err.key_path})"
+        raise ConfigError("--set", culprit, err.expected + inner, err.got) from None
+
+
+def _level_named(sub: str, raw: dict) -> str:
+    """``memory.0.x`` -> ``memory.hbm.x`` (errors name list items by their name)."""
+    parts = sub.split(".")
+    levels = raw.get("memory")
+    if len(parts) > 1 and parts[0] == "memory" and parts[1].lstrip("-").isdigit() and isinstance(levels, list):
+        index = int(parts[1])
+        if -len(levels) <= index < len(levels) and isinstance(levels[index], dict):
+            parts[1] = str(levels[index].get("name", parts[1]))
+    return ".".join(parts)
+
+
+def _culprit(key_path: str, overrides, prefix: str, raw: dict) -> str | None:
+    """The last override at, below or above ``key_path`` (a whole-file check: the last override)."""
+    mine = [path for path, _ in overrides if path.startswith(prefix)]
+    if not key_path:
+        return mine[-1] if mine else None
+    error = canonical(prefix + key_path)
+    for path in reversed(mine):
+        sub = _level_named(hardware_subpath(path[len(prefix):], raw), raw) if prefix == HARDWARE \
+            else path[len(prefix):]
+        mine_path = canonical(prefix + sub)
+        if error == mine_path or error.startswith(mine_path + ".") or mine_path.startswith(error + "."):
+            return path
+    return None
 
 
 def with_overrides(spec: RunSpec, extra) -> RunSpec:
@@ -129,4 +203,4 @@ def with_overrides(spec: RunSpec, extra) -> RunSpec:
 
 
 __all__ = ["RunSpec", "RUN_FIELDS", "Engine", "apply_run_overrides", "canonical", "check_path",
-           "hardware_subpath", "override_raw", "with_overrides"]
+           "hardware_subpath", "override_raw", "validate_overridden", "with_overrides"]

@@ -29,6 +29,8 @@ a pre-RoPE format gets the inverse rotation first.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -36,6 +38,8 @@ import numpy as np
 
 from sim.errors import ConfigError
 from sim.formats.reference import fake_quant_kv
+
+MAX_SYNTHETIC_VALUES = 50_000_000  # K (and V, and the queries) values drawn for synthetic KV: 400 MB in float64
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,19 @@ class SyntheticKV:
         for name in ("k_dof", "v_dof"):
             if getattr(self, name) <= 2:
                 raise ConfigError("synthetic KV", name, "must be > 2 (finite variance)", getattr(self, name))
+        for item in dataclasses.fields(self):
+            value = getattr(self, item.name)
+            if not math.isfinite(value):
+                raise ConfigError("synthetic KV", item.name, "must be a finite number", value)
+        if self.seed < 0:
+            raise ConfigError("synthetic KV", "seed", "must be >= 0", self.seed)
+        values = self.tokens * self.kv_heads * self.head_dim
+        queries = self.queries * self.q_per_kv * self.kv_heads * self.head_dim
+        if max(values, queries) > MAX_SYNTHETIC_VALUES:
+            raise ConfigError("synthetic KV", "tokens", f"tokens x kv_heads x head_dim (and queries x q_per_kv x "
+                              f"kv_heads x head_dim) must be at most {MAX_SYNTHETIC_VALUES:,}", max(values, queries))
+        if self.rope_theta <= 0:
+            raise ConfigError("synthetic KV", "rope_theta", "must be > 0", self.rope_theta)
 
 
 @dataclass

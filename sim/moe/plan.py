@@ -5,6 +5,11 @@ section, before any step is lowered: the routing trace (generated or read), how 
 experts (or expert shards) fit the chip's pinnable SRAM, and the placement's per-(step,
 MoE layer) counts for the critical chip. The lowering reads it; nothing writes it later.
 
+The routing and the placement are computed when first asked for (``plan.trace``,
+``plan.placement``), not when the plan is built: the sizes a capacity check needs come from
+the model alone, so a run that does not fit in memory never generates routing for every
+token of a huge batch. Generated routing is bounded (``MAX_ROUTING_DRAWS``).
+
 Sizes: one expert (or one chip's tensor-parallel shard of it) is ``ffn_matrices - 1`` up
 rows plus the down matrix in the weight format. With ``placement: spread`` (expert
 parallelism over the ``tp`` chips) whole experts live on one chip each.
@@ -13,7 +18,9 @@ parallelism over the ``tp`` chips) whole experts live on one chip each.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cached_property
 
 from sim.config.hardware import HardwareProfile
 from sim.config.model import ModelSpec
@@ -26,18 +33,33 @@ from sim.paths import bundled
 from sim.paths import resolve as resolve_path
 from sim.units import MB
 
+MAX_ROUTING_DRAWS = 500_000_000  # ~40 s of drawing; expert scores drawn for generated routing (steps x MoE layers x tokens x experts)
+
 
 @dataclass(frozen=True)
 class MoEPlan:
     """Everything the MoE lowering needs that does not change from step to step."""
 
     dispatch: str
-    trace: RoutingTrace
-    placement: Placement
     ep: int  # chips the experts are spread over (1: every chip holds a shard of each)
     sram_level: str | None  # where resident experts live
     graph_mode: bool
     moe_index: dict[int, int]  # model layer -> MoE layer index
+    route: Callable[[], tuple[RoutingTrace, Placement]] = field(repr=False, compare=False)
+
+    @cached_property
+    def _routed(self) -> tuple[RoutingTrace, Placement]:
+        return self.route()
+
+    @property
+    def trace(self) -> RoutingTrace:
+        """The run's routing (generated or read on first use)."""
+        return self._routed[0]
+
+    @property
+    def placement(self) -> Placement:
+        """The placement's per-(step, MoE layer) counts (computed on first use)."""
+        return self._routed[1]
 
     def counts(self, position: int, layer: int) -> tuple[int, int, int, int, int]:
         """(active, resident, fetched, pairs, resident_pairs) of ``layer`` at step ``position``."""
@@ -52,28 +74,45 @@ class MoEPlan:
 def routing_trace(spec, model: ModelSpec, batches: list[int]) -> RoutingTrace:
     """The run's routing: generated (``uniform``, ``zipf``) or read from a routing file."""
     moe = model.moe
-    layers = sum(1 for layer in range(model.layers) if not moe.is_dense(layer))
+    layers = moe_layers(model)
     if spec.routing in routing.KINDS:
+        draws = len(batches) * layers * max(batches) * moe.experts
+        if draws > MAX_ROUTING_DRAWS:
+            raise SimulationError(f"generated routing for {len(batches):,} steps x {layers} MoE layers x "
+                                  f"{max(batches):,} tokens x {moe.experts:,} experts draws {draws:.3g} expert "
+                                  f"scores; at most {MAX_ROUTING_DRAWS:.0e}: simulate fewer steps or a smaller batch")
         return routing.generate(moe.experts, moe.top_k, layers, len(batches), max(batches), kind=spec.routing,
                                 skew=spec.routing_skew, locality=spec.routing_locality, seed=spec.seed)
+    return read_routing(spec, model, batches)
+
+
+def read_routing(spec, model: ModelSpec, batches: list[int]) -> RoutingTrace:
+    """A routing file, checked against the model and the run's largest batch."""
+    moe = model.moe
     path = resolve_path(spec.routing, bundled("workloads", "routing"), "routing", suffixes=(".jsonl",))
-    trace = routing.read(path, moe.experts, moe.top_k, layers)
+    trace = routing.read(path, moe.experts, moe.top_k, moe_layers(model))
     if trace.tokens < max(batches):
         raise ConfigError(spec.routing, "experts", f"each step needs {max(batches)} token rows "
                           f"(the largest batch of the run)", trace.tokens)
     return trace
 
 
+def moe_layers(model: ModelSpec) -> int:
+    """The model's layers with a Mixture-of-Experts FFN."""
+    return sum(1 for layer in range(model.layers) if not model.moe.is_dense(layer))
+
+
 def build(spec, model: ModelSpec, hardware: HardwareProfile, weights, tp: int, batches: list[int],
           graph: bool = True) -> MoEPlan:
-    """The MoE plan of a run: sizes the SRAM slots, checks a requested pin count against the
-    SRAM that exists, and runs the placement over the run's steps."""
+    """The MoE plan of a run: sizes the SRAM slots and checks a requested pin count against
+    the SRAM that exists now; the routing and the placement over the run's steps follow on
+    first use (a routing file is read and checked now)."""
     moe = model.moe
-    trace = routing_trace(spec, model, batches)
+    read = None if spec.routing in routing.KINDS else read_routing(spec, model, batches)
     ep = tp if spec.placement == "spread" and tp > 1 else 1
     level, budget = sram_budget(hardware)
     unit = expert_bytes(model, weights, tp, ep)
-    on_chip = experts_per_chip(model, ep) * trace.layers
+    on_chip = experts_per_chip(model, ep) * moe_layers(model)
     if spec.sram_experts is not None:
         if spec.placement == "all-hbm" and spec.sram_experts:
             raise SimulationError("placement all-hbm pins no experts; drop sram_experts or pick another policy")
@@ -87,7 +126,12 @@ def build(spec, model: ModelSpec, hardware: HardwareProfile, weights, tp: int, b
     else:
         slots = on_chip if math.isinf(budget) else int(budget // unit) if unit else 0
     slots = min(slots, on_chip)
-    pl = place(trace, spec.placement, slots, batches, chips=ep)
+    batches = list(batches)
+
+    def route() -> tuple[RoutingTrace, Placement]:
+        trace = read if read is not None else routing_trace(spec, model, batches)
+        return trace, place(trace, spec.placement, slots, batches, chips=ep)
+
     layers = [layer for layer in range(model.layers) if not moe.is_dense(layer)]
-    return MoEPlan(spec.dispatch, trace, pl, ep, level if slots else None, graph,
-                   {layer: i for i, layer in enumerate(layers)})
+    return MoEPlan(spec.dispatch, ep, level if slots else None, graph, {layer: i for i, layer in enumerate(layers)},
+                   route)

@@ -151,15 +151,27 @@ def write(trace: RoutingTrace, path: str | Path) -> None:
     write_atomic(path, "\n".join(lines) + "\n")
 
 
+def _whole(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def read(path: str | Path, experts: int, top_k: int, layers: int) -> RoutingTrace:
     """Read a routing file and check it against the model (``experts``, ``top_k``, and
     ``layers`` MoE layers)."""
     path = Path(path)
     name = str(path)
     try:
-        lines = path.read_text().splitlines()
+        lines = path.read_text(encoding="utf-8").splitlines()
     except FileNotFoundError:
         raise ConfigError(name, None, "routing file not found") from None
+    except UnicodeDecodeError:
+        raise ConfigError(name, None, "not a text file; expected JSON Lines of routing records") from None
+    except OSError as err:
+        raise ConfigError(name, None, f"cannot read file ({err.strerror or type(err).__name__})") from None
     records: dict[tuple[int, int], tuple[list, list | None]] = {}
     for number, line in enumerate(lines, 1):
         if not line.strip():
@@ -172,6 +184,8 @@ def read(path: str | Path, experts: int, top_k: int, layers: int) -> RoutingTrac
             raise ConfigError(name, f"line {number}", "expected a JSON object", type(rec).__name__)
         if "routing" in rec:
             head = rec["routing"]
+            if not isinstance(head, dict):
+                raise ConfigError(name, f"line {number}: routing", "expected an object {experts, top_k, layers}", head)
             for key, want in (("experts", experts), ("top_k", top_k), ("layers", layers)):
                 if key in head and head[key] != want:
                     raise ConfigError(name, f"line {number}: routing.{key}", f"the model has {want}", head[key])
@@ -181,7 +195,7 @@ def read(path: str | Path, experts: int, top_k: int, layers: int) -> RoutingTrac
             raise ConfigError(name, f"line {number}", f"missing key {sorted(missing)[0]!r}; "
                               "expected step, layer, experts (and optional gates)")
         step, layer = rec["step"], rec["layer"]
-        if not (isinstance(step, int) and isinstance(layer, int) and step >= 0 and 0 <= layer < layers):
+        if not (_whole(step) and _whole(layer) and step >= 0 and 0 <= layer < layers):
             raise ConfigError(name, f"line {number}", f"step must be an int >= 0 and layer in [0, {layers})",
                               (step, layer))
         rows = rec["experts"]
@@ -189,7 +203,7 @@ def read(path: str | Path, experts: int, top_k: int, layers: int) -> RoutingTrac
                 or any(not isinstance(r, list) or len(r) != top_k for r in rows)):
             raise ConfigError(name, f"line {number}: experts", f"a non-empty list of rows of {top_k} expert ids")
         flat = [e for r in rows for e in r]
-        if any(not isinstance(e, int) or not 0 <= e < experts for e in flat):
+        if any(not _whole(e) or not 0 <= e < experts for e in flat):
             raise ConfigError(name, f"line {number}: experts", f"ids must be ints in [0, {experts})")
         if any(len(set(r)) != len(r) for r in rows):
             raise ConfigError(name, f"line {number}: experts", "a token's k experts must be distinct")
@@ -197,10 +211,16 @@ def read(path: str | Path, experts: int, top_k: int, layers: int) -> RoutingTrac
         if g is not None and (not isinstance(g, list) or len(g) != len(rows)
                               or any(not isinstance(r, list) or len(r) != top_k for r in g)):
             raise ConfigError(name, f"line {number}: gates", "must match experts row for row")
+        if g is not None and any(not _number(x) for r in g for x in r):
+            raise ConfigError(name, f"line {number}: gates", "must be finite numbers")
         records[(step, layer)] = (rows, g)
     if not records:
         raise ConfigError(name, None, "no routing records")
-    steps = 1 + max(s for s, _ in records)
+    present = sorted({s for s, _ in records})
+    gap = next((i for i, s in enumerate(present) if s != i), None)  # checked before sizing arrays by the steps
+    if gap is not None:
+        raise ConfigError(name, f"step {gap}, layer 0", "missing record (steps must run 0, 1, 2, ... without gaps)")
+    steps = len(present)
     tokens = {s: len(rows) for (s, _), (rows, _) in records.items()}
     width = min(tokens.values())
     ids = np.empty((steps, layers, width, top_k), dtype=np.int32)

@@ -11,15 +11,24 @@ Executors: ``local`` (a process pool, ``jobs`` workers; ``jobs=1`` runs in this 
 with a tqdm progress bar and ETA, or ``dask`` (a dask.distributed scheduler address, or a
 ``Client``). A point that raises records ``status=error`` and its message in the table; the
 rest of the study goes on.
+
+Interrupts: Ctrl-C cancels the queued points, kills the local workers and returns at once;
+every point that finished is already in the cache. Local workers die with the study process
+(Linux: ``PR_SET_PDEATHSIG``; elsewhere they watch their parent), so ``kill -9`` leaves no
+orphans. A study holds a lock on its output folder while it runs, and removes the temp
+files an earlier, killed run left there (``sim.io.stale_temp_files``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +37,8 @@ import pandas as pd
 
 from sim.config.setup import resolve
 from sim.config.spec import RunSpec, apply_run_overrides
+from sim.errors import ConfigError
+from sim.io import output_problem, stale_temp_files
 from sim.paths import display_path
 from sim.study.keys import content_hash, simulator_version
 from sim.study.spec import Point, Study, detail_assignments, is_number
@@ -101,13 +112,28 @@ class StudyResult:
 def run_study(study: Study, out_dir: str | Path | None = None, *, executor: str = "local", jobs: int | None = None,
               address=None, progress: bool = True, detail: bool = True, report: bool = True) -> StudyResult:
     """Run every point not yet in the cache, then write the table (and the plots and report)."""
-    start = time.perf_counter()
     out = Path(out_dir) if out_dir is not None else Path("reports") / study.spec.name
+    problem = output_problem(out, folder=True)
+    if problem:
+        raise ConfigError(str(out), None, problem)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(str(out), None, f"cannot create the study folder ({err.strerror or type(err).__name__})") \
+            from None
+    with folder_lock(out):
+        remove_stale_temp_files(out)
+        return _run_study(study, out, executor, jobs, address, progress, detail, report)
+
+
+def _run_study(study: Study, out: Path, executor: str, jobs: int | None, address, progress: bool, detail: bool,
+               report: bool) -> StudyResult:
+    start = time.perf_counter()
     runs_dir = out / "cache"
     keys = study.hashes or [content_hash(p.spec) for p in study.points]
     todo: dict[str, Point] = {}
     for point, key in zip(study.points, keys, strict=False):
-        if key not in todo and not (runs_dir / f"{key}.json").is_file():
+        if key not in todo and cached_result(runs_dir / f"{key}.json") is None:
             todo[key] = point
     cached = len(set(keys)) - len(todo)
     if todo:
@@ -132,6 +158,64 @@ def run_study(study: Study, out_dir: str | Path | None = None, *, executor: str 
     return result
 
 
+def read_json(path: Path) -> dict | None:
+    """A JSON object from ``path``, or None when it is missing, unreadable or not an object
+    (a truncated file from an older, non-atomic writer is recomputed, not a traceback)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def cached_result(path: Path) -> dict | None:
+    """The result row a cache file holds, or None if there is no usable one."""
+    result = (read_json(path) or {}).get("result")
+    return result if isinstance(result, dict) else None
+
+
+LOCK_NAME = ".decodesim-study.lock"
+
+
+@contextmanager
+def folder_lock(out: Path):
+    """Hold an exclusive lock on the study folder ``out`` (released when the process ends,
+    however it ends); a second study writing to the same folder is a ConfigError."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock (and stale temp files are left alone)
+        yield False
+        return
+    handle = open(out / LOCK_NAME, "a")
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise ConfigError(str(out), None, "another decodesim study is writing to this folder; wait for it or "
+                                              "pick another --out") from None
+        yield True
+    finally:
+        handle.close()
+
+
+def remove_stale_temp_files(out: Path) -> list[Path]:
+    """Remove the temp files a killed run left in the study folder and its cache, detail and
+    plots folders (call only while holding ``folder_lock``: then no writer is at work there)."""
+    try:
+        import fcntl  # noqa: F401 - without the lock, another study's temp file may be live
+    except ImportError:
+        return []
+    removed = []
+    for folder in (out, out / "cache", out / "detail", out / "plots"):
+        for path in stale_temp_files(folder):
+            try:
+                path.unlink()
+                removed.append(path)
+            except OSError:
+                pass
+    return removed
+
+
 def _store(runs_dir: Path, key: str, point: Point, row: dict) -> None:
     write_json_atomic(runs_dir / f"{key}.json", {"hash": key, "spec": point.spec.model_dump(mode="json"),
                                                  "simulator": simulator_version(), "result": row})
@@ -149,25 +233,108 @@ def _execute(todo: dict[str, Point], runs_dir: Path, executor: str, jobs, addres
         elif executor == "local":
             jobs = jobs or os.cpu_count() or 1
             if jobs == 1 or len(todo) == 1:
-                for key, point in todo.items():
-                    _store(runs_dir, key, point, run_point(payloads[key]))
-                    bar.update()
+                _execute_serial(todo, payloads, runs_dir, bar)
             else:
-                import multiprocessing
-
-                ctx = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
-                with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-                    futures = {pool.submit(run_point, payloads[key]): key for key in todo}
-                    for future in as_completed(futures):
-                        key = futures[future]
-                        _store(runs_dir, key, todo[key], _outcome(future))
-                        bar.update()
+                _execute_pool(todo, payloads, runs_dir, jobs, bar)
         else:
-            from sim.errors import ConfigError
-
             raise ConfigError("--executor", "executor", "must be local or dask", executor)
     finally:
         bar.close()
+
+
+def _execute_serial(todo: dict[str, Point], payloads: dict[str, str], runs_dir: Path, bar) -> None:
+    """Run the points one after another in this process, storing each as it finishes."""
+    done = 0
+    try:
+        for key, point in todo.items():
+            _store(runs_dir, key, point, run_point(payloads[key]))
+            done += 1
+            bar.update()
+    except KeyboardInterrupt:
+        _say_stopped(done, len(todo), runs_dir)
+        raise
+
+
+def _say_stopped(done: int, total: int, runs_dir: Path) -> None:
+    sys.stderr.write(f"decodesim: stopped; {done} of {total} points finished and are cached in {runs_dir} "
+                     "(run the study again to resume)\n")
+
+
+def _execute_pool(todo: dict[str, Point], payloads: dict[str, str], runs_dir: Path, jobs: int, bar) -> None:
+    """Run the points on ``jobs`` local worker processes, storing each as it finishes. On
+    Ctrl-C: store what finished, cancel the queue, kill the workers, re-raise."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
+    pool = ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=ctx, initializer=worker_init,
+                               initargs=(os.getpid(),))
+    futures: dict = {}
+    stored: set[str] = set()
+    try:
+        futures = {pool.submit(run_point, payloads[key]): key for key in todo}
+        for future in as_completed(futures):
+            key = futures[future]
+            _store(runs_dir, key, todo[key], _outcome(future))
+            stored.add(key)
+            bar.update()
+    except BaseException:
+        stop_pool(pool)
+        for future, key in futures.items():  # finished, but not yet stored when the interrupt came
+            if key not in stored and future.done() and not future.cancelled() and future.exception() is None:
+                _store(runs_dir, key, todo[key], future.result())
+                stored.add(key)
+        _say_stopped(len(stored), len(todo), runs_dir)
+        raise
+    pool.shutdown(wait=True)
+
+
+def stop_pool(pool: ProcessPoolExecutor) -> None:
+    """Cancel the queued points and kill the workers now (they only compute; the parent
+    writes every result), so an interrupted study exits at once."""
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        try:
+            process.kill()
+        except (OSError, ValueError, AttributeError):
+            pass
+    for process in processes:
+        try:
+            process.join(timeout=1.0)
+        except (OSError, ValueError, AssertionError):
+            pass
+
+
+def worker_init(parent_pid: int) -> None:
+    """In each local worker: ignore Ctrl-C (the study process handles it and stops the
+    workers) and die with the parent, even if it is killed with SIGKILL."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if not _die_with_parent(parent_pid):
+        threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True, name="watch-parent").start()
+
+
+def _die_with_parent(parent_pid: int) -> bool:
+    """Linux: ask the kernel to SIGKILL this process when its parent dies. True when set."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        if libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0) != 0:
+            return False
+    except (OSError, AttributeError):
+        return False
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+    return True
+
+
+def _watch_parent(parent_pid: int, interval_s: float = 0.5) -> None:
+    while os.getppid() == parent_pid:
+        time.sleep(interval_s)
+    os._exit(1)
 
 
 def _outcome(future) -> dict:
@@ -186,8 +353,6 @@ def _execute_dask(todo, payloads, runs_dir: Path, address, bar) -> None:
         try:
             client = Client(address, timeout="15s")
         except (OSError, TimeoutError, ValueError) as err:
-            from sim.errors import ConfigError
-
             raise ConfigError("--address", "address", f"cannot reach a Dask scheduler there ({type(err).__name__})",
                               address) from None
     else:
@@ -216,7 +381,7 @@ def build_table(study: Study, keys: list[str], runs_dir: Path) -> pd.DataFrame:
     cache: dict[str, dict] = {}
     for point, key in zip(study.points, keys, strict=False):
         if key not in cache:
-            cache[key] = json.loads((runs_dir / f"{key}.json").read_text())["result"]
+            cache[key] = cached_result(runs_dir / f"{key}.json")
         result = cache[key]
         row: dict[str, Any] = {"point": point.index, "group": point.group, "knob": point.knob,
                                "delta_percent": point.delta_percent, "seed": point.seed, "hash": key}
@@ -263,7 +428,7 @@ def run_detail(study: Study, out: Path) -> None:
     key = content_hash(spec, extra="detail")
     folder = out / "detail"
     meta_path = folder / "meta.json"
-    if meta_path.is_file() and json.loads(meta_path.read_text()).get("hash") == key:
+    if (read_json(meta_path) or {}).get("hash") == key:
         return
     try:
         result = simulate(spec, keep_ops=True, keep_log=True, check_capacity=False)

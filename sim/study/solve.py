@@ -64,6 +64,8 @@ def current_value(spec: RunSpec, path: str) -> Any:
             return res.hardware.chips
         if value is None and path in ("tp", "pp"):
             return getattr(res, path)
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise ConfigError("--vary", path, "must name a number", value)
         return value
     check_path(path, "--vary")
     if path.startswith(HARDWARE):
@@ -96,8 +98,8 @@ def solve(spec: RunSpec, path: str, target_ms: float | None = None, lo: float | 
         lo = 1 if integer else base / 16
     if hi is None:
         hi = max(base * 16, 2) if integer else base * 16
-    if not (0 < lo < hi):
-        raise ConfigError("--range", path, "expected 0 < LO < HI", (lo, hi))
+    if not (0 < lo < hi < math.inf):
+        raise ConfigError("--range", path, "expected 0 < LO < HI, both finite", (lo, hi))
     if integer:
         lo, hi = int(math.floor(lo)), int(math.ceil(hi))
     evals: list[Evaluation] = []
@@ -108,7 +110,12 @@ def solve(spec: RunSpec, path: str, target_ms: float | None = None, lo: float | 
         if value in cache:
             return cache[value]
         s = with_overrides(spec.model_copy(update={"target_ms": target}), [(path, value)])
-        summary = simulate(s).summary
+        try:
+            summary = simulate(s).summary
+        except ConfigError as err:  # a value of the range the parameter does not allow: name --range
+            if err.file == "--set" and err.key_path == path:
+                raise ConfigError("--range", path, f"{err.expected} (the range reaches {value:g})") from None
+            raise
         p99 = summary.get("per_token_ms_p99")
         e = Evaluation(value, p99, bool(summary.get("meets_target")), summary["verdict"])
         cache[value] = e

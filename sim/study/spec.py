@@ -20,6 +20,10 @@ A study file (``workloads/studies/*.yaml``)::
     sensitivity: {percent: 20, knobs: [hardware.hbm.channel_bandwidth_GBps, batch]}
     plots: {feasibility: [batch, context], facet: kv, breakdown: batch}
 
+A study expands to at most ``max_points`` points (``MAX_POINTS`` by default; ``decodesim study
+--max-points N`` raises it): the size is computed from the axes before anything is expanded,
+so a typo such as ``steps: 1000000000`` is an error at once, not gigabytes of points.
+
 Dotted paths are ``hardware.<path>`` (a memory level may be named directly), ``model.<path>``
 and the RunSpec fields. A value is absolute or ``{scale: f}`` / ``{add: x}``. Every point is
 resolved (``sim.run.resolve``) before anything runs, so a misspelt path, a wrong type, an
@@ -48,6 +52,8 @@ from sim.formats.base import check_widths
 from sim.paths import resolve as resolve_path
 from sim.paths import studies_dir
 from sim.study.keys import content_hash
+
+MAX_POINTS = 100_000  # points in one study unless raised (each is resolved before anything runs)
 
 
 class Sensitivity(Strict):
@@ -169,30 +175,39 @@ def study_path(name_or_path: str) -> Path:
     return resolve_path(name_or_path, studies_dir(), "study")
 
 
-def load_study(name_or_path: str | Path, check: bool = True) -> Study:
-    """Read, validate and expand a study; with ``check`` every point is resolved first."""
+def load_study(name_or_path: str | Path, check: bool = True, max_points: int = MAX_POINTS) -> Study:
+    """Read, validate and expand a study (at most ``max_points`` points); with ``check``
+    every point is resolved first."""
     path = study_path(str(name_or_path))
     file = str(path)
     raw = load_yaml(path)  # duplicate keys (a duplicate axis) are the loader's error
     spec = validate(StudySpec, raw, file)
-    study = expand(spec, file)
+    study = expand(spec, file, max_points)
     if check:
         check_points(study)
     return study
 
 
-def axis_values(value: Any, file: str, where: str) -> list[Any]:
-    """A list of values, or ``{from, to, steps, spacing: linear|log, integer: bool}``."""
+def axis_values(value: Any, file: str, where: str, max_points: int = MAX_POINTS) -> list[Any]:
+    """A list of values, or ``{from, to, steps, spacing: linear|log, integer: bool}`` (at
+    most ``max_points`` steps)."""
     if isinstance(value, dict) and "from" in value:
         extra = set(value) - {"from", "to", "steps", "spacing", "integer"}
         if extra:
             raise ConfigError(file, where, f"unknown range key {sorted(extra)[0]!r}; allowed: from, to, steps, spacing, integer")
         try:
-            lo, hi, n = float(value["from"]), float(value["to"]), int(value.get("steps", 0))
-        except (KeyError, TypeError, ValueError):
+            lo, hi, n = float(value["from"]), float(value["to"]), value.get("steps", 0)
+            if isinstance(n, bool) or not isinstance(n, (int, float)) or not math.isfinite(n) or n != int(n):
+                raise ValueError("steps")
+            n = int(n)
+        except (KeyError, TypeError, ValueError, OverflowError):
             raise ConfigError(file, where, "a range needs numbers from, to and an integer steps >= 1", value) from None
         if n < 1:
             raise ConfigError(file, where, "a range needs steps >= 1 (an empty sweep runs nothing)", value)
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            raise ConfigError(file, where, "a range needs finite from and to", value)
+        if n > max_points:
+            raise ConfigError(file, f"{where}.steps", f"at most {max_points:,} points in a study{RAISE}", n)
         spacing = value.get("spacing", "linear")
         if spacing not in ("linear", "log"):
             raise ConfigError(file, f"{where}.spacing", "must be linear or log", spacing)
@@ -215,7 +230,22 @@ def axis_values(value: Any, file: str, where: str) -> list[Any]:
     return list(value)
 
 
-def expand(spec: StudySpec, file: str) -> Study:
+RAISE = " (raise the limit with decodesim study --max-points N, or max_points= in load_study)"
+
+
+def study_size(spec: StudySpec, axes: list[tuple[str, list]], zipped: dict[str, list]) -> int:
+    """Points the study expands to: the grid product x zipped rows x seeds, plus sensitivity."""
+    size = math.prod(len(values) for _, values in axes)
+    if zipped:
+        size *= len(next(iter(zipped.values())))
+    size *= len(spec.seeds)
+    if spec.sensitivity:
+        size += 1 + 2 * len(spec.sensitivity.knobs)
+    return size
+
+
+def expand(spec: StudySpec, file: str, max_points: int = MAX_POINTS) -> Study:
+    """The study's points (a ConfigError before expanding if there would be more than ``max_points``)."""
     where = {}
     for path in spec.overrides:
         where[canonical(path)] = f"overrides.{path}"
@@ -229,16 +259,22 @@ def expand(spec: StudySpec, file: str) -> Study:
             where[key] = f"sweep.{section}.{path}"
             names.append(path)
     for path, value in spec.sweep.grid.items():
-        axes.append((path, axis_values(value, file, f"sweep.grid.{path}")))
-    zipped = {p: axis_values(v, file, f"sweep.zip.{p}") for p, v in spec.sweep.zip.items()}
+        axes.append((path, axis_values(value, file, f"sweep.grid.{path}", max_points)))
+    zipped = {p: axis_values(v, file, f"sweep.zip.{p}", max_points) for p, v in spec.sweep.zip.items()}
     if zipped:
         lengths = {len(v) for v in zipped.values()}
         if len(lengths) > 1:
             detail = ", ".join(f"{p}: {len(v)}" for p, v in zipped.items())
             raise ConfigError(file, "sweep.zip", f"zipped lists must have equal lengths ({detail})")
-    dup = [s for s in spec.seeds if spec.seeds.count(s) > 1]
-    if dup:
-        raise ConfigError(file, "seeds", "duplicate seed", dup[0])
+    size = study_size(spec, axes, zipped)
+    if size > max_points:
+        shape = " x ".join([str(len(v)) for _, v in axes] + ([f"{len(next(iter(zipped.values())))} zipped"]
+                                                             if zipped else []) + [f"{len(spec.seeds)} seeds"])
+        raise ConfigError(file, "sweep", f"the study has {size:,} points ({shape}); at most {max_points:,}{RAISE}")
+    if len(set(spec.seeds)) != len(spec.seeds):
+        seen: set[int] = set()
+        dup = next(seed for seed in spec.seeds if seed in seen or seen.add(seed))
+        raise ConfigError(file, "seeds", "duplicate seed", dup)
     for i, comp in enumerate(spec.compare):
         for axis in [comp.axis, *comp.by]:
             if axis not in names:
