@@ -110,7 +110,7 @@ class OpCost:
         needs them (the analytic model never does)."""
         return merge(self)
 
-    @property
+    @functools.cached_property
     def total_ns(self) -> float:
         """The op's time alone on the chip: gap, fill, body and drain."""
         return self.gap_ns + self.fill_ns + self.ideal_body_ns + self.drain_ns

@@ -53,8 +53,8 @@ class Simulation:
         self.networks = {stage: FlowNetwork(self.env, capacity, self.log, (stage,))
                          for stage, n in streams_per_stage.items() if n > 1}
         n = len(graph.ops)
+        self.durations = [c.total_ns for c in op_costs]  # each op alone: gap + fill + body + drain
         self.ready = [0.0] * n
-        self.issued = [0.0] * n
         self.start = [0.0] * n
         self.end: list[float | None] = [None] * n
         self.bodies: dict[int, tuple[float, float]] = {}  # body (start, end) of ops that shared links
@@ -151,7 +151,7 @@ class Simulation:
         events = self.events + sum(n.events for n in self.networks.values())
         return StepOutcome(self.graph.step, max(last_end, env.now), self.log or [], events, self.host_sync_ns,
                            self.wait_ns, sum(self.contended.values()), self.contended, last_end,
-                           moments=(self.ready, self.issued, self.start, self.end, self.op_costs, self.bodies))
+                           moments=(self.ready, self.issue_time, self.start, self.end, self.op_costs, self.bodies))
 
 
 class LoneStream:
@@ -166,7 +166,15 @@ class LoneStream:
         self.ops = ops
         self.i = 0
         self.free = sim.env.now
-        self.pending: tuple[int, float] | None = None  # the op whose end event is scheduled
+        self.pending = -1  # the op whose end event is scheduled (-1: none)
+        self.pending_end = 0.0
+        self.callback = self.advance  # one bound method for every event
+        # per op: its dependencies other than the previous op of this stream (which ``free`` covers)
+        previous = None
+        self.external = []
+        for op in ops:
+            self.external.append(tuple(d for d in op.deps if d != previous))
+            previous = op.idx
 
     def begin(self) -> None:
         """Start after the processes created before it (the host) have run at time 0."""
@@ -178,50 +186,48 @@ class LoneStream:
     def advance(self, _event) -> None:
         sim = self.sim
         end_of = sim.end
-        if self.pending is not None:
-            idx, end = self.pending
-            end_of[idx] = end
+        if self.pending >= 0:
+            end_of[self.pending] = self.pending_end
             if sim._waiters:
-                sim.finish(idx, end)
-            self.pending = None
-        env, costs, log, issue_time = sim.env, sim.op_costs, sim.log, sim.issue_time
+                sim.finish(self.pending, self.pending_end)
+            self.pending = -1
+        env = sim.env
         now = env.now
-        ops, i, free = self.ops, self.i, self.free
+        ops, external, durations, issue_time = self.ops, self.external, sim.durations, sim.issue_time
+        i, free = self.i, self.free
         while i < len(ops):
-            op = ops[i]
-            idx = op.idx
+            idx = ops[i].idx
             ready = free
-            for dep in op.deps:
+            for dep in external[i]:
                 end = end_of[dep]
                 if end is None:
                     self.i, self.free = i, free
-                    sim.wait_for(dep).callbacks.append(self.advance)
+                    sim.wait_for(dep).callbacks.append(self.callback)
                     return
                 if end > ready:
                     ready = end
             issued = issue_time[idx]
             if issued is None:
                 self.i, self.free = i, free
-                sim.published.callbacks.append(self.advance)
+                sim.published.callbacks.append(self.callback)
                 return
             start = ready if ready >= issued else issued
             if now > start:
                 start = now
             if start > ready:
                 sim.wait_ns += start - ready
-            cost = costs[idx]
-            end = start + cost.gap_ns + cost.fill_ns + cost.ideal_body_ns + cost.drain_ns
             sim.ready[idx] = ready
-            sim.issued[idx] = issued
             sim.start[idx] = start
-            if log is not None:
-                sim.log_alone(op, cost, start + cost.gap_ns + cost.fill_ns)
+            if sim.log is not None:
+                cost = sim.op_costs[idx]
+                sim.log_alone(ops[i], cost, start + cost.gap_ns + cost.fill_ns)
+            end = start + durations[idx]
             i += 1
             free = end
             if end > now:
-                self.i, self.free, self.pending = i, free, (idx, end)
+                self.i, self.free, self.pending, self.pending_end = i, free, idx, end
                 sim.events += 1
-                env.timeout(end - now).callbacks.append(self.advance)
+                env.timeout(end - now).callbacks.append(self.callback)
                 return
             sim.finish(idx, end)
         self.i, self.free = i, free
@@ -252,7 +258,7 @@ class SharedStream:
             start = max(ready, issued, env.now)
             if start > ready:
                 sim.wait_ns += start - ready
-            sim.ready[idx], sim.issued[idx], sim.start[idx] = ready, issued, start
+            sim.ready[idx], sim.start[idx] = ready, start
             cost = costs[idx]
             body_start = start + cost.gap_ns + cost.fill_ns
             if body_start > env.now:
