@@ -24,6 +24,7 @@ asks the same shares one ``OpCost``; the memo belongs to the CostModel instance.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -85,7 +86,7 @@ class HostTimes(NamedTuple):
     sync_ns: float
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class OpCost:
     flows: tuple[Flow, ...]
     compute_ns: float  # with the op's tiles, uncontended
@@ -98,11 +99,16 @@ class OpCost:
     gap_ns: float
     ideal_body_ns: float = 0.0  # body_ns(capacity) of the cost model that made it
     host_ns: float = 0.0  # host work after the op when the host waits for it (sync dispatch)
-    merged: tuple = ()  # the body's flows merged by (link, weight): see ``merge``
     kernels: tuple = ()  # KernelCost of each kernel, in order
     rows: tuple = ()  # (breakdown row, ns) of the body when alone
     dispatch_ns: float = 0.0  # host time to launch the op's kernels eagerly
 
+
+    @functools.cached_property
+    def merged(self) -> tuple:
+        """The body's flows merged by (link, weight) (see ``merge``): built when an engine first
+        needs them (the analytic model never does)."""
+        return merge(self)
 
     @property
     def total_ns(self) -> float:
@@ -129,6 +135,7 @@ class CostModel:
         self.hw = hw
         self.stack = stack
         self.store = hw.store.name
+        self.store_rate = hw.store.sustained_GBps
         self.classes = hw.kernels.classes if hw.kernels is not None else None
         self.cta_bw = hw.kernels.cta_bandwidth_GBps.value if hw.kernels is not None else math.inf
         c = hw.compute
@@ -178,7 +185,9 @@ class CostModel:
         return ops / (tiles * self.vector_rate * self.clock * self.vector_eff) if ops else 0.0
 
     # -- flows --------------------------------------------------------------------------
-    def flow(self, op: Work, access, tiles: int) -> Flow:
+    def flow(self, op: Work, access, tiles: int, store_cap: float = math.inf) -> Flow:
+        """An access as a flow; ``store_cap`` caps an access to the backing store (the kernel
+        class's rate)."""
         level = self.levels.get(access.level)
         if level is None:  # link, pcie, noc
             return Flow(access.level, self._link_bytes(op, access), 1.0, math.inf, access.category, access.write)
@@ -187,7 +196,10 @@ class CostModel:
         if isinstance(level, HBM):
             covered = min(level.channels, math.ceil(access.bytes / level.interleave_bytes.value))
             cap = covered * level.channel_bandwidth_GBps.value * eff
-        return Flow(level.name, access.bytes, 1.0 / eff, cap, access.category, access.write, tiles * self.tile_load)
+        tile_cap = tiles * self.tile_load
+        if level.name == self.store and store_cap < tile_cap:
+            tile_cap = store_cap
+        return Flow(level.name, access.bytes, 1.0 / eff, cap, access.category, access.write, tile_cap)
 
     def _link_bytes(self, op: Work, access) -> int:
         if op.collective is None or access.level != "link":
@@ -251,7 +263,7 @@ class CostModel:
                       host_ns=(op.host_ns + op.host_launches * self._dispatch("matrix", self.host.launch_ns)
                                + op.host_syncs * self.host.sync_ns),
                       kernels=tuple(costs), rows=tuple(rows.items()), dispatch_ns=dispatch)
-        return dataclasses.replace(cost, merged=merge(cost))
+        return cost
 
     def _dispatch(self, kclass: str, default: float | None = None) -> float:
         """Host time to launch one kernel of ``kclass`` eagerly: the stack's measured figure,
@@ -266,16 +278,13 @@ class CostModel:
         """One kernel alone on the chip: start-up, then the slowest of its loads and its compute."""
         tiles = max(1.0, min(self.tiles, k.parallelism))
         klass = self.classes.get(k.kclass) if self.classes is not None else None
-        flows = []
-        for a in k.accesses:
-            f = self.flow(op, a, tiles)
-            if klass is not None and f.link == self.store:
-                cap = klass.stream_fraction.value * self.hw.store.sustained_GBps
-                if klass.parallel == "rows":
-                    per_cta = klass.cta_bandwidth_GBps.value if klass.cta_bandwidth_GBps else self.cta_bw
-                    cap = min(cap, k.parallelism * per_cta)
-                f = dataclasses.replace(f, tile_cap=min(f.tile_cap, cap))
-            flows.append(f)
+        store_cap = math.inf
+        if klass is not None:
+            store_cap = klass.stream_fraction.value * self.store_rate
+            if klass.parallel == "rows":
+                per_cta = klass.cta_bandwidth_GBps.value if klass.cta_bandwidth_GBps else self.cta_bw
+                store_cap = min(store_cap, k.parallelism * per_cta)
+        flows = [self.flow(op, a, tiles, store_cap) for a in k.accesses]
         matrix = self.matrix_ns(k, tiles)
         vector = self.vector_ns(k.vector_ops, tiles)
         dequant = self.vector_ns(k.dequant_ops, tiles)

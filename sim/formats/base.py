@@ -159,6 +159,7 @@ class Format:
     file: str = "<inline>"
     patched: dict = field(default_factory=dict)  # tensor -> keys its patch set (for error paths)
     spec: FormatSpec | None = None
+    _kv_memo: dict = field(default_factory=dict, repr=False, compare=False)  # kv_read results (derived data)
 
     @property
     def bits(self) -> int:
@@ -288,8 +289,17 @@ class Format:
         return self.k_bytes(tokens, k_width) + self.v_bytes(tokens, v_width)
 
     def kv_read(self, tokens: int, k_width: int, v_width: int) -> Traffic:
-        return (self.tensor_bytes("k", tokens, k_width).traffic()
-                + self.tensor_bytes("v", tokens, v_width).traffic())
+        """One sequence's K and V of one layer read once (memoized: serving replays ask for
+        the same context lengths over and over; the memo is bounded)."""
+        key = (tokens, k_width, v_width)
+        memo = self._kv_memo
+        hit = memo.get(key)
+        if hit is None:
+            if len(memo) > 200_000:
+                memo.clear()
+            hit = memo[key] = (self.tensor_bytes("k", tokens, k_width).traffic()
+                               + self.tensor_bytes("v", tokens, v_width).traffic())
+        return hit
 
     def kv_append(self, k_width: int, v_width: int) -> Traffic:
         total = 0
