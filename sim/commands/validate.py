@@ -26,9 +26,16 @@ def handle(args) -> int:
         where = str(csv_path) if args.csv else str(validation.repo_path(csv_path))
         raise ConfigError(where, None, "measured decode-step CSV not found" if args.csv else
                           "the bundled H200 measurements are missing (a broken install?); pass --csv FILE")
+    expected = "expected columns batch, context, graph, median_ms"
+    try:  # the CSV is checked before the report simulates anything (that takes seconds)
+        rows = validation.read_measured(csv_path)
+    except (KeyError, ValueError) as err:
+        raise ConfigError(str(csv_path), None, f"{expected} ({type(err).__name__}: {err})") from None
+    if not rows:
+        raise ConfigError(str(csv_path), None, f"no measured rows; {expected}")
     try:
         target = validation.write(args.out, csv_path)
     except (KeyError, ValueError) as err:
-        raise ConfigError(str(csv_path), None, f"expected columns batch, context, graph, median_ms ({err})") from None
+        raise ConfigError(str(csv_path), None, f"{expected} ({err})") from None
     print(f"wrote {target}")
     return 0

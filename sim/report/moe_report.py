@@ -402,7 +402,8 @@ MEMORY_ROWS = ("weights", "expert_weights", "kv", "activations", "outliers", "te
 
 
 def _execution_row(fields: dict, batch: int) -> dict:
-    s = simulate(RunSpec(batch=batch, context=CONTEXT, steps=2, **fields)).summary
+    s = simulate(RunSpec(batch=batch, context=CONTEXT, steps=2, allow_long_context=True,  # OLMoE's window is 4096
+                         **fields)).summary
     b = s.get("breakdown_ms") or {}
     return {"ms": s["per_token_ms_p50"], "bytes": sum(b.get(r, 0.0) for r in MEMORY_ROWS),
             "startup": b.get("kernel_startup", 0.0), "host": b.get("launch_sync", 0.0),

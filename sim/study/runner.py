@@ -186,7 +186,8 @@ def folder_lock(out: Path):
     except ImportError:  # not POSIX: no lock (and stale temp files are left alone)
         yield False
         return
-    handle = open(out / LOCK_NAME, "a")
+    (out / "cache").mkdir(exist_ok=True)
+    handle = open(out / "cache" / LOCK_NAME, "a")  # in cache/, which is the study's own state (not committed)
     try:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
