@@ -53,12 +53,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate-scale", type=float, default=None)
     parser.add_argument("--duration-s", type=float, default=None, help="replay only arrivals before this (default all)")
     parser.add_argument("--out", default=None, help="also write steps.parquet and requests.parquet here")
-    parser.add_argument("--no-tracemalloc", action="store_true",
-                        help="skip tracemalloc (it slows Python allocation ~2x); maxrss is still reported")
+    parser.add_argument("--tracemalloc", action="store_true",
+                        help="also trace Python allocations (slows the replay several times; maxrss is always reported)")
     parser.add_argument("--json", default=None, help="also write the row as JSON here")
     args = parser.parse_args(argv)
     spec = ServeSpec(requests=args.requests, kv=args.kv, rate_scale=args.rate_scale, duration_s=args.duration_s)
-    row = measure(spec, args.out, not args.no_tracemalloc)
+    row = measure(spec, args.out, args.tracemalloc)
     print(f"python {platform.python_version()} on {platform.machine()}; {row['requests']} x{row['rate_scale'] or 1:g}, "
           f"KV {row['kv']}, llama-3-8b on h200-sxm, chunked prefill")
     print(f"  {row['requests_done']} requests, {row['steps']} steps, {row['simulated_s']:.0f} s simulated")

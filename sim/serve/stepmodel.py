@@ -42,7 +42,7 @@ from sim.lowering.ops import attention, builder, prefill_attention
 TAIL_OPS = frozenset({"final_norm", "lm_head", "argmax", "gather_tokens"})  # ops at M = logit rows
 ATTENTION_OPS = frozenset({"attention", "attention_prefill"})
 REL_TOLERANCE = 1e-9  # fast path against exact evaluation
-_COST_MEMO_LIMIT = 100_000  # distinct attention works before the cost model is renewed (bounds memory)
+_COST_MEMO_LIMIT = 20_000  # distinct attention works before the cost model is renewed (bounds memory)
 
 
 class StepModel(Protocol):
