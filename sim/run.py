@@ -127,11 +127,17 @@ def _advance(state: _Step | None, graph, costs: CostModel, changed: tuple[int, .
     ops = graph.ops
     if state is not None and changed is not None:
         old_ops, op_costs, keys = state.graph.ops, list(state.costs), dict(state.keys)
+        net: dict[tuple, int] = {}  # op key -> change in its count
+        holder: dict[tuple, int] = {}  # op key -> an op of the new graph that has it
         for idx in changed:
-            old, op = old_ops[idx], ops[idx]
-            op_costs[idx] = costs.cost(op.work)
-            _count(keys, op_key(old), old_ops, -1)
-            _count(keys, op_key(op), ops, 1, idx)
+            old, op = op_key(old_ops[idx]), op_key(ops[idx])
+            op_costs[idx] = costs.cost(ops[idx].work)
+            net[old] = net.get(old, 0) - 1
+            net[op] = net.get(op, 0) + 1
+            holder[op] = idx
+        for key, delta in net.items():
+            if delta:
+                _count(keys, key, ops, delta, holder.get(key))
         return _Step(graph, op_costs, keys)
     keys: dict[tuple, list] = {}
     for op in ops:

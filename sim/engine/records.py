@@ -42,8 +42,8 @@ class OpTiming(NamedTuple):
 class StepOutcome:
     """One simulated step: its time, the log (when kept) and the totals the breakdown needs
     without walking the ops again. Per-op ``timings`` are built on first use from the raw
-    moments the engine kept (``moments``: ready, issued, start, end lists, the op costs and
-    the bodies of ops that shared links), or given directly (the analytic model)."""
+    moments the engine (or the analytic model) kept (``moments``: ready, issued, start, end
+    lists, the op costs and the bodies of ops that shared links)."""
 
     step: int
     time_ns: float
@@ -54,12 +54,12 @@ class StepOutcome:
     contention_ns: float = 0.0  # sum over ops of body time beyond the uncontended body
     contended: dict[int, float] = field(default_factory=dict)  # op index -> its extra body time
     last_end: float = 0.0  # when the last op ended
-    given: list[OpTiming] | None = None
     moments: tuple | None = None
+    _timings: list[OpTiming] | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def timings(self) -> list[OpTiming]:
-        if self.given is None:
+        if self._timings is None:
             ready, issued, start, end, costs, bodies = self.moments
             out = []
             for idx, cost in enumerate(costs):
@@ -68,5 +68,5 @@ class StepOutcome:
                     body_start = start[idx] + cost.gap_ns + cost.fill_ns
                     body = (body_start, body_start + cost.ideal_body_ns)
                 out.append(OpTiming(ready[idx], issued[idx], start[idx], body[0], body[1], end[idx]))
-            self.given = out
-        return self.given
+            self._timings = out
+        return self._timings

@@ -69,18 +69,24 @@ class Simulation:
 
     # -- host -------------------------------------------------------------------------------
     def issue_kernels(self):
-        env, ops, host = self.env, self.graph.ops, self.host
+        """Issue the ops segment by segment; a segment ends at an op the host waits for."""
+        env, ops, host, issue_time = self.env, self.graph.ops, self.host, self.issue_time
         t = env.now
-        new_segment = True
-        for op in ops:
+        ends = list(self.graph.syncs)
+        if ops and (not ends or ends[-1] != len(ops) - 1):
+            ends.append(len(ops) - 1)
+        first = 0
+        for last in ends:
             if self.graph_mode:
-                if new_segment:
-                    t += host.graph_launch_ns
-                    self._log_host(op, "host.graph_launch", t - host.graph_launch_ns, t)
+                t += host.graph_launch_ns
+                self._log_host(ops[first], "host.graph_launch", t - host.graph_launch_ns, t)
+                issue_time[first:last + 1] = [t] * (last + 1 - first)
             else:
-                t += self.op_costs[op.idx].dispatch_ns
-            new_segment = False
-            self.issue_time[op.idx] = t
+                for idx in range(first, last + 1):
+                    t += self.op_costs[idx].dispatch_ns
+                    issue_time[idx] = t
+            first = last + 1
+            op = ops[last]
             if op.host_sync:
                 self._publish()
                 if self.end[op.idx] is None:
@@ -92,7 +98,6 @@ class Simulation:
                 if t > env.now:
                     self.events += 1
                     yield env.timeout(t - env.now)
-                new_segment = True
         self._publish()
 
     def _publish(self):
@@ -132,17 +137,14 @@ class Simulation:
 
     # -- the step -------------------------------------------------------------------------------
     def run(self) -> StepOutcome:
-        env = self.env
-        streams: dict[tuple[int, str], list] = {}
-        for op in self.graph.ops:
-            streams.setdefault((op.stage, op.stream), []).append(op)
+        env, ops = self.env, self.graph.ops
         env.process(self.issue_kernels())
-        for (stage, _stream), ops in streams.items():
-            network = self.networks.get(stage)
+        for lane in self.graph.lanes:
+            network = self.networks.get(lane.stage)
             if network is None:
-                LoneStream(self, ops).begin()
+                LoneStream(self, lane).begin()
             else:
-                env.process(SharedStream(self, ops, network).run())
+                env.process(SharedStream(self, [ops[i] for i in lane.ops], network).run())
         env.run()
         if None in self.end:
             unfinished = [op.name for op in self.graph.ops if self.end[op.idx] is None]
@@ -161,20 +163,15 @@ class LoneStream:
     op's end and returns), a dependency on another stream is not done, or the host has not
     issued the next op (it waits on that event and returns)."""
 
-    def __init__(self, sim: Simulation, ops: list):
+    def __init__(self, sim: Simulation, lane):
         self.sim = sim
-        self.ops = ops
+        self.ops = lane.ops  # op indices in program order
+        self.external = lane.external  # per op: its dependencies other than the op before it
         self.i = 0
         self.free = sim.env.now
         self.pending = -1  # the op whose end event is scheduled (-1: none)
         self.pending_end = 0.0
         self.callback = self.advance  # one bound method for every event
-        # per op: its dependencies other than the previous op of this stream (which ``free`` covers)
-        previous = None
-        self.external = []
-        for op in ops:
-            self.external.append(tuple(d for d in op.deps if d != previous))
-            previous = op.idx
 
     def begin(self) -> None:
         """Start after the processes created before it (the host) have run at time 0."""
@@ -186,17 +183,19 @@ class LoneStream:
     def advance(self, _event) -> None:
         sim = self.sim
         end_of = sim.end
-        if self.pending >= 0:
-            end_of[self.pending] = self.pending_end
-            if sim._waiters:
-                sim.finish(self.pending, self.pending_end)
+        pending = self.pending
+        if pending >= 0:
+            end_of[pending] = self.pending_end
+            if sim.watched[pending]:
+                sim.finish(pending, self.pending_end)
             self.pending = -1
         env = sim.env
         now = env.now
         ops, external, durations, issue_time = self.ops, self.external, sim.durations, sim.issue_time
-        i, free = self.i, self.free
-        while i < len(ops):
-            idx = ops[i].idx
+        ready_of, start_of, log = sim.ready, sim.start, sim.log
+        i, free, n = self.i, self.free, len(ops)
+        while i < n:
+            idx = ops[i]
             ready = free
             for dep in external[i]:
                 end = end_of[dep]
@@ -216,11 +215,11 @@ class LoneStream:
                 start = now
             if start > ready:
                 sim.wait_ns += start - ready
-            sim.ready[idx] = ready
-            sim.start[idx] = start
-            if sim.log is not None:
+            ready_of[idx] = ready
+            start_of[idx] = start
+            if log is not None:
                 cost = sim.op_costs[idx]
-                sim.log_alone(ops[i], cost, start + cost.gap_ns + cost.fill_ns)
+                sim.log_alone(sim.graph.ops[idx], cost, start + cost.gap_ns + cost.fill_ns)
             end = start + durations[idx]
             i += 1
             free = end

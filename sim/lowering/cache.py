@@ -9,8 +9,6 @@ lowering functions themselves stay pure.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from sim.config.setup import Setup
 from sim.lowering.decode import lower_step
 from sim.lowering.graph import OpGraph
@@ -44,7 +42,7 @@ class GraphCache:
     def _relower_attention(self, previous: OpGraph, contexts: tuple[int, ...], step: int) -> OpGraph:
         fresh = attention(self.setup, builder(self.setup), 0, contexts)
         ops = list(previous.ops)
+        work, tags = fresh.work, fresh.tags
         for idx in self._attention:
-            ops[idx] = replace(ops[idx], work=fresh.work, tags=fresh.tags)
-        return OpGraph(tuple(ops), step=step, batch=len(contexts), contexts=contexts, stages=previous.stages,
-                       streams=previous.streams, watched=previous.watched)
+            ops[idx] = ops[idx].with_work(work, tags)
+        return previous.with_ops(tuple(ops), step=step, contexts=contexts)

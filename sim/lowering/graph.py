@@ -19,6 +19,7 @@ Records are frozen and built by keyword; a changed copy is ``dataclasses.replace
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +138,12 @@ class Op:
     def collective(self):
         return self.work.collective
 
+    def with_work(self, work: Work, tags: tuple) -> "Op":
+        """This op, asking ``work`` of the hardware instead (same place in the program)."""
+        return Op(idx=self.idx, name=self.name, layer=self.layer, work=work, deps=self.deps, stream=self.stream,
+                  stage=self.stage, host_sync=self.host_sync, row=self.row, compute_row=self.compute_row,
+                  tags=tags)
+
     def tag(self, key: str, default=None):
         return dict(self.tags).get(key, default)
 
@@ -155,6 +162,14 @@ class OpGraph:
     stages: int = 1
     streams: tuple[tuple[int, str], ...] = field(default=())  # (stage, stream) pairs in first-use order
     watched: tuple[bool, ...] = field(default=())  # per op: does another stream or the host wait for it
+    lanes: tuple["Lane", ...] = field(default=())  # per (stage, stream): its ops in order and their waits
+    syncs: tuple[int, ...] = field(default=())  # ops the host waits for, in program order
+
+    def with_ops(self, ops: tuple[Op, ...], *, step: int, contexts: tuple[int, ...]) -> "OpGraph":
+        """The same program (streams, dependencies, syncs) over ``ops``: ops whose work
+        changed but not their place in it (re-lowered attention)."""
+        return OpGraph(ops, step=step, batch=len(contexts), contexts=contexts, stages=self.stages,
+                       streams=self.streams, watched=self.watched, lanes=self.lanes, syncs=self.syncs)
 
     def bytes(self, category: str | None = None, level: str | None = None, write: bool | None = None) -> int:
         return sum(op.work.bytes(category, level, write) for op in self.ops)
@@ -167,18 +182,37 @@ class OpGraph:
         return sum(op.work.kernels for op in self.ops)
 
 
+class Lane(NamedTuple):
+    """One stream of one pipeline stage as the engine walks it: its ops in program order and,
+    per op, the dependencies other than the op before it on the same stream."""
+
+    stage: int
+    stream: str
+    ops: tuple[int, ...]
+    external: tuple[tuple[int, ...], ...]
+
+
 def make_graph(ops, *, step: int, contexts: tuple[int, ...], stages: int) -> OpGraph:
-    """An OpGraph over ``ops`` with its stream list derived from them."""
+    """An OpGraph over ``ops`` with its streams, watched ops and lanes derived from them."""
     ops = tuple(ops)
-    streams = tuple(dict.fromkeys((op.stage, op.stream) for op in ops))
     watched = [op.host_sync for op in ops]
+    members: dict[tuple[int, str], list[int]] = {}
+    external: dict[tuple[int, str], list[tuple[int, ...]]] = {}
     for op in ops:
+        key = (op.stage, op.stream)
+        lane = members.setdefault(key, [])
+        previous = lane[-1] if lane else None
+        external.setdefault(key, []).append(tuple(d for d in op.deps if d != previous))
+        lane.append(op.idx)
         for dep in op.deps:
             other = ops[dep]
-            if (other.stage, other.stream) != (op.stage, op.stream):
+            if (other.stage, other.stream) != key:
                 watched[dep] = True
-    return OpGraph(ops, step=step, batch=len(contexts), contexts=tuple(contexts), stages=stages, streams=streams,
-                   watched=tuple(watched))
+    lanes = tuple(Lane(stage, stream, tuple(members[(stage, stream)]), tuple(external[(stage, stream)]))
+                  for stage, stream in members)
+    return OpGraph(ops, step=step, batch=len(contexts), contexts=tuple(contexts), stages=stages,
+                   streams=tuple(members), watched=tuple(watched), lanes=lanes,
+                   syncs=tuple(op.idx for op in ops if op.host_sync))
 
 
 class Builder:
