@@ -23,6 +23,9 @@ from typing import Any
 
 import pydantic
 import yaml
+from yaml.composer import Composer
+from yaml.constructor import SafeConstructor
+from yaml.resolver import Resolver
 
 from sim.errors import ConfigError
 
@@ -31,12 +34,35 @@ MAX_DEPTH = 40  # nesting of mappings and lists
 MAX_ALIASES = 200  # YAML aliases (``*name``) per file
 
 
-class _StrictLoader(yaml.SafeLoader):
+try:  # libyaml's scanner and parser (5x faster); composing stays in Python, where the limits are
+    from yaml._yaml import CParser as _Parser
+
+    def _init_parser(loader, stream):
+        _Parser.__init__(loader, stream)
+except ImportError:  # pragma: no cover - PyYAML built without libyaml
+    from yaml.parser import Parser as _Parser
+    from yaml.reader import Reader
+    from yaml.scanner import Scanner
+
+    class _Parser(Reader, Scanner, _Parser):  # noqa: F811 - the pure-Python pipeline
+        pass
+
+    def _init_parser(loader, stream):
+        Reader.__init__(loader, stream)
+        Scanner.__init__(loader)
+        yaml.parser.Parser.__init__(loader)
+
+
+class _StrictLoader(Composer, _Parser, SafeConstructor, Resolver):
     """Safe loading with limits: duplicate keys are errors (YAML would keep the last one
-    silently), nesting and aliases are bounded before anything is built."""
+    silently), nesting and aliases are bounded before anything is built. Events come from
+    libyaml where PyYAML has it; nodes are composed here and built by the safe constructor."""
 
     def __init__(self, stream):
-        super().__init__(stream)
+        _init_parser(self, stream)
+        Composer.__init__(self)
+        SafeConstructor.__init__(self)
+        Resolver.__init__(self)
         self._depth = 0
         self._aliases = 0
 
