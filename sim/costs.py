@@ -162,6 +162,14 @@ class CostModel:
         self.host = HostTimes(host.launch_overhead_ns.value, host.graph_launch_ns.value,
                               host.sync_round_trip_ns.value)
         self._memo: dict[Work, OpCost] = {}
+        # hardware figures the hot paths read, looked up once
+        self._hbm = {name: (lv.channels, lv.interleave_bytes.value, lv.channel_bandwidth_GBps.value)
+                     for name, lv in self.levels.items() if isinstance(lv, HBM)}
+        self._efficiency: dict[tuple[str, int | None], float] = {}  # (level, granule) -> efficiency
+        self._matrix_rate: dict[str, float] = {}  # dtype -> FLOPs per cycle per tile
+        small = c.small_tile_m
+        self._small = (small.value, c.small_tile_efficiency.value) if small is not None else None
+        self._latency = {name: lv.latency_ns.value for name, lv in self.levels.items()}
 
     # -- compute ------------------------------------------------------------------------
     def tiles_for(self, op: Work) -> float:
@@ -172,12 +180,15 @@ class CostModel:
             return 0.0
         m = max(1, op.matrix_m)
         padded = op.matrix_flops * (math.ceil(m / self.tile_m) * self.tile_m) / m
-        rate = tiles * self.hw.compute.matrix_rate(op.dtype) * self.clock * self.matrix_eff
+        per_tile = self._matrix_rate.get(op.dtype)
+        if per_tile is None:
+            per_tile = self._matrix_rate[op.dtype] = self.hw.compute.matrix_rate(op.dtype)
+        rate = tiles * per_tile * self.clock * self.matrix_eff
         tensor = padded / rate
-        small = self.hw.compute.small_tile_m
-        if small is not None:
-            narrow = op.matrix_flops * (math.ceil(m / small.value) * small.value) / m
-            tensor = min(tensor, narrow / (rate * self.hw.compute.small_tile_efficiency.value))
+        if self._small is not None:
+            small_m, small_eff = self._small
+            narrow = op.matrix_flops * (math.ceil(m / small_m) * small_m) / m
+            tensor = min(tensor, narrow / (rate * small_eff))
         lanes = op.matrix_flops / (tiles * self.vector_rate * self.clock * self.vector_eff)
         return min(tensor, lanes)
 
@@ -188,18 +199,23 @@ class CostModel:
     def flow(self, op: Work, access, tiles: int, store_cap: float = math.inf) -> Flow:
         """An access as a flow; ``store_cap`` caps an access to the backing store (the kernel
         class's rate)."""
-        level = self.levels.get(access.level)
-        if level is None:  # link, pcie, noc
-            return Flow(access.level, self._link_bytes(op, access), 1.0, math.inf, access.category, access.write)
-        eff = level.efficiency(access.granule)
+        name = access.level
+        if name not in self.levels:  # link, pcie, noc
+            return Flow(name, self._link_bytes(op, access), 1.0, math.inf, access.category, access.write)
+        key = (name, access.granule)
+        eff = self._efficiency.get(key)
+        if eff is None:
+            eff = self._efficiency[key] = self.levels[name].efficiency(access.granule)
         cap = math.inf
-        if isinstance(level, HBM):
-            covered = min(level.channels, math.ceil(access.bytes / level.interleave_bytes.value))
-            cap = covered * level.channel_bandwidth_GBps.value * eff
+        hbm = self._hbm.get(name)
+        if hbm is not None:
+            channels, interleave, channel_bw = hbm
+            covered = min(channels, math.ceil(access.bytes / interleave))
+            cap = covered * channel_bw * eff
         tile_cap = tiles * self.tile_load
-        if level.name == self.store and store_cap < tile_cap:
+        if name == self.store and store_cap < tile_cap:
             tile_cap = store_cap
-        return Flow(level.name, access.bytes, 1.0 / eff, cap, access.category, access.write, tile_cap)
+        return Flow(name, access.bytes, 1.0 / eff, cap, access.category, access.write, tile_cap)
 
     def _link_bytes(self, op: Work, access) -> int:
         if op.collective is None or access.level != "link":
@@ -238,6 +254,12 @@ class CostModel:
         if cost is None:
             cost = self._memo[work] = self._cost(work)
         return cost
+
+    def cost_once(self, work: Work) -> OpCost:
+        """The cost of ``work`` from the memo if it is there, else computed and not kept (for
+        works that will not come again, such as one step's attention in a serving replay)."""
+        cost = self._memo.get(work)
+        return cost if cost is not None else self._cost(work)
 
     def _cost(self, op: Work) -> OpCost:
         kernels = op.kernels_run or (KernelWork(
@@ -320,8 +342,9 @@ class CostModel:
         elif klass is not None:
             startup = klass.startup_ns.value
         else:  # the byte model: the kernel gap and the first-byte latency of the nearest level
-            latencies = [self.levels[f.link].latency_ns.value for f in flows if f.link in self.levels]
-            reads = [self.levels[f.link].latency_ns.value for f in flows if f.link in self.levels and not f.write]
+            latency = self._latency
+            latencies = [latency[f.link] for f in flows if f.link in latency]
+            reads = [latency[f.link] for f in flows if f.link in latency and not f.write]
             startup = self.kernel_gap + (max(reads, default=0.0) if first else min(latencies, default=0.0))
         return KernelCost(k.name, k.kclass, startup * k.launches, body, tuple(flows), compute, tiles, matrix, vector,
                           dequant, k.launches, tuple(rows))

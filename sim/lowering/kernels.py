@@ -18,6 +18,7 @@ touches (a per-expert loop); their bytes are the op's.
 
 from __future__ import annotations
 
+import functools
 from sim.config.software import Kernel
 from sim.errors import ConfigError
 from sim.lowering.graph import Access, KernelWork
@@ -27,18 +28,29 @@ DEFAULT_CLASS = {"matmul": "matrix", "attention": "attention", "vector": "elemen
 MATRIX_CLASSES = ("matrix", "attention")
 
 
+@functools.lru_cache(maxsize=1024)
+def _parse_share(spec: str) -> tuple[str, str, float | None]:
+    """``w`` -> (w, "", 1); ``w:0.5`` -> (w, "0.5", 0.5); ``w:q`` -> (w, "q", None): a part of the op."""
+    role, _, share = spec.partition(":")
+    if not share:
+        return role, "", 1.0
+    try:
+        value = float(share)
+    except ValueError:
+        return role, share, None
+    return role, share, value
+
+
 def _share(spec: str, parts: dict[str, float]) -> tuple[str, float]:
     """``w`` -> (w, 1); ``w:0.5`` -> (w, 0.5); ``w:q`` -> (w, the op's q part)."""
-    role, _, share = spec.partition(":")
+    role, share, value = _parse_share(spec)
     if not share:
         return role, 1.0
     if share in parts:
         return role, parts[share]
-    try:
-        value = float(share)
-    except ValueError:
+    if value is None:
         raise ConfigError("software stack", spec, f"a share is a number or one of the op's parts "
-                          f"({', '.join(parts) or 'none'})") from None
+                          f"({', '.join(parts) or 'none'})")
     if not 0 < value <= 1:
         raise ConfigError("software stack", spec, "a share must lie in (0, 1]", value)
     return role, value
@@ -48,7 +60,10 @@ def _scaled(accesses, role: str, share: float, write: bool) -> list[Access]:
     out = []
     for a in accesses:
         if a.role == role and a.write == write and a.bytes:
-            n = a.bytes if share == 1.0 else round(a.bytes * share)
+            if share == 1.0:
+                out.append(a)  # records are immutable: the op's own access
+                continue
+            n = round(a.bytes * share)
             if n:
                 out.append(Access(a.level, n, a.category, a.write, a.granule, a.role))
     return out
@@ -71,7 +86,7 @@ def expand(specs: tuple[Kernel, ...] | None, kind: str, accesses: tuple[Access, 
     matrix_share = {}
     for i, k in enumerate(specs):
         if k.kclass in MATRIX_CLASSES:
-            shares = [_share(s, parts)[1] for s in k.reads if _share(s, parts)[0] == main_role]
+            shares = [share for role, share in (_share(s, parts) for s in k.reads) if role == main_role]
             matrix_share[i] = sum(shares) if shares else 1.0
     total_matrix = sum(matrix_share.values()) or 1.0
     cast_reads_main = [i for i, k in enumerate(specs) if k.kclass == "cast"

@@ -111,7 +111,13 @@ class SimulatorStepModel:
     def _evaluate(self, decode_contexts, prefill):
         self.stats["exact_evaluations"] += 1
         graph = lower_step(self.setup, decode_contexts, prefill=prefill)
-        op_costs = [self._cost(op.work) for op in graph.ops]
+        by_work: dict[int, object] = {}  # copied layers share Work objects: cost each object once
+        op_costs = []
+        for op in graph.ops:
+            cost = by_work.get(id(op.work))
+            if cost is None:
+                cost = by_work[id(op.work)] = self._cost(op.work)
+            op_costs.append(cost)
         return analyse(graph, op_costs, self.costs.host, self.setup.graph), graph, op_costs
 
     def _learn(self, decode_contexts, prefill) -> float:
@@ -136,12 +142,15 @@ class SimulatorStepModel:
         return outcome.time_ns
 
     def _attention_ns(self, decode_contexts, prefill) -> float:
+        """One layer's attention ops. Their works are costed without the memo: a step's
+        contexts seldom repeat (in an hour of traffic, almost never), so keeping them would
+        only give the garbage collector more to walk."""
         b = builder(self.setup)
         total = 0.0
         if decode_contexts:
-            total += self._cost(attention(self.setup, b, 0, decode_contexts).work).total_ns
+            total += self.costs.cost_once(attention(self.setup, b, 0, decode_contexts).work).total_ns
         if prefill:
-            total += self._cost(prefill_attention(self.setup, b, 0, prefill).work).total_ns
+            total += self.costs.cost_once(prefill_attention(self.setup, b, 0, prefill).work).total_ns
         return total
 
     def _cost(self, work):
