@@ -34,6 +34,7 @@ from sim.lowering.graph import KernelWork, Work
 from sim.lowering.kernels import DEFAULT_CLASS
 
 COMPUTE = "compute"
+MEMO_LIMIT = 8192  # distinct works a CostModel keeps (a step graph has tens; more means works that do not recur)
 CATEGORY_ROW = {"weights": "weights", "kv": "kv", "act": "activations", "outliers": "outliers",
                 "expert": "expert_weights", "link": "links", "pcie": "host_link", "noc": "activations"}
 
@@ -252,6 +253,8 @@ class CostModel:
         layer) share one OpCost."""
         cost = self._memo.get(work)
         if cost is None:
+            if len(self._memo) >= MEMO_LIMIT:  # bounded: a long run's memory does not grow with its steps
+                self._memo.clear()
             cost = self._memo[work] = self._cost(work)
         return cost
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
-from sim.costs import CostModel, OpCost
+from sim.costs import MEMO_LIMIT, CostModel, OpCost
 from sim.engine.records import StepOutcome
 from sim.lowering.graph import Op, OpGraph
 
@@ -60,6 +60,8 @@ class Ledger:
         key = op_key(op)
         rows = self._rows.get(key)
         if rows is None:
+            if len(self._rows) >= MEMO_LIMIT:  # bounded, as the cost model's memo is
+                self._rows.clear()
             rows = self._rows[key] = _ideal_rows(self.costs, op, cost)
         return rows
 
@@ -74,6 +76,8 @@ class Ledger:
         """(bytes by category, bytes by level) of one op's work."""
         hit = self._bytes.get(work)
         if hit is None:
+            if len(self._bytes) >= MEMO_LIMIT:
+                self._bytes.clear()
             by_category: dict[str, int] = defaultdict(int)
             by_level: dict[str, int] = defaultdict(int)
             for a in work.accesses:

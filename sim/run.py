@@ -129,9 +129,14 @@ def _advance(state: _Step | None, graph, costs: CostModel, changed: tuple[int, .
         old_ops, op_costs, keys = state.graph.ops, list(state.costs), dict(state.keys)
         net: dict[tuple, int] = {}  # op key -> change in its count
         holder: dict[tuple, int] = {}  # op key -> an op of the new graph that has it
+        work = cost = None
         for idx in changed:
             old, op = op_key(old_ops[idx]), op_key(ops[idx])
-            op_costs[idx] = costs.cost(ops[idx].work)
+            if ops[idx].work is not work:  # the re-lowered ops share one Work
+                work, previous = ops[idx].work, old_ops[idx].work
+                # unchanged work keeps its cost; a new one (a step's attention) is not memoised
+                cost = op_costs[idx] if work == previous else costs.cost_once(work)
+            op_costs[idx] = cost
             net[old] = net.get(old, 0) - 1
             net[op] = net.get(op, 0) + 1
             holder[op] = idx

@@ -43,7 +43,6 @@ from sim.lowering.ops import attention, builder, prefill_attention
 TAIL_OPS = frozenset({"final_norm", "lm_head", "argmax", "gather_tokens"})  # ops at M = logit rows
 ATTENTION_OPS = frozenset({"attention", "attention_prefill"})
 REL_TOLERANCE = 1e-9  # fast path against exact evaluation
-_COST_MEMO_LIMIT = 20_000  # distinct works learned before the cost model is renewed (bounds memory)
 
 
 class StepModel(Protocol):
@@ -155,8 +154,6 @@ class SimulatorStepModel:
         return total
 
     def _cost(self, work):
-        if len(self.costs._memo) > _COST_MEMO_LIMIT:  # the full lowerings' works: keep memory bounded
-            self.costs = CostModel(self.setup.hardware, self.setup.stack)
         return self.costs.cost(work)
 
     def _fall_back(self, reason: str) -> None:
