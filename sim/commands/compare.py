@@ -71,7 +71,7 @@ def render(spec, rows: list[dict]) -> str:
     where = f"trace {spec.trace}" if spec.trace else f"batch {spec.batch}, context {spec.context}"
     lines = [f"decodesim compare: {spec.model} on {spec.hardware}, weights {spec.weights}, {where}, "
              f"target {spec.target_ms:g} ms",
-             f"  {'KV format':<19}{'ms/token':>9}{'cut':>7}{'KV KiB/tok':>11}{'reduct.':>8}{'KV bytes':>9}"
+             f"  {'KV format':<19}{'ms/token':>9}{'cut':>9}{'KV KiB/tok':>11}{'reduct.':>8}{'KV bytes':>9}"
              f"{'dequant':>8}{'attn err':>9}{'KL':>9}  {'bound':<9}verdict"]
     for r in rows:
         if r["per_token_ms_p50"] is None:
@@ -81,7 +81,7 @@ def render(spec, rows: list[dict]) -> str:
             cut = f"{r['latency_cut_pct']:.1f}%" if r["latency_cut_pct"] is not None else "-"
             share = f"{r['kv_bytes_share_pct']:.1f}%" if r["kv_bytes_share_pct"] is not None else "-"
             deq = f"{r['dequant_ms']:.2f}"
-        lines.append(f"  {r['kv']:<19}{ms:>9}{cut:>7}{r['kv_stored_bytes_per_token'] / 1024:>11.1f}"
+        lines.append(f"  {r['kv']:<19}{ms:>9}{cut:>9}{r['kv_stored_bytes_per_token'] / 1024:>11.1f}"
                      f"{r['reduction_pct']:>7.1f}%{share:>9}{deq:>8}{r['attn_output_rel_error']:>9.4f}"
                      f"{r['attn_kl']:>9.5f}  {r['bound']:<9}{r['verdict']}")
     lines.append(f"  KV KiB/tok: KV stored per token over all layers at the context; KV bytes: KV (incl. "
