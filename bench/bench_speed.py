@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 
 import simpy
@@ -64,13 +66,21 @@ def measure(model: str, weights: str, context: int, steps: int, engine: str = "d
 
 
 def startup_cpu_s(repeats: int = 5) -> float:
-    """Median CPU seconds (user + system) of ``python -m sim run --steps 1`` in a fresh process."""
+    """Median CPU seconds (user + system) of ``python -m sim run --steps 1`` in a fresh process,
+    started from an empty folder as a user would (so ``-m sim`` finds the installed package,
+    not a checkout in the current folder), after one uncounted run that leaves the bytecode
+    cache in place (``PYTHONDONTWRITEBYTECODE`` is dropped: it would make every start compile
+    the package again)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    command = [sys.executable, "-m", "sim", "run", "--steps", "1"]
     times = []
-    for _ in range(repeats):
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        subprocess.run([sys.executable, "-m", "sim", "run", "--steps", "1"], check=True, capture_output=True)
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        times.append((after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime))
+    with tempfile.TemporaryDirectory() as folder:
+        subprocess.run(command, check=True, capture_output=True, cwd=folder, env=env)
+        for _ in range(repeats):
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            subprocess.run(command, check=True, capture_output=True, cwd=folder, env=env)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            times.append((after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime))
     return sorted(times)[len(times) // 2]
 
 
