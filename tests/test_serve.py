@@ -364,3 +364,10 @@ def test_bundled_serving_study_resolves():
     study, path = load_study("serving-rate-vs-kv")
     points = study_points(study, path)
     assert {p.kv for p in points} >= {"fp16", "int8", "kivi-2"} and {p.hardware for p in points} >= {"h200-sxm"}
+
+
+def test_decodesim_study_points_a_serving_study_to_serve(cli):
+    """The other half of the pair above: `decodesim study` on a `kind: serve` file says which
+    command runs it, in one line (it used to complain about a serving key)."""
+    code, _out, err = cli("study", "serving-rate-vs-kv", "--check")
+    assert code == 2 and "decodesim serve --study serving-rate-vs-kv" in err and len(err.strip().splitlines()) == 1

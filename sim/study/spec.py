@@ -181,6 +181,9 @@ def load_study(name_or_path: str | Path, check: bool = True, max_points: int = M
     path = study_path(str(name_or_path))
     file = str(path)
     raw = load_yaml(path)  # duplicate keys (a duplicate axis) are the loader's error
+    if raw.get("kind") == "serve":
+        raise ConfigError(file, "kind", f"this is a serving study (kind: serve): run it with "
+                          f"`decodesim serve --study {name_or_path}`")
     spec = validate(StudySpec, raw, file)
     study = expand(spec, file, max_points)
     if check:
