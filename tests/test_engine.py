@@ -233,3 +233,68 @@ def test_reused_step_graph_equals_full_lowering(monkeypatch):
     full = lower_step(res, (1001, 6, 9000), step=1)
     assert [decode._signature(op, 0) + (op.layer,) for op in reused.ops] == \
         [decode._signature(op, 0) + (op.layer,) for op in full.ops]
+
+
+@pytest.mark.parametrize("kw", [
+    dict(batch=1, context=4096),
+    dict(batch=8, context=2048, graph=False),
+    dict(model="mixtral-8x7b", batch=4, context=1024, weights="int8", dispatch="host_sync", software="torch-eager"),
+])
+def test_des_and_analytic_agree_op_by_op_on_one_stream(kw):
+    """With one stream per stage nothing can contend: every op's moments (ready, issued, start,
+    body, end) agree between the engine and the closed form to float rounding, host syncs and
+    eager launches included."""
+    res = resolve(RunSpec(steps=1, **kw))
+    costs = CostModel(res.hardware, res.stack)
+    graph = lower_step(res, res.steps[0].contexts)
+    assert len(graph.lanes) == graph.stages  # one stream per stage
+    op_costs = [costs.cost(op.work) for op in graph.ops]
+    des = Simulation(graph, op_costs, costs.capacity, costs.host, res.graph).run()
+    ana = analyse(graph, op_costs, costs.host, res.graph)
+    assert des.time_ns == pytest.approx(ana.time_ns, rel=1e-12)
+    for d, a in zip(des.timings, ana.timings, strict=True):
+        assert d == pytest.approx(a, rel=1e-12, abs=1e-6)
+    assert des.events <= len(graph.ops) + 2 + 2 * len(graph.syncs)  # one event per op, plus the host's
+
+
+def test_lanes_partition_the_program_and_survive_reuse():
+    """Each op is in exactly one lane, in program order; a lane's external waits are its deps
+    other than the op before it; a re-lowered step keeps the lanes, syncs and watched ops of a
+    fresh lowering."""
+    res = resolve(RunSpec(batch=3, context=1000, steps=1, software="fused"))
+    cache = GraphCache(res)
+    cache.lower((1000, 5, 300))
+    reused = cache.lower((1001, 6, 301), step=1)
+    fresh = lower_step(res, (1001, 6, 301), step=1)
+    for graph in (reused, fresh):
+        seen = [idx for lane in graph.lanes for idx in lane.ops]
+        assert sorted(seen) == list(range(len(graph.ops)))
+        for lane in graph.lanes:
+            assert list(lane.ops) == sorted(lane.ops)
+            for i, idx in enumerate(lane.ops):
+                op = graph.ops[idx]
+                assert (op.stage, op.stream) == (lane.stage, lane.stream)
+                previous = lane.ops[i - 1] if i else None
+                assert lane.external[i] == tuple(d for d in op.deps if d != previous)
+        assert graph.syncs == tuple(op.idx for op in graph.ops if op.host_sync)
+    assert (reused.lanes, reused.syncs, reused.watched, reused.streams) == \
+        (fresh.lanes, fresh.syncs, fresh.watched, fresh.streams)
+
+
+def test_cost_memos_are_bounded_and_change_no_result(monkeypatch):
+    """A long run's memos do not grow with its steps; clearing them changes nothing."""
+    import sim.costs
+    import sim.results
+
+    kw = dict(batch=4, context=512, steps=40)
+    unbounded = simulate(**kw)
+    monkeypatch.setattr(sim.costs, "MEMO_LIMIT", 8)
+    monkeypatch.setattr(sim.results, "MEMO_LIMIT", 8)
+    costs = CostModel(load_profile("h200-sxm"))
+    res = resolve(RunSpec(batch=4, context=512, steps=1))
+    for context in range(512, 560):
+        for op in lower_step(res, (context,) * 4).ops:
+            costs.cost(op.work)
+            assert len(costs._memo) <= 8
+    bounded = simulate(**kw)
+    assert bounded.steps == unbounded.steps
