@@ -117,3 +117,44 @@ def test_bad_cli_values_exit_2(cli):
                  ("run", "--engine", "quantum")):
         code, out, err = cli(*argv)
         assert code == 2 and out == "" and err.count("\n") == 1, (argv, err)
+
+
+LIMIT_CASES = [
+    ("a: 1\na: 2\n", "a: duplicate key"),
+    ("x: " + "[" * 45 + "]" * 45 + "\n", "nested deeper than 40 levels"),
+    ("a: &v 1\nb: [" + ", ".join(["*v"] * 201) + "]\n", "more than 200 YAML aliases"),
+    ("a: [1\n", "YAML syntax error at line 2, column 1"),
+]
+
+
+@pytest.mark.parametrize("pure_python", [False, True])
+def test_loader_limits_hold_with_and_without_libyaml(pure_python):
+    """The strict loader takes its events from libyaml where PyYAML has it and from PyYAML's
+    pure-Python parser otherwise; duplicate keys, nesting, aliases and syntax errors are the
+    same one-line errors either way (checked in a fresh interpreter with libyaml hidden)."""
+    import json
+    import subprocess
+    import sys
+
+    hide = ("import builtins; real = builtins.__import__\n"
+            "def fake(name, *a, **k):\n"
+            "    if name == 'yaml._yaml': raise ImportError(name)\n"
+            "    return real(name, *a, **k)\n"
+            "builtins.__import__ = fake\n") if pure_python else ""
+    script = hide + (
+        "import json, sys\n"
+        "from sim.config.loader import _EventSource, parse_yaml\n"
+        "from sim.errors import ConfigError\n"
+        "out = [_EventSource.__module__, parse_yaml('a: 1\\nb: [x, y]\\n', 't')]\n"
+        f"for text, _ in {LIMIT_CASES!r}:\n"
+        "    try:\n"
+        "        parse_yaml(text, 't'); out.append(None)\n"
+        "    except ConfigError as err:\n"
+        "        out.append(str(err))\n"
+        "print(json.dumps(out))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    source, parsed, *errors = json.loads(done.stdout)
+    assert (source == "sim.config.loader") == pure_python
+    assert parsed == {"a": 1, "b": ["x", "y"]}
+    for (_, expect), err in zip(LIMIT_CASES, errors, strict=True):
+        assert err is not None and expect in err and "\n" not in err

@@ -35,31 +35,28 @@ MAX_ALIASES = 200  # YAML aliases (``*name``) per file
 
 
 try:  # libyaml's scanner and parser (5x faster); composing stays in Python, where the limits are
-    from yaml._yaml import CParser as _Parser
-
-    def _init_parser(loader, stream):
-        _Parser.__init__(loader, stream)
+    from yaml._yaml import CParser as _EventSource
 except ImportError:  # pragma: no cover - PyYAML built without libyaml
-    from yaml.parser import Parser as _Parser
+    from yaml.parser import Parser
     from yaml.reader import Reader
     from yaml.scanner import Scanner
 
-    class _Parser(Reader, Scanner, _Parser):  # noqa: F811 - the pure-Python pipeline
-        pass
+    class _EventSource(Reader, Scanner, Parser):
+        """PyYAML's pure-Python reader, scanner and parser, started as CParser is."""
 
-    def _init_parser(loader, stream):
-        Reader.__init__(loader, stream)
-        Scanner.__init__(loader)
-        yaml.parser.Parser.__init__(loader)
+        def __init__(self, stream):
+            Reader.__init__(self, stream)
+            Scanner.__init__(self)
+            Parser.__init__(self)
 
 
-class _StrictLoader(Composer, _Parser, SafeConstructor, Resolver):
+class _StrictLoader(Composer, _EventSource, SafeConstructor, Resolver):
     """Safe loading with limits: duplicate keys are errors (YAML would keep the last one
     silently), nesting and aliases are bounded before anything is built. Events come from
     libyaml where PyYAML has it; nodes are composed here and built by the safe constructor."""
 
     def __init__(self, stream):
-        _init_parser(self, stream)
+        _EventSource.__init__(self, stream)
         Composer.__init__(self)
         SafeConstructor.__init__(self)
         Resolver.__init__(self)
