@@ -1,9 +1,11 @@
 """Fit the kernel-level cost model to the H200 kernel-class microbenchmarks.
 
-Inputs (committed, measured by calibration/kernels.py, kv_attention.py and moe_host.py on
-one H200): ``data/h200/kernels/k/kernels.csv``, ``data/h200/kv/kv/kv_attention.csv``,
-``data/h200/moe/m/host_dispatch.csv``. Whole decode steps are never read here (they are the
-frozen validation set in validation/).
+Inputs (committed, measured by calibration/kernels.py, kv_attention.py, moe_host.py and
+host_ops.py on one H200): ``data/h200/kernels/k/kernels.csv``,
+``data/h200/kv/kv/kv_attention.csv``, ``data/h200/moe/m/host_dispatch.csv`` (host time per
+kernel launch by op), ``data/h200/host_ops/host_ops.csv`` (host time of framework calls that
+launch no kernel: nn.Module calls, views, transposes, slices). Whole decode steps are never
+read here (they are the frozen validation set in validation/).
 
 Model (sim/costs.py): a kernel of class c takes ``startup_c + max(bytes / BW, compute)``
 where BW is the class's rate from HBM (``bandwidth_GBps``), or, for classes that put one
@@ -39,6 +41,7 @@ ROOT = HERE.parent
 KERNELS = HERE / "data/h200/kernels/k/kernels.csv"
 KV = HERE / "data/h200/kv/kv/kv_attention.csv"
 HOST = HERE / "data/h200/moe/m/host_dispatch.csv"
+HOST_OPS = HERE / "data/h200/host_ops/host_ops.csv"
 OUT = HERE / "kernel_fit.json"
 PROFILE = ROOT / "hardware_profiles/h200-sxm.yaml"
 STACKS = ROOT / "workloads/software"
@@ -246,6 +249,20 @@ def fit_dispatch(h: pd.DataFrame) -> dict:
     return out
 
 
+HOST_CALLS = {  # framework call a stack names -> host_ops.csv op (host time of a call that launches no kernel)
+    "module_call": "module_call", "view": "view", "view_transpose": "transpose", "reshape": "reshape",
+    "unsqueeze": "unsqueeze", "slice": "slice", "shape": "shape", "contiguous": "contiguous",
+}
+
+
+def fit_host_calls(h: pd.DataFrame) -> dict:
+    """Host ns per kernel-less framework call (nn.Module __call__, view, transpose, ...), the
+    median of host_ops.py's repeats with the device busy."""
+    busy = h[h.device_busy == True]  # noqa: E712
+    return {name: round(float(busy[busy.op == op].us_per_call_median.median()) * 1e3, 1)
+            for name, op in HOST_CALLS.items()}
+
+
 # -- the whole fit ----------------------------------------------------------------------------
 
 
@@ -268,7 +285,7 @@ def compute() -> dict:
     return {"source": "measured: calibration/data/h200 (kernels.py, kv_attention.py, moe_host.py) via "
                       "calibration/fit_kernels.py",
             "grid_cta_bandwidth_GBps": round(cta, 2), "classes": classes, "attention_impls": kv["impls"],
-            "dispatch_ns": fit_dispatch(pd.read_csv(HOST))}
+            "dispatch_ns": fit_dispatch(pd.read_csv(HOST)), "host_calls_ns": fit_host_calls(pd.read_csv(HOST_OPS))}
 
 
 # -- writing the figures ----------------------------------------------------------------------
@@ -343,6 +360,10 @@ def render(what: str, fit: dict, indent: str) -> str:
     elif what == "moe_host":
         src = SOURCE.format(csv="moe/m/host_dispatch.csv (torch.sort of 128 routing ids on the host)")
         out.append(f"{indent}grouping_ns: {{value: {fit['dispatch_ns']['grouping_ns']}, source: \"{src}\"}}")
+    elif what == "host calls":
+        src = SOURCE.format(csv="host_ops/host_ops.csv (busy device, host time per call; no kernel launched)")
+        for name, ns in fit["host_calls_ns"].items():
+            out.append(f"{indent}{name}: {{value: {ns}, source: \"{src}\"}}")
     elif what.startswith("attention "):
         family = what.split()[1]
         c = fit["attention_impls"][family]
@@ -364,6 +385,7 @@ def main(argv=None) -> int:
     for name, c in fit["attention_impls"].items():
         print(f"{name:<13} {json.dumps(c)}")
     print("dispatch", fit["dispatch_ns"])
+    print("host calls", fit["host_calls_ns"])
     if args.write:
         write_profile(fit)
         print("wrote", PROFILE.relative_to(ROOT), "and", ", ".join(write_stacks(fit)))

@@ -281,8 +281,8 @@ class CostModel:
         fill = op.noc_hops * self.noc_latency + op.pcie_messages * self.pcie_latency
         compute = sum(c.compute_ns for c in costs)
         share = max((c.tiles for c in costs), default=1.0) / self.tiles
-        dispatch = sum(c.launches * self._dispatch(c.kclass) for c, k in zip(costs, kernels, strict=True)
-                       if k.dispatched)
+        dispatch = sum(c.launches * (self._dispatch(c.kclass) + k.host_ns)
+                       for c, k in zip(costs, kernels, strict=True) if k.dispatched)
         cost = OpCost(flows, compute, share, sum(c.matrix_ns for c in costs), sum(c.vector_ns for c in costs),
                       sum(c.dequant_ns for c in costs), fill, 0.0, startup, ideal_body_ns=body,
                       host_ns=(op.host_ns + op.host_launches * self._dispatch("matrix", self.host.launch_ns)

@@ -96,3 +96,38 @@ def test_ideal_kernels_reproduce_the_byte_model(tmp_path):
     assert s["per_token_ms_p50"] >= bodies_ms  # the chain of op bodies, plus launch and sync
     assert s["per_token_ms_p50"] - bodies_ms < 0.02  # only the graph launch and the sync beyond it
     assert s["per_token_ms_p50"] >= s["byte_floor_ms"]
+
+
+def _eager_stack_with(tmp_path: Path, name: str, change) -> str:
+    raw = yaml.safe_load((software_dir() / "torch-eager.yaml").read_text())
+    raw["name"] = name
+    change(raw)
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return str(path)
+
+
+def test_framework_calls_cost_the_host_exactly_their_price_and_only_in_eager(tmp_path):
+    """A stack's kernel-less framework calls (``calls``) add their measured host time to each
+    eager launch: one more module call on the down projection adds exactly layers x its price
+    to the host's issue time of a batch-1 step (host-bound), and nothing to a captured graph."""
+    def one_more(raw):
+        raw["ops"]["down"]["kernels"][0]["calls"] = ["module_call", "module_call"]
+
+    price = yaml.safe_load((software_dir() / "torch-eager.yaml").read_text())["host_calls_ns"]["module_call"]["value"]
+    more = _eager_stack_with(tmp_path, "more", one_more)
+    for graph in (False, True):
+        kw = dict(batch=1, context=1024, steps=1, graph=graph)
+        base = simulate(software="torch-eager", **kw).summary["per_token_ms_p50"]
+        extra = simulate(software=more, **kw).summary["per_token_ms_p50"]
+        expected = 0.0 if graph else 32 * price / 1e6  # llama-3-8b: 32 layers
+        assert extra - base == pytest.approx(expected, abs=1e-9)
+
+
+def test_an_unknown_framework_call_is_one_line_and_exit_2(cli, tmp_path):
+    def bad(raw):
+        raw["ops"]["down"]["kernels"][0]["calls"] = ["teleport"]
+
+    code, out, err = cli("run", "--software", _eager_stack_with(tmp_path, "badcall", bad), "--steps", "1")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "framework call 'teleport' is not in host_calls_ns" in err

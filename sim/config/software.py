@@ -22,7 +22,10 @@ goes to the kernels of classes that do it.
 
 Where a stack overlaps kernels (``overlap``: programmatic dependent launch hides part of
 each kernel's start-up under its predecessor) it says so with a source. Host dispatch per
-kernel in eager mode is the stack's (the framework's) cost, measured on the host it names.
+kernel in eager mode is the stack's (the framework's) cost, measured on the host it names,
+plus the framework calls the modeling code makes before the kernel that launch nothing
+(``calls``: an ``nn.Module`` call, a view, a transpose, a slice; each costed from
+``host_calls_ns``). Neither is paid when the step replays as a captured graph.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ class Kernel(Strict):
     launches: int = Field(default=1, ge=1, le=4096)
     per_expert: bool = False  # repeated once per touched expert (a per-expert loop)
     dispatched: bool = True  # the host launches it itself (False: launched by a library call before it)
+    calls: tuple[str, ...] = ()  # framework calls the host makes before it that launch no kernel (eager)
 
     @field_validator("reads", "writes")
     @classmethod
@@ -128,6 +132,7 @@ class SoftwareStack(Strict):
     source: str
     launch: Literal["eager", "graph"]
     dispatch_ns: dict[str, Num] = Field(default_factory=dict)  # host time per eager kernel launch, by class
+    host_calls_ns: dict[str, Num] = Field(default_factory=dict)  # host time per kernel-less framework call
     overlap: Share | None = None  # fraction of each kernel's start-up hidden under its predecessor
     groups: dict[str, tuple[str, ...]] = Field(default_factory=dict)
     ops: dict[str, OpKernels]
@@ -146,11 +151,16 @@ class SoftwareStack(Strict):
 
     @model_validator(mode="after")
     def _names(self):
-        for key, entry in self.ops.items():
-            for kernel in entry.kernels:
-                if kernel.impl is not None and kernel.kclass == "attention" and kernel.impl not in self.attention:
-                    raise ValueError(f"ops.{key}: attention impl {kernel.impl!r} is not in attention: "
-                                     f"{', '.join(self.attention) or '(none)'}")
+        kernels = [(f"ops.{key}", k) for key, entry in self.ops.items() for k in entry.kernels]
+        kernels += [(f"matrix_prologue.{key}", k) for key, ks in self.matrix_prologue.items() for k in ks]
+        for where, kernel in kernels:
+            if kernel.impl is not None and kernel.kclass == "attention" and kernel.impl not in self.attention:
+                raise ValueError(f"{where}: attention impl {kernel.impl!r} is not in attention: "
+                                 f"{', '.join(self.attention) or '(none)'}")
+            unknown = [c for c in kernel.calls if c not in self.host_calls_ns]
+            if unknown:
+                raise ValueError(f"{where}.{kernel.name}: framework call {unknown[0]!r} is not in host_calls_ns: "
+                                 f"{', '.join(self.host_calls_ns) or '(none)'}")
         return self
 
     def kernels_for(self, op_name: str) -> tuple[Kernel, ...] | None:
@@ -170,6 +180,10 @@ class SoftwareStack(Strict):
         if entry is not None and entry.stream is not None:
             return entry.stream, entry.join
         return None
+
+    def calls_ns(self, kernel: Kernel) -> float:
+        """Host time of the kernel-less framework calls made before ``kernel`` (ns)."""
+        return sum(self.host_calls_ns[c].value for c in kernel.calls)
 
     def dispatch(self, kclass: str) -> float:
         """Host time to launch one kernel of ``kclass`` eagerly (ns)."""

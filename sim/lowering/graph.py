@@ -53,6 +53,7 @@ class KernelWork:
     values: int = 0  # quantized values it dequantizes (attention over a quantized cache)
     quant: tuple = ()  # (bits, group size, outlier fraction) of the format it dequantizes
     dispatched: bool = True  # the host launches it itself in eager mode
+    host_ns: float = 0.0  # eager host time of the kernel-less framework calls before each launch
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,8 @@ temporaries, and its part of the op's work:
 * other vector work is split evenly between the other kernels.
 
 An op the stack does not name runs as one kernel of its default class that moves its bytes
-once, which is the byte model. ``per_expert`` kernels are launched once per expert the op
+once, which is the byte model. ``calls_ns`` prices a kernel's kernel-less framework calls
+(the stack's ``calls``), paid on the host before each eager launch. ``per_expert`` kernels are launched once per expert the op
 touches (a per-expert loop); their bytes are the op's.
 """
 
@@ -72,7 +73,7 @@ def _scaled(accesses, role: str, share: float, write: bool) -> list[Access]:
 def expand(specs: tuple[Kernel, ...] | None, kind: str, accesses: tuple[Access, ...], *, matrix_flops: int,
            matrix_m: int, vector_ops: int, dequant_ops: int, dtype: str, parallelism: float,
            parts: dict[str, float] | None = None, active: int = 1, values: int = 0, quant: tuple = (),
-           act_level: str = "") -> tuple[KernelWork, ...]:
+           act_level: str = "", calls_ns=None) -> tuple[KernelWork, ...]:
     """The kernels of one op (see the module docstring)."""
     parts = parts or {}
     if specs is None:
@@ -124,7 +125,8 @@ def expand(specs: tuple[Kernel, ...] | None, kind: str, accesses: tuple[Access, 
             dequant_ops=deq, dtype=dtype if k.kclass in MATRIX_CLASSES else "bf16",
             parallelism=max(1.0, parallelism * (share if i in matrix_share else 1.0)), launches=launches,
             impl=k.impl, values=values if k.kclass == "attention" else 0,
-            quant=quant if k.kclass == "attention" else (), dispatched=k.dispatched))
+            quant=quant if k.kclass == "attention" else (), dispatched=k.dispatched,
+            host_ns=calls_ns(k) if calls_ns is not None and k.calls else 0.0))
     return tuple(out)
 
 

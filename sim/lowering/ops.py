@@ -61,7 +61,7 @@ def op_expander(setup: Setup):
                       matrix_m=work.get("matrix_m", 1), vector_ops=work.get("vector_ops", 0),
                       dequant_ops=work.get("dequant_ops", 0), dtype=work.get("dtype", "bf16"),
                       parallelism=work.get("parallelism", 1), parts=parts, active=active, values=values,
-                      quant=quant, act_level=setup.act_level)
+                      quant=quant, act_level=setup.act_level, calls_ns=stack.calls_ns)
 
     return run
 
