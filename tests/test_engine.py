@@ -298,3 +298,27 @@ def test_cost_memos_are_bounded_and_change_no_result(monkeypatch):
             assert len(costs._memo) <= 8
     bounded = simulate(**kw)
     assert bounded.steps == unbounded.steps
+
+
+@pytest.mark.parametrize("model, gains", [("olmoe-1b-7b", (2048 * 2, 2048 * 2)), ("qwen3-30b-a3b", (128 * 2, 128 * 2)),
+                                          ("llama-3-8b", None)])
+def test_qk_norm_ops_and_bytes_by_hand(model, gains):
+    """QK-norm (OLMoE: RMSNorm over the whole Q and K projections; Qwen3: RMSNorm(head_dim) per
+    head) is two norms per layer after the QKV projection: each reads and writes its
+    projection's activations once and reads its gain weights; a model without it has none."""
+    res = resolve(RunSpec(model=model, batch=3, context=512, steps=1))
+    graph = lower_step(res, (512, 512, 512))
+    layer0 = [op for op in graph.ops if op.layer == 0]
+    names = [op.name for op in layer0]
+    if gains is None:
+        assert "q_norm" not in names and "k_norm" not in names
+        return
+    assert names[names.index("qkv") + 1:names.index("qkv") + 3] == ["q_norm", "k_norm"]
+    m = res.model
+    for name, width, gain in (("q_norm", m.heads * m.head_dim, gains[0]), ("k_norm", m.kv_heads * m.head_dim, gains[1])):
+        op = next(o for o in layer0 if o.name == name)
+        assert op.bytes(write=True) == 3 * width * 2
+        assert op.bytes(write=False) == 3 * width * 2 + gain
+    per_layer = sum(op.bytes("act", write=False) for op in layer0 if op.name in ("q_norm", "k_norm"))
+    assert per_layer == 3 * 2 * (m.heads + m.kv_heads) * m.head_dim + sum(gains)
+    assert m.params()["norms"] == (2 * m.layers + 1) * m.hidden + m.layers * sum(gains) // 2

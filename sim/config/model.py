@@ -98,6 +98,10 @@ class ModelSpec(Strict):
     # the reference implementation stores Q, K, V (and gate, up) as one fused weight, so a
     # plain PyTorch stack runs one GEMM for them (Phi-3's qkv_proj and gate_up_proj)
     fused_projections: bool = False
+    # RMSNorm of the query and key projections before RoPE ("QK-norm"): over each whole
+    # projection (OLMoE: q_norm = RMSNorm(heads x head_dim), k_norm likewise) or per head
+    # (Qwen3: RMSNorm(head_dim) shared by the heads)
+    qk_norm: Literal["none", "full", "per_head"] = "none"
     max_context: whole(1, MAX_CONTEXT)
     moe: MoESpec | None = None
     attention: AttentionSpec | None = None
@@ -137,6 +141,13 @@ class ModelSpec(Strict):
         return self.kv_heads * self.head_dim
 
     @property
+    def qk_norm_params(self) -> int:
+        """Gain weights of one layer's QK-norm (0 without one)."""
+        if self.qk_norm == "full":
+            return self.q_width + self.kv_heads * self.head_dim
+        return 2 * self.head_dim if self.qk_norm == "per_head" else 0
+
+    @property
     def ffn_matrices(self) -> int:
         return 3 if self.activation == "swiglu" else 2
 
@@ -157,7 +168,7 @@ class ModelSpec(Strict):
             "embedding": self.vocab * h,
             "attention": self.layers * attn,
             "ffn": ffn,
-            "norms": (2 * self.layers + 1) * h,
+            "norms": (2 * self.layers + 1) * h + self.layers * self.qk_norm_params,
             "lm_head": 0 if self.tied_embeddings else self.vocab * h,
         }
 

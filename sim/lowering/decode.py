@@ -5,14 +5,16 @@ RoPE with the KV-cache append, attention over every sequence's cache (one batche
 split over sequences, KV heads and KV blocks as FlashDecoding does), O projection (the
 residual add fused), an all-reduce when ``tp > 1``, FFN RMSNorm, the FFN block, and a second
 all-reduce. Before the layers: the embedding gather; after: the final norm, the LM head
-and the argmax, which the host waits for (it needs the step's tokens). Layers are split
-evenly over ``pp`` pipeline stages; a point-to-point transfer over the chip links joins two
+and the argmax, which the host waits for (it needs the step's tokens). Models with QK-norm
+(``qk_norm``) normalise the query and key projections before RoPE (``q_norm``, ``k_norm``).
+Layers are split evenly over ``pp`` pipeline stages; a point-to-point transfer over the chip links joins two
 stages.
 
 ``lower_step(setup, step, position)`` is pure: it reads the sealed Setup and the step, and
 returns a new graph. Bytes come from the formats (sim.formats); the FFN block of a layer is
-dense here or Mixture-of-Experts (sim.lowering.moe). What is ignored: prefill, speculative
-decoding, paged-block fragmentation, sampling beyond argmax.
+dense here or Mixture-of-Experts (sim.lowering.moe). Prompt chunks mixed into a step
+(``prefill``) run through the same ops. What is ignored: speculative decoding, paged-block
+fragmentation, sampling beyond argmax.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from sim.lowering.ops import (
     matmul,
     norm_bytes,
     prefill_attention,
+    qk_norm_bytes,
     vector,
     vocab_bytes,
 )
@@ -45,7 +48,7 @@ def weight_bytes_per_chip(setup: Setup, stage: int) -> int:
     from_moe = moe_weight_bytes_per_chip(setup) if setup.moe is not None else 0
     total = 0
     for layer in setup.stage_layers(stage):
-        total += attention_weight_bytes(setup) + 2 * norm_bytes(setup)
+        total += attention_weight_bytes(setup) + 2 * norm_bytes(setup) + sum(qk_norm_bytes(setup))
         total += from_moe if setup.is_moe_layer(layer) else dense_ffn_weight_bytes(setup)
     if stage == 0:
         total += vocab_bytes(setup)
@@ -150,6 +153,11 @@ def lower_layer(setup: Setup, b: Builder, layer: int, contexts: tuple[int, ...],
     qkv = setup.q_width + setup.k_width + setup.v_width
     matmul(setup, b, "qkv", layer, batch, m.hidden, qkv,
            parts={"q": setup.q_width / qkv, "k": setup.k_width / qkv, "v": setup.v_width / qkv})
+    if m.qk_norm != "none":  # RMSNorm of the query and key projections before RoPE
+        for name, width, gain in zip(("q_norm", "k_norm"), (setup.q_width, setup.k_width), qk_norm_bytes(setup)):
+            row = batch * width * ACT_BYTES
+            vector(setup, b, name, layer, reads=row, weights=gain, writes=row, ops=batch * width * VEC_OPS["rmsnorm"],
+                   rows=batch * (width // m.head_dim if m.qk_norm == "per_head" else 1))
     append = setup.kv.kv_append(setup.k_width, setup.v_width)
     vector(setup, b, "rope_append", layer, reads=batch * qkv * ACT_BYTES,
            writes=batch * setup.q_width * ACT_BYTES,

@@ -31,6 +31,17 @@ def norm_bytes(setup: Setup) -> int:
     return setup.model.hidden * ACT_BYTES
 
 
+def qk_norm_bytes(setup: Setup) -> tuple[int, int]:
+    """Gain-weight bytes one chip reads for the Q and the K norm of a layer ((0, 0) without
+    QK-norm): a whole-projection norm is sharded with the heads, a per-head norm is not."""
+    m = setup.model
+    if m.qk_norm == "full":
+        return setup.q_width * ACT_BYTES, (setup.k_width if not m.mla else 0) * ACT_BYTES
+    if m.qk_norm == "per_head":
+        return m.head_dim * ACT_BYTES, m.head_dim * ACT_BYTES
+    return 0, 0
+
+
 def dense_ffn_weight_bytes(setup: Setup) -> int:
     m, w = setup.model, setup.weights
     ffn = math.ceil(m.ffn / setup.tp)
