@@ -53,8 +53,9 @@ def test_a_broken_stack_file_is_one_line_and_exit_2(cli, tmp_path):
     assert "bad.yaml" in err and "ops.qkv.kernels" in err
 
 
-def _stack_with(tmp_path: Path, name: str, change) -> str:
-    raw = yaml.safe_load((software_dir() / "torch-graph.yaml").read_text())
+def _stack_with(tmp_path: Path, name: str, change, base: str = "torch-graph") -> str:
+    """A copy of bundled stack ``base`` named ``name``, changed in place by ``change(raw)``."""
+    raw = yaml.safe_load((software_dir() / f"{base}.yaml").read_text())
     raw["name"] = name
     change(raw)
     path = tmp_path / f"{name}.yaml"
@@ -98,15 +99,6 @@ def test_ideal_kernels_reproduce_the_byte_model(tmp_path):
     assert s["per_token_ms_p50"] >= s["byte_floor_ms"]
 
 
-def _eager_stack_with(tmp_path: Path, name: str, change) -> str:
-    raw = yaml.safe_load((software_dir() / "torch-eager.yaml").read_text())
-    raw["name"] = name
-    change(raw)
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    return str(path)
-
-
 def test_framework_calls_cost_the_host_exactly_their_price_and_only_in_eager(tmp_path):
     """A stack's kernel-less framework calls (``calls``) add their measured host time to each
     eager launch: one more module call on the down projection adds exactly layers x its price
@@ -115,7 +107,7 @@ def test_framework_calls_cost_the_host_exactly_their_price_and_only_in_eager(tmp
         raw["ops"]["down"]["kernels"][0]["calls"] = ["module_call", "module_call"]
 
     price = yaml.safe_load((software_dir() / "torch-eager.yaml").read_text())["host_calls_ns"]["module_call"]["value"]
-    more = _eager_stack_with(tmp_path, "more", one_more)
+    more = _stack_with(tmp_path, "more", one_more, "torch-eager")
     for graph in (False, True):
         kw = dict(batch=1, context=1024, steps=1, graph=graph)
         base = simulate(software="torch-eager", **kw).summary["per_token_ms_p50"]
@@ -128,6 +120,6 @@ def test_an_unknown_framework_call_is_one_line_and_exit_2(cli, tmp_path):
     def bad(raw):
         raw["ops"]["down"]["kernels"][0]["calls"] = ["teleport"]
 
-    code, out, err = cli("run", "--software", _eager_stack_with(tmp_path, "badcall", bad), "--steps", "1")
+    code, out, err = cli("run", "--software", _stack_with(tmp_path, "badcall", bad, "torch-eager"), "--steps", "1")
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
     assert "framework call 'teleport' is not in host_calls_ns" in err
