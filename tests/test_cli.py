@@ -100,3 +100,21 @@ def test_python_dash_m_sim(root):
     done = subprocess.run([sys.executable, "-m", "sim", "run", "--steps", "1", "--json"], cwd=root,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and json.loads(done.stdout)["verdict"] == "meets-target"
+
+
+def test_help_starts_without_the_validation_stack():
+    """`decodesim --help` builds every subcommand's parser without importing pydantic, SimPy,
+    numpy or pandas (start-up is part of the tool's speed; issue 10)."""
+    import subprocess
+    import sys
+
+    script = ("import io, sys, contextlib\n"
+              "from sim.cli import main\n"
+              "with contextlib.redirect_stdout(io.StringIO()):\n"
+              "    try:\n"
+              "        main(['--help'])\n"
+              "    except SystemExit:\n"
+              "        pass\n"
+              "print(sorted(m for m in ('pydantic', 'simpy', 'numpy', 'pandas', 'yaml') if m in sys.modules))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"

@@ -16,7 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent / "sim"
 
 LAYERS: list[tuple[str, ...]] = [
-    ("sim.units", "sim.errors", "sim.io", "sim.version", "sim.schema"),
+    ("sim.units", "sim.errors", "sim.io", "sim.version", "sim.schema", "sim.config.defaults"),
     ("sim.paths",),
     ("sim.config.quantity", "sim.config.loader"),
     ("sim.config.hardware", "sim.config.model", "sim.config.spec", "sim.config.software", "sim.formats", "sim.trace"),

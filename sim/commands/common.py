@@ -14,8 +14,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from sim.config.loader import validate
-from sim.config.spec import RunSpec
+from sim.config.defaults import RUN_DEFAULTS
 from sim.io import output_problem, to_json, write_atomic, write_frame
 from sim.schema import SCHEMA_VERSION
 
@@ -44,7 +43,7 @@ def _writable(text: str, folder: bool) -> Path:
 
 
 def add_run_options(p: argparse.ArgumentParser, *, formats: bool = True) -> None:
-    d = RunSpec()
+    d = argparse.Namespace(**RUN_DEFAULTS)  # RunSpec's defaults, without importing the validation stack
     p.add_argument("--hardware", default=d.hardware, help=f"profile name or YAML path (default {d.hardware})")
     p.add_argument("--model", default=d.model, help=f"model name or YAML path (default {d.model})")
     p.add_argument("--batch", type=int, default=d.batch, help="sequences per step (default 1)")
@@ -83,7 +82,11 @@ SPEC_ARGS = ("hardware", "model", "batch", "context", "trace", "weights", "kv", 
              "allow_long_context")
 
 
-def spec_from_args(args, **changes) -> RunSpec:
+def spec_from_args(args, **changes):
+    """The RunSpec the arguments (and ``changes``) ask for."""
+    from sim.config.loader import validate  # deferred: `decodesim --help` needs no pydantic
+    from sim.config.spec import RunSpec
+
     data = {k: getattr(args, k) for k in SPEC_ARGS if hasattr(args, k)}
     data.update(changes)
     return validate(RunSpec, data, "command line")

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from pydantic import field_validator, model_validator
 
+from sim.config.defaults import RUN_DEFAULTS as D
 from sim.config.loader import apply_override, parse_assignment, validate
 from sim.config.model import MAX_CONTEXT
 from sim.config.quantity import MAX_COUNT, Strict, real, whole
@@ -36,27 +37,27 @@ MAX_CHIPS = 1_000_000
 class RunSpec(Strict):
     """One run as asked: hardware, model, formats, workload, engine and options."""
 
-    hardware: str = "h200-sxm"
-    model: str = "llama-3-8b"
-    weights: str = "bf16"
-    kv: str = "fp16"
-    batch: whole(1, MAX_BATCH, strict=False) = 1
-    context: whole(1, MAX_CONTEXT, strict=False) = 4096
+    hardware: str = D["hardware"]
+    model: str = D["model"]
+    weights: str = D["weights"]
+    kv: str = D["kv"]
+    batch: whole(1, MAX_BATCH, strict=False) = D["batch"]
+    context: whole(1, MAX_CONTEXT, strict=False) = D["context"]
     trace: str | None = None
-    steps: whole(1, MAX_STEPS, strict=False) = 8
-    target_ms: real(0, MAX_TARGET_MS, lo_open=True) = 10.0
-    engine: Engine = "des"
+    steps: whole(1, MAX_STEPS, strict=False) = D["steps"]
+    target_ms: real(0, MAX_TARGET_MS, lo_open=True) = D["target_ms"]
+    engine: Engine = D["engine"]
     graph: bool | None = None  # None: the software stack's launch mode
     tp: whole(1, MAX_CHIPS, strict=False) | None = None
     pp: whole(1, MAX_CHIPS, strict=False) | None = None
-    software: str = "fused"  # a stack of workloads/software/ or a stack YAML path
+    software: str = D["software"]  # a stack of workloads/software/ or a stack YAML path
     overrides: tuple[tuple[str, Any], ...] = ()
     seed: whole(0, 2**63 - 1, strict=False) = 0
     allow_long_context: bool = False  # simulate contexts beyond the model's max_context
     # Mixture-of-Experts (used when the model has a `moe:` section; see sim.lowering.moe)
-    dispatch: Literal["host_sync", "device", "sram_zero_copy"] = "device"
-    placement: Literal["all-hbm", "static", "lru", "lfu", "spread"] = "static"
-    routing: str = "uniform"  # uniform | zipf | a routing file (sim.moe.routing)
+    dispatch: Literal["host_sync", "device", "sram_zero_copy"] = D["dispatch"]
+    placement: Literal["all-hbm", "static", "lru", "lfu", "spread"] = D["placement"]
+    routing: str = D["routing"]  # uniform | zipf | a routing file (sim.moe.routing)
     routing_skew: real(0, 100) = 1.0
     routing_locality: real(0, 1) = 0.0
     sram_experts: whole(0, MAX_COUNT, strict=False) | None = None  # experts to pin per chip (default: as many as fit)
