@@ -131,15 +131,15 @@ def _advance(state: _Step | None, graph, costs: CostModel, changed: tuple[int, .
         holder: dict[tuple, int] = {}  # op key -> an op of the new graph that has it
         work = cost = None
         for idx in changed:
-            old, op = op_key(old_ops[idx]), op_key(ops[idx])
+            old_key, new_key = op_key(old_ops[idx]), op_key(ops[idx])
             if ops[idx].work is not work:  # the re-lowered ops share one Work
                 work, previous = ops[idx].work, old_ops[idx].work
                 # unchanged work keeps its cost; a new one (a step's attention) is not memoised
                 cost = op_costs[idx] if work == previous else costs.cost_once(work)
             op_costs[idx] = cost
-            net[old] = net.get(old, 0) - 1
-            net[op] = net.get(op, 0) + 1
-            holder[op] = idx
+            net[old_key] = net.get(old_key, 0) - 1
+            net[new_key] = net.get(new_key, 0) + 1
+            holder[new_key] = idx
         for key, delta in net.items():
             if delta:
                 _count(keys, key, ops, delta, holder.get(key))

@@ -144,7 +144,7 @@ class ModelSpec(Strict):
     def qk_norm_params(self) -> int:
         """Gain weights of one layer's QK-norm (0 without one)."""
         if self.qk_norm == "full":
-            return self.q_width + self.kv_heads * self.head_dim
+            return self.q_width + self.k_width
         return 2 * self.head_dim if self.qk_norm == "per_head" else 0
 
     @property

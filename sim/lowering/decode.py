@@ -7,8 +7,8 @@ residual add fused), an all-reduce when ``tp > 1``, FFN RMSNorm, the FFN block, 
 all-reduce. Before the layers: the embedding gather; after: the final norm, the LM head
 and the argmax, which the host waits for (it needs the step's tokens). Models with QK-norm
 (``qk_norm``) normalise the query and key projections before RoPE (``q_norm``, ``k_norm``).
-Layers are split evenly over ``pp`` pipeline stages; a point-to-point transfer over the chip links joins two
-stages.
+Layers are split evenly over ``pp`` pipeline stages; a point-to-point transfer over the chip
+links joins two stages.
 
 ``lower_step(setup, step, position)`` is pure: it reads the sealed Setup and the step, and
 returns a new graph. Bytes come from the formats (sim.formats); the FFN block of a layer is

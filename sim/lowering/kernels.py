@@ -13,13 +13,14 @@ temporaries, and its part of the op's work:
 
 An op the stack does not name runs as one kernel of its default class that moves its bytes
 once, which is the byte model. ``calls_ns`` prices a kernel's kernel-less framework calls
-(the stack's ``calls``), paid on the host before each eager launch. ``per_expert`` kernels are launched once per expert the op
-touches (a per-expert loop); their bytes are the op's.
+(the stack's ``calls``), paid on the host before each eager launch. ``per_expert`` kernels
+are launched once per expert the op touches (a per-expert loop); their bytes are the op's.
 """
 
 from __future__ import annotations
 
 import functools
+
 from sim.config.software import Kernel
 from sim.errors import ConfigError
 from sim.lowering.graph import Access, KernelWork

@@ -36,7 +36,7 @@ def qk_norm_bytes(setup: Setup) -> tuple[int, int]:
     QK-norm): a whole-projection norm is sharded with the heads, a per-head norm is not."""
     m = setup.model
     if m.qk_norm == "full":
-        return setup.q_width * ACT_BYTES, (setup.k_width if not m.mla else 0) * ACT_BYTES
+        return setup.q_width * ACT_BYTES, setup.k_width * ACT_BYTES
     if m.qk_norm == "per_head":
         return m.head_dim * ACT_BYTES, m.head_dim * ACT_BYTES
     return 0, 0

@@ -116,7 +116,7 @@ class SimulatorStepModel:
         for op in graph.ops:
             cost = by_work.get(id(op.work))
             if cost is None:
-                cost = by_work[id(op.work)] = self._cost(op.work)
+                cost = by_work[id(op.work)] = self.costs.cost(op.work)
             op_costs.append(cost)
         return analyse(graph, op_costs, self.costs.host, self.setup.graph), graph, op_costs
 
@@ -152,9 +152,6 @@ class SimulatorStepModel:
         if prefill:
             total += self.costs.cost_once(prefill_attention(self.setup, b, 0, prefill).work).total_ns
         return total
-
-    def _cost(self, work):
-        return self.costs.cost(work)
 
     def _fall_back(self, reason: str) -> None:
         if not self.exact:
