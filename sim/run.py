@@ -233,11 +233,11 @@ def _does_not_fit(setup: Setup, cap: dict) -> dict:
     return dict(verdict="does-not-fit", meets_target=False, bound="capacity", byte_floor_ms=floor_ms,
                 per_token_ms_p50=None, per_token_ms_p99=None, overflowing_tiers=[name for name, _ in over],
                 reason="; ".join(parts) + f"; even if it fit, reading weights and KV once at peak bandwidth takes "
-                f"{floor_ms:.1f} ms per step")
+                f"{floor_ms:.3g} ms per step")
 
 
 def _size(n: float) -> str:
-    return f"{n / GB:.2f} GB" if n >= 0.1 * GB else f"{n / 1e6:.1f} MB"
+    return f"{n / GB:.2f} GB" if n >= GB else f"{n / 1e6:.1f} MB"
 
 
 def _identity(setup: Setup, cap: dict) -> dict:
