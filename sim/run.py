@@ -19,6 +19,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from sim.analytic import analyse
+from sim.config.hardware import kernel_costs_origin
 from sim.config.loader import validate
 from sim.config.setup import Setup, resolve
 from sim.config.spec import RUN_FIELDS, RunSpec, apply_run_overrides
@@ -26,7 +27,8 @@ from sim.costs import CostModel
 from sim.engine.records import LOG_COLUMNS, Span
 from sim.engine.simulation import Simulation
 from sim.lowering.cache import GraphCache
-from sim.lowering.decode import largest_staged_read, weight_bytes_by_unit, weight_bytes_per_chip
+from sim.lowering.decode import largest_staged_reads, weight_bytes_by_unit, weight_bytes_per_chip
+from sim.lowering.placement import staging_limit
 from sim.results import Ledger, bound_of, op_key, percentile
 from sim.units import GB, ns_to_ms
 
@@ -64,7 +66,8 @@ def capacity(setup: Setup) -> dict:
 
         hold(weights_place.tier, "weights", sum(dense.values()))
         if weights_place.mode == "streamed":
-            hold(weights_place.buffer, "weight staging buffers", 2 * largest_staged_read(setup, stage))
+            staged = [size for size in largest_staged_reads(setup, stage) if size <= staging_limit(setup)]
+            hold(weights_place.buffer, "weight staging buffers", 2 * max(staged, default=0))
         hold(experts_place.tier, "expert weights", sum(experts.values()))
         if experts_place.mode == "streamed" and setup.moe is not None:
             moe = model.moe
@@ -247,7 +250,8 @@ def _identity(setup: Setup, cap: dict) -> dict:
         "batch": max(s.batch for s in setup.steps), "context": spec.context if not spec.trace else None,
         "trace": spec.trace, "steps": len(setup.steps), "engine": spec.engine, "graph": setup.graph,
         "tp": setup.tp, "pp": setup.pp, "chips": setup.hardware.chips, "software": spec.software,
-        "target_ms": spec.target_ms, "capacity": cap,
+        "target_ms": spec.target_ms, "capacity": cap, "kernel_costs": kernel_costs_origin(setup.hardware),
+        "placement": {what: setup.hardware.place(what).model_dump() for what in ("weights", "experts", "kv")},
     }
 
 

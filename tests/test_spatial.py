@@ -59,8 +59,9 @@ def _spec(**kw) -> RunSpec:
 
 
 def test_streamed_weights_are_staged_once_and_conserved_per_tier():
-    """Every weight byte leaves HBM once (as in the resident placement), is written into the
-    PMU buffer once and read from it once by the op that uses it."""
+    """Every weight byte leaves HBM once (as in the resident placement); a staged one is written
+    into the PMU buffer once and read from it once by the op that uses it, and an op too large
+    to stage whole (over a quarter of the PMU) reads its weights from HBM as it runs."""
     streamed = resolve(_spec())
     resident_hbm = resolve(_spec(overrides=("hardware.placement.weights.mode=resident",)))
     g = lower_step(streamed, streamed.steps[0].contexts)
@@ -68,9 +69,16 @@ def test_streamed_weights_are_staged_once_and_conserved_per_tier():
     from_hbm = g.bytes(category="weights", level="hbm")
     assert from_hbm == r.bytes(category="weights", level="hbm")
     gathered = sum(a.bytes for op in g.ops for a in op.accesses if a.category == "weights" and a.granule)
-    assert g.bytes(category="staged", level="pmu", write=True) == from_hbm - gathered
-    assert g.bytes(category="staged", level="pmu", write=False) == from_hbm - gathered
     copies = [op for op in g.ops if op.name == "stage_weights"]
+    copied = sum(op.bytes(level="hbm") for op in copies)
+    through = [op for op in g.ops if op.name != "stage_weights" and op.bytes(category="weights", level="hbm")
+               and not any(a.granule for a in op.accesses)]
+    limit = streamed.hardware.level("pmu").resident_bytes / 4
+    assert through and all(op.bytes(category="weights", level="hbm") > limit for op in through)
+    assert all(op.bytes(level="hbm") <= limit for op in copies)
+    assert copied + sum(op.bytes(category="weights", level="hbm") for op in through) == from_hbm - gathered
+    assert g.bytes(category="staged", level="pmu", write=True) == copied
+    assert g.bytes(category="staged", level="pmu", write=False) == copied
     assert copies and all(op.stream == "dma" for op in copies)
     # every reader waits for its copy; copies run at most two ahead (double buffering)
     readers = [op for op in g.ops if op.bytes(category="staged", level="pmu", write=False)]

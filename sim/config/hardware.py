@@ -293,12 +293,15 @@ class System(Strict):
     links: Links | None = None
     scaleout: ScaleOut | None = None
     partition: Literal["layers", "balanced"] = "layers"
+    tensor_parallel: Count | None = None  # the deployment's tp unless the run says (with its source)
 
     @model_validator(mode="after")
     def _links_when_many(self):
         if self.chips.value > 1 and self.links is None:
             raise ValueError("a system of more than one chip needs links (system.links: topology, bandwidth_GBps, "
                              "latency_ns, per_message_overhead_ns)")
+        if self.tensor_parallel is not None and self.chips.value % self.tensor_parallel.value:
+            raise ValueError(f"tensor_parallel ({self.tensor_parallel.value}) must divide chips ({self.chips.value})")
         if self.scaleout is not None and self.chips.value % self.scaleout.chips_per_group.value:
             raise ValueError(f"scaleout.chips_per_group ({self.scaleout.chips_per_group.value}) must divide "
                              f"chips ({self.chips.value})")
@@ -499,4 +502,6 @@ def sources(profile: HardwareProfile) -> list[tuple[str, object, str, bool]]:
                 walk(item, f"{path}.{getattr(item, 'name', '?')}")
 
     walk(profile, "")
+    if profile.kernels is None:
+        out.append(("kernels", "derived", KERNEL_RULE, True))
     return out

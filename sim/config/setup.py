@@ -232,8 +232,9 @@ def check_context(spec: RunSpec, model: ModelSpec, steps) -> None:
 def parallelism(spec: RunSpec, hardware: HardwareProfile, model: ModelSpec, hw_file: str = "hardware") -> tuple[int, int]:
     """(tp, pp) for the run: as asked, or chosen. Stages hold whole layers (``partition:
     layers``, at most one stage per layer) or half-layer units (``balanced``, at most two per
-    layer plus the embedding and the LM head). The default tensor-parallel degree is the chips
-    of a group (``scaleout.chips_per_group``) or min(chips, 8); where that leaves more stages
+    layer plus the embedding and the LM head). The default tensor-parallel degree is the
+    profile's ``system.tensor_parallel``, else the chips of a group (``scaleout.chips_per_group``)
+    or min(chips, 8); where that leaves more stages
     than units, the smallest larger divisor of the chip count that fits (one that divides the
     heads when there is one)."""
     chips = hardware.chips
@@ -249,6 +250,8 @@ def parallelism(spec: RunSpec, hardware: HardwareProfile, model: ModelSpec, hw_f
     else:
         scaleout = hardware.system.scaleout
         base = min(chips, scaleout.chips_per_group.value if scaleout is not None else 8)
+        if hardware.system.tensor_parallel is not None:
+            base = hardware.system.tensor_parallel.value
         fits = [t for t in range(1, chips + 1) if chips % t == 0 and chips // t <= units]
         even = [t for t in fits if model.heads % t == 0] or fits
         tp = next((t for t in even if t >= base), next(t for t in fits if t >= base))

@@ -74,9 +74,9 @@ def weight_bytes_by_unit(setup: Setup, stage: int, experts: bool | None = None) 
     return out
 
 
-def largest_staged_read(setup: Setup, stage: int) -> int:
-    """The most dense-weight bytes one op of ``stage`` reads (a staging buffer's size): the
-    largest projection of its units (the LM head at the end of the pipeline)."""
+def largest_staged_reads(setup: Setup, stage: int) -> list[int]:
+    """The dense-weight bytes of each projection of ``stage`` (the LM head at the end of the
+    pipeline): what a staging buffer must hold for each."""
     m, w = setup.model, setup.weights
     sizes = []
     for layer, part in setup.stage_units(stage):
@@ -89,7 +89,7 @@ def largest_staged_read(setup: Setup, stage: int) -> int:
             ffn = math.ceil(m.ffn / setup.tp)
             sizes.append(w.weight_bytes((m.ffn_matrices - 1) * ffn, m.hidden))
             sizes.append(w.weight_bytes(m.hidden, ffn))
-    return max(sizes, default=0)
+    return sizes
 
 
 # -- the step ------------------------------------------------------------------------------

@@ -11,6 +11,10 @@ first memory level). ``place_ops`` then applies the profile's placement (sim.con
   reader of copy ``m - 2`` is done, and reader ``m`` waits for copy ``m``. A copy therefore
   overlaps the op before its reader, and shares the tier's bandwidth with whatever else reads
   it then (the KV cache, in HBM): that is where the DES and the closed form part;
+* an op whose weights exceed a quarter of the buffer level's resident bytes (two buffers of it
+  would take more than half the SRAM) is not staged whole: its weights stream through the
+  SRAM in chunks as it runs, which costs what reading them from the tier costs, so it reads
+  them from the tier directly (``staging_limit``);
 * MoE expert weights ``streamed`` cannot be fetched ahead: which experts a layer needs is
   known only once its router has run, so ``stage_experts`` (its own stream) waits for the
   router and the experts op waits for it;
@@ -44,6 +48,7 @@ class Plan(NamedTuple):
     read_from: tuple[tuple[str, str], ...]  # (category, level the ops read it from)
     staged: tuple[tuple[str, str, str], ...]  # (category, tier it comes from, buffer level)
     buffers: tuple[tuple[str, str], ...]  # (category, buffer level) of what is staged
+    limit: int  # the most weight bytes of one op that are staged whole (larger ones stream through)
     scaleout_collectives: tuple[int, ...]  # stages whose tensor-parallel group spans chip groups
 
 
@@ -60,7 +65,17 @@ def plan_of(setup: Setup) -> Plan:
     system = hw.system
     spanning = tuple(s for s in range(setup.pp)
                      if system.group_of(s * setup.tp) != system.group_of((s + 1) * setup.tp - 1))
-    return Plan(setup.store, tuple(read_from), tuple(staged), tuple((c, b) for c, _, b in staged), spanning)
+    return Plan(setup.store, tuple(read_from), tuple(staged), tuple((c, b) for c, _, b in staged),
+                staging_limit(setup), spanning)
+
+
+def staging_limit(setup: Setup) -> int:
+    """The most dense-weight bytes of one op that are staged whole: a quarter of the staging
+    buffer level's resident bytes (two buffers take at most half of it)."""
+    place = setup.hardware.place("weights")
+    if place.mode != "streamed":
+        return 0
+    return int(setup.hardware.level(place.buffer).resident_bytes // 4)
 
 
 def place_ops(setup: Setup, ops: list[Op]) -> list[Op]:
@@ -69,30 +84,35 @@ def place_ops(setup: Setup, ops: list[Op]) -> list[Op]:
     plan = plan_of(setup)
     if not plan.read_from and not plan.staged and not plan.scaleout_collectives:
         return ops
-    placed = [_placed_op(op, plan) for op in ops]
+    dense = any(category == "weights" for category, _, _ in plan.staged)
+    placed = [_placed_op(op, plan, dense and _staged_bytes(op, "weights", plan.store) > plan.limit) for op in ops]
     staged = dict((category, (tier, buffer)) for category, tier, buffer in plan.staged)
     if not staged:
         return placed
-    return _with_staging(placed, ops, staged, plan.store)
+    return _with_staging(placed, ops, staged, plan.store, plan.limit)
 
 
-def _placed_op(op: Op, plan: Plan) -> Op:
+def _placed_op(op: Op, plan: Plan, through: bool = False) -> Op:
     scaleout = op.stage in plan.scaleout_collectives and op.work.collective is not None
-    work = placed_work(op.work, plan, scaleout)
+    work = placed_work(op.work, plan, scaleout, through)
     return op if work is op.work else op.with_work(work, op.tags)
 
 
 @lru_cache(maxsize=16384)
-def placed_work(work: Work, plan: Plan, scaleout: bool = False) -> Work:
+def placed_work(work: Work, plan: Plan, scaleout: bool = False, through: bool = False) -> Work:
     """``work`` with its home-tier accesses moved by ``plan`` (and its link accesses onto the
-    scale-out links when ``scaleout``)."""
+    scale-out links when ``scaleout``); ``through``: its dense weights stream through from their
+    tier rather than from a staging buffer."""
     moves = dict(plan.read_from)
+    if through:
+        tier = next(t for c, t, _ in plan.staged if c == "weights")
+        moves["weights"] = tier
 
     def move(accesses: tuple[Access, ...]) -> tuple[Access, ...]:
         out = []
         for a in accesses:
             if a.level == plan.store and a.category in moves and not (a.category == "weights" and a.granule):
-                staged = (a.category, moves[a.category]) in plan.buffers
+                staged = (a.category, moves[a.category]) in plan.buffers and a.level != moves[a.category]
                 a = replace(a, level=moves[a.category], category="staged" if staged else a.category)
             elif scaleout and a.level == "link":
                 a = replace(a, level="scaleout")
@@ -114,7 +134,7 @@ def _staged_bytes(op: Op, category: str, store: str) -> int:
                and not (category == "weights" and a.granule))
 
 
-def _with_staging(placed: list[Op], lowered: list[Op], staged: dict, store: str) -> list[Op]:
+def _with_staging(placed: list[Op], lowered: list[Op], staged: dict, store: str, limit: int) -> list[Op]:
     """Insert the staging copies. ``lowered`` (before placement) says which op reads how many
     home-tier weight bytes; ``placed`` is what the ops become.
 
@@ -127,7 +147,7 @@ def _with_staging(placed: list[Op], lowered: list[Op], staged: dict, store: str)
     experts = "expert" in staged
     readers: dict[int, list[int]] = {}  # stage -> ops reading staged dense weights, in order
     for op in lowered:
-        if dense and _staged_bytes(op, "weights", store):
+        if dense and 0 < _staged_bytes(op, "weights", store) <= limit:
             readers.setdefault(op.stage, []).append(op.idx)
     first_of_stage = {}
     for op in lowered:
