@@ -249,10 +249,20 @@ def _identity(setup: Setup, cap: dict) -> dict:
         "hardware": setup.hardware.name, "model": setup.model.name, "weights": spec.weights, "kv": spec.kv,
         "batch": max(s.batch for s in setup.steps), "context": spec.context if not spec.trace else None,
         "trace": spec.trace, "steps": len(setup.steps), "engine": spec.engine, "graph": setup.graph,
-        "tp": setup.tp, "pp": setup.pp, "chips": setup.hardware.chips, "software": spec.software,
+        "tp": setup.tp, "pp": setup.pp, "chips": setup.hardware.chips, "software": spec.software if "software" in spec.model_fields_set else setup.software,
         "target_ms": spec.target_ms, "capacity": cap, "kernel_costs": kernel_costs_origin(setup.hardware),
         "placement": {what: setup.hardware.place(what).model_dump() for what in ("weights", "experts", "kv")},
+        **_software_note(setup),
     }
+
+
+def _software_note(setup: Setup) -> dict:
+    """A note when the run's stack is not the one the profile says its machine runs."""
+    native = setup.hardware.software
+    if native is None or native == setup.software:
+        return {}
+    return {"software_note": f"{setup.hardware.name} runs {native} programs; the {setup.software} stack's kernels "
+                             f"are another machine's (pass --software {native})"}
 
 
 def _summary(setup: Setup, rows: list[dict], events: int, wall_s: float) -> dict:

@@ -61,9 +61,10 @@ def add_run_options(p: argparse.ArgumentParser, *, formats: bool = True) -> None
                    help="run the step as a captured graph or launch kernels one by one (default: the stack's)")
     p.add_argument("--tp", type=int, default=None, help="tensor-parallel chips (default: min(chips, 8))")
     p.add_argument("--pp", type=int, default=None, help="pipeline stages (default: chips / tp)")
-    p.add_argument("--software", default=d.software, metavar="STACK|PATH",
+    p.add_argument("--software", default=None, metavar="STACK|PATH",
                    help="software stack (workloads/software/: fused, fused-naive-kv, torch-graph, torch-graph-grouped, "
-                        "torch-graph-dense, torch-eager) or a stack YAML: which kernels run each op")
+                        "torch-graph-dense, torch-eager, static-schedule) or a stack YAML: which kernels run each op "
+                        f"(default: the profile's own stack where it names one, else {d.software})")
     p.add_argument("--chips", type=int, default=None, help="chip count (overrides the profile's system.chips)")
     moe = p.add_argument_group("Mixture-of-Experts (models with a moe: section)")
     moe.add_argument("--dispatch", choices=["host_sync", "device", "sram_zero_copy"], default=d.dispatch,
@@ -88,6 +89,8 @@ def spec_from_args(args, **changes):
     from sim.config.spec import RunSpec
 
     data = {k: getattr(args, k) for k in SPEC_ARGS if hasattr(args, k)}
+    if data.get("software") is None:
+        data.pop("software", None)  # unnamed: the profile's own stack, else the default
     data.update(changes)
     return validate(RunSpec, data, "command line")
 

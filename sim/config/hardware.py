@@ -349,6 +349,7 @@ class KernelCosts(Strict):
 class HardwareProfile(Strict):
     name: str
     description: str
+    software: str | None = None  # the stack this machine runs (a compiler's static schedule); runs say when another is used
     memory: list[Level]
     compute: Compute
     noc: NoC

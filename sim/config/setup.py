@@ -82,7 +82,6 @@ def _raw(path: str) -> dict:
 def resolve(spec: RunSpec) -> Setup:
     """Resolve ``spec`` into a sealed Setup (ConfigError / SimulationError on bad input)."""
     spec = apply_run_overrides(spec)
-    stack = load_stack(spec.software)
     hw_path = str(resolve_path(spec.hardware, hardware_dir(), "hardware"))
     model_path = str(resolve_path(spec.model, models_dir(), "model"))
     hw_raw, model_raw = copy.deepcopy(_raw(hw_path)), copy.deepcopy(_raw(model_path))
@@ -91,6 +90,9 @@ def resolve(spec: RunSpec) -> Setup:
                                      HardwareProfile, ModelSpec)
     hardware = validate_overridden(HardwareProfile, hw_raw, hw_path, (*chips, *spec.overrides), "hardware.")
     model = validate_overridden(ModelSpec, model_raw, model_path, spec.overrides, "model.")
+    # a run that names no stack runs the one its machine runs (a compiler's static schedule), else the default
+    named = "software" in spec.model_fields_set
+    stack = load_stack(spec.software if named or hardware.software is None else hardware.software)
     weights, kv = get_format(spec.weights), get_format(spec.kv)
     tp, pp = parallelism(spec, hardware, model, hw_path)
     if spec.trace:
