@@ -194,3 +194,15 @@ def test_stages_in_different_groups_talk_over_the_scaleout_links():
     inside = costs.cost(recv[0].work)
     assert cross.total_ns > inside.total_ns
     assert costs.collective_latency_ns(recv[1].work) == pytest.approx(5000)
+
+
+def test_fit_policy_places_what_fits_in_sram_and_stages_the_rest():
+    fit = ("hardware.placement.policy=fit",)
+    small = simulate(hardware="sambanova-sn40l-16", model="llama-3.2-1b", steps=1, overrides=fit)
+    assert small.summary["placement"]["weights"] == {"tier": "pmu", "mode": "resident", "buffer": None}
+    given = simulate(hardware="sambanova-sn40l-16", model="llama-3.2-1b", steps=1)
+    assert given.summary["placement"]["weights"]["mode"] == "streamed"
+    assert small.summary["per_token_ms_p50"] < given.summary["per_token_ms_p50"]
+    moe = simulate(hardware="sambanova-sn40l-16", model="mixtral-8x7b", steps=1, overrides=fit)
+    assert moe.summary["capacity"]["fits"]
+    assert moe.summary["placement"]["experts"] == {"tier": "hbm", "mode": "streamed", "buffer": "pmu"}

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from sim import trace as traces
-from sim.config.hardware import HardwareProfile
+from sim.config.hardware import OFF_CHIP, SRAM, HardwareProfile, Place
 from sim.config.loader import load_yaml, validate
 from sim.config.model import ModelSpec
 from sim.config.software import SoftwareStack, load_stack
@@ -119,6 +119,9 @@ def resolve(spec: RunSpec) -> Setup:
         partition = balanced_partition(sizes, pp)
     else:
         partition = layer_partition(model.layers, pp)
+    if hardware.placement is not None and hardware.placement.policy == "fit":
+        hardware = fit_placement(hardware, partition, unit_bytes(model, weights, kv, tp, q_width, k_width, v_width,
+                                                                 steps, split_experts=True))
     layers_per_stage = max(sum(1 for _, part in stage if part == "attn") for stage in partition)
     return Setup(
         spec=spec, hardware=hardware, model=model, weights=weights, kv=kv, tp=tp, pp=pp, software=stack.name,
@@ -149,24 +152,26 @@ def layer_partition(layers: int, pp: int) -> tuple[tuple[tuple[int, str], ...], 
 
 
 def unit_bytes(model: ModelSpec, weights: Format, kv: Format, tp: int, q_width: int, k_width: int, v_width: int,
-               steps) -> list[tuple[tuple[int, str], int]]:
+               steps, split_experts: bool = False) -> list:
     """Bytes one chip of a stage holds for each unit (weights, and the KV cache of the longest
-    step for attention units), from the model's shapes and the formats."""
+    step for attention units), from the model's shapes and the formats. ``split_experts``:
+    per unit (dense weights, expert weights, KV) instead of their sum."""
     h = model.hidden
     kv_layer = max(sum(kv.kv_footprint(c, k_width, v_width) for c in step.contexts) for step in steps)
     attn = weights.weight_bytes(q_width + k_width + v_width, h) + weights.weight_bytes(h, q_width) + h * ACT_BYTES
     ffn_local = math.ceil(model.ffn / tp)
     dense = weights.weight_bytes((model.ffn_matrices - 1) * ffn_local, h) + weights.weight_bytes(h, ffn_local)
     vocab = weights.weight_bytes(math.ceil(model.vocab / tp), h)
-    out: list[tuple[tuple[int, str], int]] = []
+    out: list = []
     for unit in layer_units(model.layers):
         layer, part = unit
+        experts = cache = 0
         if part == "embed":
             size = vocab
         elif part == "head":
             size = vocab + h * ACT_BYTES
         elif part == "attn":
-            size = attn + kv_layer
+            size, cache = attn, kv_layer
         elif model.moe is None or model.moe.is_dense(layer):
             size = dense + h * ACT_BYTES
         else:
@@ -175,9 +180,50 @@ def unit_bytes(model: ModelSpec, weights: Format, kv: Format, tp: int, q_width: 
                                      + weights.weight_bytes(h, moe.expert_ffn))
             shared = moe.shared_experts * (weights.weight_bytes((model.ffn_matrices - 1) * moe.shared_ffn, h)
                                            + weights.weight_bytes(h, moe.shared_ffn))
-            size = math.ceil((experts + shared) / tp) + h * moe.experts * ACT_BYTES + h * ACT_BYTES
-        out.append((unit, size))
+            size = math.ceil(shared / tp) + h * moe.experts * ACT_BYTES + h * ACT_BYTES
+            experts = math.ceil(experts / tp)
+        out.append((unit, (size, experts, cache)) if split_experts else (unit, size + experts + cache))
     return out
+
+
+def fit_placement(hardware: HardwareProfile, partition, sizes) -> HardwareProfile:
+    """``hardware`` with its placement chosen by the ``fit`` policy for the fullest stage:
+    KV in the home tier; dense weights resident in the fastest tier that holds them beside
+    what is already there, else streamed from the fastest off-chip tier that does; then the
+    experts the same way. Where nothing holds them they stay in the home tier (the capacity
+    check then names the tier that overflows)."""
+    by_unit = dict(sizes)
+    stages = [[by_unit[u] for u in stage] for stage in partition]
+    dense = max(sum(s[0] for s in stage) for stage in stages)
+    experts = max(sum(s[1] for s in stage) for stage in stages)
+    kv = max(sum(s[2] for s in stage) for stage in stages)
+    store = hardware.store
+    free = {lv.name: (lv.resident_bytes if isinstance(lv, SRAM) and lv is not store else lv.capacity_bytes)
+            for lv in hardware.memory}
+    free[store.name] -= kv
+    fastest = sorted(hardware.memory, key=lambda lv: -lv.sustained_GBps)
+    buffer = (hardware.shared_sram or hardware.tile_sram)
+
+    def choose(size: int) -> Place:
+        for lv in fastest:
+            if size <= free[lv.name]:
+                free[lv.name] -= size
+                return Place(tier=lv.name)
+        return Place(tier=store.name)
+
+    weights = choose(dense)
+    if weights.tier not in (lv.name for lv in fastest[:1]) and buffer is not None and isinstance(
+            hardware.level(weights.tier), OFF_CHIP):
+        weights = Place(tier=weights.tier, mode="streamed", buffer=buffer.name)
+    chosen = {"weights": weights, "kv": Place(tier=store.name)}
+    if experts:
+        place = choose(experts)
+        if buffer is not None and isinstance(hardware.level(place.tier), OFF_CHIP):
+            place = Place(tier=place.tier, mode="streamed", buffer=buffer.name)
+        chosen["experts"] = place
+    placement = hardware.placement.model_copy(update={**chosen, "policy": "given",
+                                                      "source": f"chosen by the fit policy; {hardware.placement.source}"})
+    return hardware.model_copy(update={"placement": placement})
 
 
 def balanced_partition(sizes: list[tuple[tuple[int, str], int]], pp: int) -> tuple[tuple[tuple[int, str], ...], ...]:
