@@ -79,6 +79,17 @@ SYSTEMS = (
            tensor_parallel=(16, "a Llama decoder mapped across 16 RDUs with tensor parallelism (docs/spatial.md, SN-MAP; S)")),
 )
 
+SYSTEMS = SYSTEMS + (
+    System("tpu-v5e-16", "tpu-v5e",
+           "16 Google TPU v5e chips (a 4x4 pod slice, 2D torus ICI); per chip 16 GB HBM2e at 819 GB/s",
+           16, "a 4x4 v5e slice (Cloud TPU v5e docs: 2D torus, 8 chips per host, 256-chip pod; G1)", False,
+           "# A 4x4 slice of TPU v5e chips on the ICI 2D torus (Cloud TPU v5e documentation, G1). Per-chip\n"
+           "# figures are tpu-v5e.yaml's, copied by `python -m sim.report.multichip`. Two hosts of 8 chips;\n"
+           "# XLA shards the model tensor-parallel over the slice by default here.\n",
+           tensor_parallel=(16, "tensor parallel over the whole slice (a common JetStream/MaxText decode sharding); "
+                                "pass --tp/--pp for others")),
+)
+
 PER_CHIP = ("memory", "compute", "noc", "host")
 
 
