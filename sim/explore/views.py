@@ -21,7 +21,6 @@ overrides; a serving replay of at most ``MAX_SERVE_DURATION_S`` seconds of arriv
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import shlex
 from functools import lru_cache
@@ -29,24 +28,18 @@ from pathlib import Path
 
 from sim.commands import run as run_command
 from sim.commands import serve as serve_command
-from sim.commands.common import spec_from_args, to_json
+from sim.commands.common import spec_from_args
 from sim.errors import ConfigError, SimulationError
+from sim.explore.compute import MAX_STEPS, RUN_FLAGS, FormError, _plain, curves_for, roofline_of
 
-MAX_STEPS = 64
 MAX_FIELD_CHARS = 2000
 MAX_OVERRIDES = 50
 MAX_SERVE_DURATION_S = 120.0
 MAX_RATES = 8
-BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-CONTEXTS = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 SERVE_REQUESTS = ("synthetic", "azure-conv", "azure-code")
 
-# form field -> the run command's option (values passed as --flag=VALUE, so text that
-# starts with "-" stays a value)
-RUN_FLAGS = {"hardware": "--hardware", "model": "--model", "weights": "--weights", "kv": "--kv",
-             "software": "--software", "dispatch": "--dispatch", "placement": "--placement",
-             "routing": "--routing", "batch": "--batch", "context": "--context", "steps": "--steps",
-             "engine": "--engine", "target_ms": "--target-ms", "tp": "--tp", "pp": "--pp", "chips": "--chips"}
+# form fields: RunSpec fields by their run option (sim.explore.compute.RUN_FLAGS), passed as
+# --flag=VALUE so text that starts with "-" stays a value
 OPTIONAL = frozenset({"tp", "pp", "chips"})  # empty: not given (the CLI's default)
 SERVE_FLAGS = {"hardware": "--hardware", "model": "--model", "weights": "--weights", "kv": "--kv",
                "software": "--software", "tp": "--tp", "pp": "--pp", "chips": "--chips",
@@ -55,10 +48,6 @@ FORM_KEYS = frozenset(RUN_FLAGS) | {"graph", "overrides", "allow_long_context", 
 SERVE_KEYS = FORM_KEYS | {"requests", "duration_s", "rates"}
 NAME_FIELDS = ("hardware", "model", "weights", "kv", "software", "routing")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
-
-
-class FormError(Exception):
-    """Bad input from the page; ``str()`` is the one line the CLI prints (``decodesim: ...``)."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -231,46 +220,6 @@ def spec_of(argv: list[str]):
 # -- views ---------------------------------------------------------------------------------------
 
 
-def _plain(obj):
-    return json.loads(to_json(obj))
-
-
-def roofline_of(result) -> dict | None:
-    """The first step's ops placed per memory level, as sim.report.detail_plots.roofline places
-    them (work = FLOPs + vector ops, intensity = work / bytes at that level, rate = work /
-    duration), with each level's peak, the matrix peak and the vector ceiling."""
-    from sim.costs import CostModel
-    from sim.study.runner import vector_peak_Tops
-
-    setup = result.resolved
-    if setup is None or not result.ops:
-        return None
-    hardware = setup.hardware
-    peaks = {k: v for k, v in CostModel(hardware).capacity.items() if k != "compute"}
-    levels = [level.name for level in hardware.memory if level.name in peaks]
-    dtype = getattr(setup.weights, "matmul_dtype", None) or "bf16"
-    try:
-        matrix = hardware.compute.matrix_peak_TFLOPs(dtype)
-    except Exception:  # a dtype the profile has no rate for: the bf16 peak, as the study's detail plot does
-        matrix = hardware.compute.matrix_peak_TFLOPs("bf16")
-    first = result.ops[0]["step"]
-    points: dict[str, dict] = {}
-    for op in result.ops:
-        if op["step"] != first:
-            continue
-        work = (op.get("flops") or 0) + (op.get("vector_ops") or 0)
-        duration = max(op["end_ns"] - op["start_ns"], 1e-9)
-        for level in levels:
-            moved = sum(v for k, v in op.items() if k.endswith(f"_{level}_bytes") and v == v and v)
-            if moved > 0 and work > 0:
-                p = points.setdefault(level, {"name": [], "intensity": [], "rate": []})
-                p["name"].append(op["name"])
-                p["intensity"].append(work / moved)
-                p["rate"].append(work / duration / 1e3)
-    return {"peaks_GBps": {lv: peaks[lv] for lv in levels}, "matrix_peak_TFLOPs": matrix,
-            "vector_peak_Tops": vector_peak_Tops(hardware), "matmul_dtype": dtype, "points": points}
-
-
 def _label(form: dict, default: str) -> str:
     label = form.get("label", default) if isinstance(form, dict) else default
     return str(label)[:40] if isinstance(label, str) and label.strip() else default
@@ -293,38 +242,8 @@ def config_view(form: dict, label: str = "A") -> dict:
 
 
 def curves_of(form: dict, superseded=lambda: False) -> dict:
-    """p99 ms per token of the form's configuration at each batch of ``BATCHES`` and each
-    context of ``CONTEXTS`` the model holds (the form's own batch and context included),
-    each the CLI's figure for ``--batch B`` (``--context C``) with the other arguments kept."""
-    from sim.config.loader import validate
-    from sim.config.setup import resolve
-    from sim.config.spec import RunSpec, apply_run_overrides
-    from sim.run import simulate
-
-    spec = spec_of(run_argv(form))
-    try:
-        effective = apply_run_overrides(spec)
-        max_context = resolve(effective.model_copy(update={"steps": 1, "context": 1})).model.max_context
-    except (ConfigError, SimulationError) as err:
-        raise FormError(f"decodesim: {err}") from None
-    last = effective.steps - 1
-    axes = {"batch": sorted(set(BATCHES) | {effective.batch}),
-            "context": sorted({c for c in CONTEXTS if effective.allow_long_context or c + last <= max_context}
-                              | {effective.context})}
-    out: dict[str, list] = {}
-    for axis, values in axes.items():
-        out[axis] = []
-        for value in values:
-            if superseded():
-                return {"superseded": True}
-            data = {**effective.model_dump(), axis: value}
-            try:
-                s = simulate(validate(RunSpec, data, "command line")).summary
-            except (ConfigError, SimulationError):
-                continue  # a point the CLI would refuse (batch x steps too large): not on the curve
-            out[axis].append({"x": value, "ms_p99": s["per_token_ms_p99"], "ms_p50": s["per_token_ms_p50"],
-                              "bound": s["bound"], "verdict": s["verdict"]})
-    return _plain(out)
+    """The curves (``curves_for``) of the form's configuration."""
+    return curves_for(spec_of(run_argv(form)), superseded)
 
 
 # -- serving -------------------------------------------------------------------------------------
@@ -388,4 +307,4 @@ def serve_row(point) -> dict:
 
 
 __all__ = ["FormError", "options", "check_name", "run_argv", "command_line", "spec_of", "config_view",
-           "curves_of", "roofline_of", "serve_points", "serve_row", "MAX_STEPS"]
+           "curves_of", "serve_points", "serve_row", "MAX_STEPS"]
