@@ -101,6 +101,7 @@ class Explorer:
                 "table": export.breakdown_table(found)}
 
     def curves(self, body: dict) -> dict:
+        forms = _forms(body)
         seq = body.get("seq", 0)
         if not isinstance(seq, int) or isinstance(seq, bool):
             raise FormError("decodesim: form: seq: expected a whole number")
@@ -111,7 +112,7 @@ class Explorer:
             return self.curves_seq > seq
 
         found = []
-        for label, form in _forms(body):
+        for label, form in forms:
             curves = views.curves_of(form, superseded)
             if curves.get("superseded"):
                 return {"superseded": True}
@@ -120,7 +121,7 @@ class Explorer:
         return {"plots": {k: plots[k] for k in ("fig-batch", "fig-context")}, "seq": seq}
 
     def export(self, body: dict) -> str:
-        forms = _forms(body)
+        forms = _forms(body)  # checks body is an object
         found = [views.config_view(form, label) for label, form in forms]
         for view, (_label, form) in zip(found, forms, strict=True):
             view["curves"] = views.curves_of(form)
