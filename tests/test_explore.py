@@ -233,3 +233,37 @@ def test_study_report_html_inlines_its_plots(tmp_path):
     assert "<pre><code>{&quot;k&quot;: 1}</code></pre>" in text and "<details>" in text
     assert "<script" not in text  # no plot of its own: no plotly.js to carry
     assert markdown_html("![x](../../etc/passwd)", tmp_path) == '<p><img alt="x" src="../../etc/passwd"></p>'
+
+
+def test_concurrent_views_are_the_serial_ones():
+    """The server computes requests in threads: overlapping runs give the same figures."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    forms = [{"batch": "8"}, {"model": "mixtral-8x7b", "steps": "2"}, {"kv": "kivi-2", "context": "16384"},
+             {"model": "qwen3-30b-a3b", "steps": "2", "dispatch": "sram_zero_copy"}]
+    serial = [views.config_view(f)["summary"]["per_token_ms_p50"] for f in forms]
+    with ThreadPoolExecutor(4) as pool:
+        threaded = list(pool.map(lambda f: views.config_view(f)["summary"]["per_token_ms_p50"], forms * 2))
+    assert threaded == serial * 2
+
+
+def test_one_command_starts_it():
+    import os
+    import subprocess
+    import sys
+    import urllib.request
+
+    from tests.conftest import ROOT
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "sim", "explore", "--port", "0"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("decodesim explorer on http://127.0.0.1:"), line + proc.stderr.read()
+        url = line.split()[3]
+        with urllib.request.urlopen(url, timeout=30) as r:
+            assert r.status == 200 and b"decodesim explorer" in r.read()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

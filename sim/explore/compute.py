@@ -28,7 +28,8 @@ class FormError(Exception):
     """Bad input from the page; ``str()`` is the one line the CLI prints (``decodesim: ...``)."""
 
 
-def _plain(obj):
+def plain(obj):
+    """``obj`` as plain JSON data (numpy scalars as numbers, non-finite floats as None)."""
     return json.loads(to_json(obj))
 
 
@@ -102,7 +103,7 @@ def curves_for(spec, superseded=lambda: False) -> dict:
                 continue  # a point the CLI would refuse (batch x steps too large): not on the curve
             out[axis].append({"x": value, "ms_p99": s["per_token_ms_p99"], "ms_p50": s["per_token_ms_p50"],
                               "bound": s["bound"], "verdict": s["verdict"]})
-    return _plain(out)
+    return plain(out)
 
 
 def spec_command(spec) -> str:
@@ -130,12 +131,12 @@ def run_view(spec, result) -> str:
     their ~17 points is a run as long as this one)."""
     from sim.explore.html import view_document
 
-    view = {"label": "A", "command": spec_command(spec), "summary": _plain(result.summary),
-            "roofline": _plain(roofline_of(result))}
+    view = {"label": "A", "command": spec_command(spec), "summary": plain(result.summary),
+            "roofline": plain(roofline_of(result))}
     if result.summary["verdict"] != "does-not-fit" and spec.steps <= MAX_STEPS:
         view["curves"] = curves_for(spec)
     return view_document([view], title=f"decodesim: {result.summary['model']} on {result.summary['hardware']}")
 
 
-__all__ = ["FormError", "roofline_of", "curves_for", "spec_command", "run_view", "MAX_STEPS", "BATCHES", "CONTEXTS",
+__all__ = ["FormError", "plain", "roofline_of", "curves_for", "spec_command", "run_view", "MAX_STEPS", "BATCHES", "CONTEXTS",
            "RUN_FLAGS"]

@@ -31,16 +31,22 @@ def _target_note(target_ms: float) -> dict:
             "text": f"{target_ms:g} ms target", "showarrow": False, "font": {"size": 11, "color": "#444"}}
 
 
-def breakdown(views: list[dict]) -> dict:
-    """The step breakdown (ms per step, by row) of each view, as grouped horizontal bars."""
+def breakdown_rows(views: list[dict]) -> list[str]:
+    """The breakdown rows any view spends time on (>= 0.1 us), largest first."""
     rows: list[str] = []
     for view in views:
-        for name, ms in sorted(view["summary"].get("breakdown_ms", {}).items(), key=lambda kv: -kv[1]):
+        for name, ms in sorted((view["summary"].get("breakdown_ms") or {}).items(), key=lambda kv: -kv[1]):
             if ms >= 1e-4 and name not in rows:
                 rows.append(name)
+    return rows
+
+
+def breakdown(views: list[dict]) -> dict:
+    """The step breakdown (ms per step, by row) of each view, as grouped horizontal bars."""
+    rows = breakdown_rows(views)
     data = []
     for i, view in enumerate(views):
-        b = view["summary"].get("breakdown_ms", {})
+        b = view["summary"].get("breakdown_ms") or {}
         data.append({"type": "bar", "orientation": "h", "name": view["label"], "y": rows,
                      "x": [b.get(r, 0.0) for r in rows], "marker": {"color": COLOURS[i % len(COLOURS)]},
                      "hovertemplate": "%{y}: %{x:.4f} ms<extra>" + view["label"] + "</extra>"})
@@ -132,4 +138,4 @@ def serving(rows: list[dict], target_ms: float, metric: str) -> dict:
     return {"data": data, "layout": layout}
 
 
-__all__ = ["breakdown", "roofline", "curve", "serving"]
+__all__ = ["breakdown_rows", "breakdown", "roofline", "curve", "serving"]

@@ -101,9 +101,11 @@ def headline(view: dict) -> str:
 
 
 def breakdown_table(views: list[dict]) -> str:
+    """The breakdown rows (ms per step) of each view, side by side."""
     rows = []
-    for name in figures.breakdown(views)["data"][0]["y"] if views and views[0]["summary"].get("breakdown_ms") else []:
-        cells = "".join(f"<td>{v['summary'].get('breakdown_ms', {}).get(name, 0.0):.4f}</td>" for v in views)
+    for name in figures.breakdown_rows(views):
+        cells = "".join(f"<td>{v['summary']['breakdown_ms'].get(name, 0.0):.4f}</td>" if v["summary"].get("breakdown_ms")
+                        else "<td>does not fit</td>" for v in views)
         rows.append(f"<tr><td>{html.escape(name)}</td>{cells}</tr>")
     if not rows:
         return ""

@@ -123,7 +123,7 @@ class Explorer:
     def export(self, body: dict) -> str:
         forms = _forms(body)  # checks body is an object
         found = [views.config_view(form, label) for label, form in forms]
-        for view, (_label, form) in zip(found, forms, strict=True):
+        for view, (label_of, form) in zip(found, forms, strict=True):
             view["curves"] = views.curves_of(form)
         serving = None
         job_id = body.get("serve")
@@ -137,7 +137,7 @@ class Explorer:
 
 def _curve_view(label: str, form: dict, curves: dict) -> dict:
     spec = views.spec_of(views.run_argv(form))
-    return {"label": views._label(form, label), "summary": {"target_ms": spec.target_ms}, "curves": curves}
+    return {"label": views.label_of(form, label), "summary": {"target_ms": spec.target_ms}, "curves": curves}
 
 
 def _forms(body) -> list[tuple[str, dict]]:

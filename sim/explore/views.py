@@ -30,7 +30,7 @@ from sim.commands import run as run_command
 from sim.commands import serve as serve_command
 from sim.commands.common import spec_from_args
 from sim.errors import ConfigError, SimulationError
-from sim.explore.compute import MAX_STEPS, RUN_FLAGS, FormError, _plain, curves_for, roofline_of
+from sim.explore.compute import MAX_STEPS, RUN_FLAGS, FormError, plain, curves_for, roofline_of
 
 MAX_FIELD_CHARS = 2000
 MAX_OVERRIDES = 50
@@ -220,7 +220,8 @@ def spec_of(argv: list[str]):
 # -- views ---------------------------------------------------------------------------------------
 
 
-def _label(form: dict, default: str) -> str:
+def label_of(form: dict, default: str) -> str:
+    """The form's ``label`` (at most 40 characters), else ``default``."""
     label = form.get("label", default) if isinstance(form, dict) else default
     return str(label)[:40] if isinstance(label, str) and label.strip() else default
 
@@ -229,7 +230,7 @@ def config_view(form: dict, label: str = "A") -> dict:
     """One configuration: its ``decodesim run --json`` summary, its roofline, its command line."""
     from sim.run import simulate
 
-    label = _label(form, label)
+    label = label_of(form, label)
     argv = run_argv(form)
     spec = spec_of(argv)
     try:
@@ -237,8 +238,8 @@ def config_view(form: dict, label: str = "A") -> dict:
         roof = roofline_of(result)
     except (ConfigError, SimulationError) as err:
         raise FormError(f"decodesim: {err}") from None
-    return {"label": label, "argv": argv, "command": command_line("run", argv), "summary": _plain(result.summary),
-            "roofline": _plain(roof)}
+    return {"label": label, "argv": argv, "command": command_line("run", argv), "summary": plain(result.summary),
+            "roofline": plain(roof)}
 
 
 def curves_of(form: dict, superseded=lambda: False) -> dict:
@@ -303,8 +304,8 @@ def serve_row(point) -> dict:
     """One replay of the sweep as ``decodesim serve --rates`` tabulates it (sim.serve.sweep.run_point)."""
     from sim.serve.sweep import run_point
 
-    return _plain(run_point(point.model_dump_json()))
+    return plain(run_point(point.model_dump_json()))
 
 
 __all__ = ["FormError", "options", "check_name", "run_argv", "command_line", "spec_of", "config_view",
-           "curves_of", "serve_points", "serve_row", "MAX_STEPS"]
+           "curves_of", "label_of", "serve_points", "serve_row", "MAX_STEPS"]
