@@ -267,3 +267,12 @@ def test_one_command_starts_it():
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_every_curve_point_is_the_cli_figure():
+    curves = views.curves_of({"kv": "int8", "steps": "2"})
+    at = {p["x"]: p["ms_p99"] for p in curves["batch"]}
+    assert at[16] == cli_json("--kv", "int8", "--steps", "2", "--batch", "16")["per_token_ms_p99"]
+    at = {p["x"]: p["ms_p99"] for p in curves["context"]}
+    assert at[32768] == cli_json("--kv", "int8", "--steps", "2", "--context", "32768")["per_token_ms_p99"]
+    assert max(at) <= 131072 - 1  # llama-3-8b's max_context: no point the CLI would refuse

@@ -110,9 +110,9 @@ def check_name(field: str, value, where: str = "form") -> None:
     if value is None:
         return
     text = str(value)
-    if text in _allowed(field) and not Path(text).exists():
+    if text in _allowed(field) and not Path(text).is_file():
         return
-    if _NAME.fullmatch(text) and not Path(text).exists():
+    if _NAME.fullmatch(text) and not Path(text).is_file():
         return
     raise FormError(f"decodesim: {where}: {field}: the explorer reads bundled names only, never a path; expected "
                     f"one of: {', '.join(_allowed(field))}, got {text[:80]!r}")
