@@ -276,3 +276,19 @@ def test_every_curve_point_is_the_cli_figure():
     at = {p["x"]: p["ms_p99"] for p in curves["context"]}
     assert at[32768] == cli_json("--kv", "int8", "--steps", "2", "--context", "32768")["per_token_ms_p99"]
     assert max(at) <= 131072 - 1  # llama-3-8b's max_context: no point the CLI would refuse
+
+
+def test_the_server_reuses_a_computed_view_and_keeps_labels_apart():
+    from sim.explore.server import Explorer
+
+    e = Explorer()
+    first = e.view({"a": {"batch": "2"}})
+    again = e.view({"a": {"batch": "2"}})
+    assert again == first and len(e.cache) == 1
+    named = e.view({"a": {"batch": "2", "label": "mine"}})
+    assert named["views"][0]["label"] == "mine" and 'data-label="mine"' in named["cards"][0]
+    assert named["views"][0]["summary"] == first["views"][0]["summary"]
+    e.CACHE_ENTRIES = 2
+    for batch in ("3", "4", "5"):
+        e.view({"a": {"batch": batch}})
+    assert len(e.cache) == 2

@@ -21,6 +21,7 @@ failure answers 500 with one line, and the server goes on serving.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import json
 import sys
@@ -87,16 +88,42 @@ class _Jobs:
 
 
 class Explorer:
-    """The explorer's state: the serving jobs and the newest curves request."""
+    """The explorer's state: the serving jobs, the newest curves request, and the views and
+    curves already computed (by argument list: a run is deterministic, so the same
+    arguments give the same figures; ``CACHE_ENTRIES`` kept, oldest dropped first)."""
+
+    CACHE_ENTRIES = 128
 
     def __init__(self):
         self.jobs = _Jobs()
         self.curves_seq = 0
         self.lock = threading.Lock()
+        self.cache: dict[tuple, dict] = {}
+
+    def _cached(self, kind: str, form, label: str, make) -> dict:
+        argv = tuple(views.run_argv(form))  # checks the form first
+        key = (kind, views.label_of(form, label), argv)
+        with self.lock:
+            hit = self.cache.get(key)
+        if hit is not None:
+            return copy.deepcopy(hit)
+        value = make()
+        if not value.get("superseded"):
+            with self.lock:
+                self.cache[key] = copy.deepcopy(value)
+                while len(self.cache) > self.CACHE_ENTRIES:
+                    self.cache.pop(next(iter(self.cache)))
+        return value
+
+    def _view(self, form, label: str) -> dict:
+        return self._cached("view", form, label, lambda: views.config_view(form, label))
+
+    def _curves(self, form, superseded=lambda: False) -> dict:
+        return self._cached("curves", form, "", lambda: views.curves_of(form, superseded))
 
     def view(self, body: dict) -> dict:
         forms = _forms(body)
-        found = [views.config_view(form, label) for label, form in forms]
+        found = [self._view(form, label) for label, form in forms]
         return {"views": found, "cards": [export.headline(v) for v in found], "plots": export.view_plots(found),
                 "table": export.breakdown_table(found)}
 
@@ -113,7 +140,7 @@ class Explorer:
 
         found = []
         for label, form in forms:
-            curves = views.curves_of(form, superseded)
+            curves = self._curves(form, superseded)
             if curves.get("superseded"):
                 return {"superseded": True}
             found.append(_curve_view(label, form, curves))
