@@ -129,8 +129,10 @@ def test_the_page_in_a_browser(browser, server, downloads):
     set_field(d, "A-batch", "x")
     code, _out, err = run_cli("run", "--batch", "x")
     wait(d, lambda d: d.find_element(By.ID, "error").text == err.strip(), "the CLI's error line")
+    assert "stale" in d.find_element(By.ID, "results").get_attribute("class")  # the last good view, dimmed
     set_field(d, "A-batch", "16")
     wait(d, lambda d: d.find_element(By.ID, "error").text == "" and shown_ms(d) == want, "recovery")
+    assert "stale" not in d.find_element(By.ID, "results").get_attribute("class")
 
     # two configurations side by side
     d.find_element(By.ID, "compare").click()

@@ -55,8 +55,9 @@ def breakdown(views: list[dict]) -> dict:
                      yaxis={"autorange": "reversed", "automargin": True},
                      height=max(260, 60 + 26 * len(rows) * max(1, len(views))))
     if not rows:
-        layout["annotations"] = [{"text": "no breakdown: the setup does not fit", "showarrow": False,
-                                  "xref": "paper", "yref": "paper", "x": 0.5, "y": 0.5}]
+        layout.update(xaxis={"visible": False}, yaxis={"visible": False}, annotations=[{
+            "text": "no breakdown: the setup does not fit", "showarrow": False, "xref": "paper", "yref": "paper",
+            "x": 0.5, "y": 0.5}])
     return {"data": data, "layout": layout}
 
 
@@ -66,7 +67,7 @@ def roofline(view: dict) -> dict:
     roof = view.get("roofline")
     title = f"Roofline of one step: {view['label']}"
     if not roof or not roof["points"]:
-        return {"data": [], "layout": _layout(title, annotations=[{
+        return {"data": [], "layout": _layout(title, xaxis={"visible": False}, yaxis={"visible": False}, annotations=[{
             "text": "no roofline: the setup does not fit" if roof is None else "no op moved bytes",
             "showarrow": False, "xref": "paper", "yref": "paper", "x": 0.5, "y": 0.5}])}
     intensities = [p for level in roof["points"].values() for p in level["intensity"]]
