@@ -29,5 +29,7 @@ How it is built, and why this way:
   field to a path, and the server serves only its page and the bundled Plotly script.
 
 Modules: ``html`` (self-contained HTML, study reports as HTML), ``figures`` (Plotly figure
-dicts), ``views`` (form -> spec -> views, through the CLI's parser), ``server`` (routes).
+dicts), ``compute`` (roofline, curves and ``run --html`` from a RunSpec), ``views`` (form ->
+argument list -> spec -> views, through the CLI's parser), ``server`` (routes), and
+``page.html`` (the page; its script only draws what the server sends).
 """
