@@ -165,7 +165,8 @@ def test_the_server_answers_and_serves_nothing_else(server):
        st.one_of(st.binary(max_size=40), st.builds(lambda f: json.dumps({"a": f}).encode(), FORMS),
                  st.builds(lambda f: json.dumps({"form": f}).encode(), FORMS),
                  st.sampled_from([b"null", b"[]", b"{}", b'{"a": null}', b'{"a": {}, "b": 3}', b'{"a":{},"seq":"x"}',
-                                  b"[" * 5000, b'{"a":{"steps":"1"},"serve":99}'])))
+                                  b"[" * 5000, b'{"a":{"steps":"1"},"serve":99}',
+                                  b'{"a":{"steps":"1"},"axis":[1]}', b'{"a":{"steps":"1"},"axis":"batch"}'])))
 def test_the_server_survives_any_request(server, path, body):
     status, data = request(server, "POST", path, body)
     assert status in (200, 400, 404), data[:300]

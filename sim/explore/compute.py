@@ -69,10 +69,11 @@ def roofline_of(result) -> dict | None:
             "vector_peak_Tops": vector_peak_Tops(hardware), "matmul_dtype": dtype, "points": points}
 
 
-def curves_for(spec, superseded=lambda: False) -> dict:
+def curves_for(spec, superseded=lambda: False, axes=("batch", "context")) -> dict:
     """p99 ms per token of ``spec`` at each batch of ``BATCHES`` and each context of
     ``CONTEXTS`` the model holds (the spec's own batch and context included), each the
-    CLI's figure for ``--batch B`` (``--context C``) with the other arguments kept. A spec
+    CLI's figure for ``--batch B`` (``--context C``) with the other arguments kept; ``axes``
+    names the curves to compute. A spec
     that replays a trace has no curves (its batch and context come from the trace)."""
     from sim.config.loader import validate
     from sim.config.setup import resolve
@@ -87,11 +88,12 @@ def curves_for(spec, superseded=lambda: False) -> dict:
     except (ConfigError, SimulationError) as err:
         raise FormError(f"decodesim: {err}") from None
     last = effective.steps - 1
-    axes = {"batch": sorted(set(BATCHES) | {effective.batch}),
-            "context": sorted({c for c in CONTEXTS if effective.allow_long_context or c + last <= max_context}
-                              | {effective.context})}
+    values_of = {"batch": lambda: sorted(set(BATCHES) | {effective.batch}),
+                 "context": lambda: sorted({c for c in CONTEXTS if effective.allow_long_context
+                                            or c + last <= max_context} | {effective.context})}
     out: dict[str, list] = {}
-    for axis, values in axes.items():
+    for axis in axes:
+        values = values_of[axis]()
         out[axis] = []
         for value in values:
             if superseded():

@@ -7,8 +7,9 @@ Routes (JSON in and out unless said):
 * ``GET /api/options``: the bundled names the menus offer, and the CLI's defaults.
 * ``POST /api/view`` ``{"a": form, "b": form | null}``: each configuration's ``decodesim run
   --json`` summary, its headline card (HTML) and the figures (breakdown, rooflines).
-* ``POST /api/curves`` ``{"a": ..., "b": ..., "seq": n}``: latency against batch and context;
-  a later request (higher ``seq``) stops an earlier one between points.
+* ``POST /api/curves`` ``{"a": ..., "b": ..., "seq": n, "axis": "batch" | "context" | null}``:
+  latency against batch and/or context; a later request (higher ``seq``) stops an earlier
+  one between points.
 * ``POST /api/export`` ``{"a": ..., "b": ..., "serve": job | null}``: the whole view as one
   self-contained HTML file (sim.explore.html), recomputed from the forms.
 * ``POST /api/serve`` ``{"form": ...}``: start a serving sweep (one short replay per rate,
@@ -38,6 +39,7 @@ from sim.explore.views import FormError
 HERE = Path(__file__).resolve().parent
 MAX_BODY_BYTES = 256 * 1024
 DEFAULT_PORT = 8765
+AXES = ("batch", "context")
 
 
 class _Jobs:
@@ -118,8 +120,14 @@ class Explorer:
     def _view(self, form, label: str) -> dict:
         return self._cached("view", form, label, lambda: views.config_view(form, label))
 
-    def _curves(self, form, superseded=lambda: False) -> dict:
-        return self._cached("curves", form, "", lambda: views.curves_of(form, superseded))
+    def _curves(self, form, superseded=lambda: False, axes=AXES) -> dict:
+        out: dict = {}
+        for axis in axes:
+            one = self._cached(f"curves-{axis}", form, "", lambda a=axis: views.curves_of(form, superseded, (a,)))
+            if one.get("superseded"):
+                return one
+            out.update(one)
+        return out
 
     def view(self, body: dict) -> dict:
         forms = _forms(body)
@@ -129,6 +137,10 @@ class Explorer:
 
     def curves(self, body: dict) -> dict:
         forms = _forms(body)
+        axis = body.get("axis")
+        if axis is not None and axis not in AXES:
+            raise FormError(f"decodesim: form: axis: expected one of: {', '.join(AXES)}, got {str(axis)[:40]!r}")
+        axes = AXES if axis is None else (axis,)
         seq = body.get("seq", 0)
         if not isinstance(seq, int) or isinstance(seq, bool):
             raise FormError("decodesim: form: seq: expected a whole number")
@@ -140,18 +152,18 @@ class Explorer:
 
         found = []
         for label, form in forms:
-            curves = self._curves(form, superseded)
+            curves = self._curves(form, superseded, axes)
             if curves.get("superseded"):
                 return {"superseded": True}
             found.append(_curve_view(label, form, curves))
         plots = export.view_plots(found)
-        return {"plots": {k: plots[k] for k in ("fig-batch", "fig-context")}, "seq": seq}
+        return {"plots": {f"fig-{a}": plots[f"fig-{a}"] for a in axes}, "seq": seq}
 
     def export(self, body: dict) -> str:
         forms = _forms(body)  # checks body is an object
-        found = [views.config_view(form, label) for label, form in forms]
-        for view, (label_of, form) in zip(found, forms, strict=True):
-            view["curves"] = views.curves_of(form)
+        found = [self._view(form, label) for label, form in forms]
+        for view, (_label, form) in zip(found, forms, strict=True):
+            view["curves"] = self._curves(form)
         serving = None
         job_id = body.get("serve")
         if job_id is not None:

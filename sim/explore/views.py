@@ -242,9 +242,9 @@ def config_view(form: dict, label: str = "A") -> dict:
             "roofline": plain(roof)}
 
 
-def curves_of(form: dict, superseded=lambda: False) -> dict:
+def curves_of(form: dict, superseded=lambda: False, axes=("batch", "context")) -> dict:
     """The curves (``curves_for``) of the form's configuration."""
-    return curves_for(spec_of(run_argv(form)), superseded)
+    return curves_for(spec_of(run_argv(form)), superseded, axes)
 
 
 # -- serving -------------------------------------------------------------------------------------
