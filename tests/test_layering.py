@@ -27,8 +27,9 @@ LAYERS: list[tuple[str, ...]] = [
     ("sim.engine", "sim.analytic"),
     ("sim.results",),
     ("sim.run",),
-    ("sim.study", "sim.report", "sim.serve"),
-    ("sim.commands", "sim.cli", "sim.__main__", "sim.__api__", "sim"),
+    ("sim.study", "sim.report", "sim.serve", "sim.explore.html", "sim.explore.figures",
+     "sim.explore.compute"),
+    ("sim.commands", "sim.cli", "sim.__main__", "sim.__api__", "sim", "sim.explore"),
 ]
 
 

@@ -26,6 +26,9 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--trace-out", type=output_file, default=None,
                    help="write a Chrome/Perfetto trace JSON of the timeline (every step; see --trace-steps)")
+    p.add_argument("--html", type=output_file, default=None, metavar="FILE",
+                   help="also write the explorer's view (breakdown, roofline, latency against batch and context) "
+                        "as one self-contained HTML file that opens offline")
     p.add_argument("--trace-steps", default=None, metavar="A:B",
                    help="steps the trace keeps, A <= step < B (either end may be left out; default all)")
     p.set_defaults(handler=handle)
@@ -56,7 +59,8 @@ def handle(args) -> int:
     spec = spec_from_args(args)
     trace_steps = step_range(args.trace_steps, spec.steps)
     keep = args.out is not None or args.trace_out is not None
-    result = simulate(spec, keep_ops=keep, keep_log=keep)
+    html = getattr(args, "html", None)
+    result = simulate(spec, keep_ops=keep or html is not None, keep_log=keep)
     if args.out is not None and result.steps:
         steps, ops, log = result.tables()
         write_frame(steps, args.out / "steps")
@@ -67,6 +71,10 @@ def handle(args) -> int:
         from sim.report.trace import trace_of
 
         write_atomic(args.trace_out, trace_of(result, trace_steps))
+    if html is not None:
+        from sim.explore.compute import run_view
+
+        write_atomic(html, run_view(spec, result))
     if args.json:
         emit_json("run", result.summary)
     else:
