@@ -38,6 +38,7 @@ class System:
     estimate: bool
     header: str
     tensor_parallel: tuple[int, str] | None = None  # system.tensor_parallel: (default tp, its source)
+    scaleout: str = ""  # a system.scaleout block (YAML, indented two spaces) between groups of chips
 
 
 SYSTEMS = (
@@ -55,7 +56,13 @@ SYSTEMS = (
            "# \"576 chips (reported)\", S): 8 chips per 4U GroqNode (hardware_facts.md 5, Q2), 72 nodes.\n"
            "# Per-chip figures are groq-lpu.yaml's, copied by `python -m sim.report.multichip`.\n"
            "# Default mapping: tensor parallel over the 8 chips of a node, a pipeline over the 72 nodes;\n"
-           "# stages hold half-layer units balanced by bytes (system.partition: balanced).\n"),
+           "# stages hold half-layer units balanced by bytes (system.partition: balanced). Inside a node the\n"
+           "# 8 cards are fully connected; nodes are joined in a Dragonfly over 4 global ports per card.\n",
+           scaleout=("  scaleout:\n"
+                     '    chips_per_group: {value: 8, source: "8 GroqCards per GroqNode, fully connected by 7 cable pairs each (HC34 notes; hardware_facts.md 5, Q2)"}\n'
+                     '    bandwidth_GBps: {value: 56, source: "4 global (inter-node) ports per card (HC34 notes, Dragonfly) x ~14 GB/s per C2C link per direction (Linley Newsletter 2020-11-10: 4 lanes x 28 Gb/s cabled)", estimate: true}\n'
+                     '    latency_ns: {value: 1000, source: "one C2C hop, as inside the node; the ISCA 22 paper bounds the whole Dragonfly at < 3 us end to end", estimate: true}\n'
+                     '    per_message_overhead_ns: {value: 0, source: "statically scheduled transfers (Q3)", estimate: true}\n')),
     System("cerebras-wse3-x4", "cerebras-wse3",
            "4 Cerebras CS-3 systems (WSE-3 wafers) over 100 GbE; per wafer 44 GB SRAM at 21 PB/s",
            4, "'70B models fit on as few as four systems' (Cerebras inference launch blog, Aug 2024; docs/spatial.md CB-MAP)",
@@ -103,6 +110,8 @@ def render(system: System, base_text: str | None = None) -> str:
     if system.tensor_parallel is not None:
         tp, source = system.tensor_parallel
         chips += f'\n  tensor_parallel: {{value: {tp}, source: "{source}"}}'
+    if system.scaleout:
+        chips += "\n" + system.scaleout.rstrip("\n")
     body, n = re.subn(r"^  chips: \{.*\}$", chips, body, count=1, flags=re.M)
     if n != 1:
         raise ValueError(f"{system.base}.yaml: no one-line system.chips entry to replace")
