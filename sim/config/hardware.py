@@ -16,6 +16,7 @@ from typing import Annotated, Literal, Union
 
 from pydantic import Field, field_validator, model_validator
 
+from sim.config.energy import Energy, energy_tiers
 from sim.config.quantity import Count, Frac, Num, Pos, Share, Strict, Table
 from sim.units import GB, MB
 
@@ -263,6 +264,8 @@ class HardwareProfile(Strict):
     host: Host
     system: System
     kernels: KernelCosts | None = None  # measured kernel-class costs; without it: the byte model's start-ups
+    energy: Energy | None = None  # pJ/bit per tier, pJ/FLOP, static W (sim.config.energy)
+    check_energy_tiers = model_validator(mode="after")(energy_tiers)
 
     @model_validator(mode="after")
     def _fractions(self):

@@ -1,0 +1,164 @@
+"""Energy of a simulated decode step, split by the same rows as its latency breakdown.
+
+What it models: a step's energy is the chips' static power over the step's time, the host's
+power over the same time, and the dynamic energy of what the ops moved and computed: every
+flow of every op (the bytes the engine moved, per memory level, on-chip network, host link and
+chip links) at that tier's pJ/bit, every matrix FLOP at its dtype's pJ/FLOP, every vector
+operation (element-wise work, dequantization) at the vector unit's pJ/FLOP. The figures are
+the profile's ``energy:`` section (sim.config.energy); on the H200 they are fitted to NVML
+energy measurements of kernel-class microbenchmarks (calibration/energy/).
+
+How it splits: an op's dynamic energy goes to the row its time goes to (loads by what the
+bytes are: ``weights``, ``kv``, ``activations`` ...; FLOPs to its compute row, dequantization
+to ``dequant``; an op that belongs to one phase row gives it all), and static plus host
+energy is spread over the rows in proportion to their time. So the rows sum to the step's
+energy exactly (conservation), idle power x time is a floor under any step, and, at equal
+time, fewer bytes never cost more.
+
+What it ignores: power capping and DVFS (a chip above its power limit would throttle: the
+summary flags a predicted average power above ``power_limit_W``), temperature, the energy of
+kernel launches themselves, data-dependent switching (zeros cost as much as random data).
+
+Units: pJ inside, J and W in the outputs; times in ns.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from sim.costs import CATEGORY_ROW, MEMO_LIMIT
+from sim.results import op_key
+
+PJ = 1e-12  # J per pJ
+NS = 1e-9  # s per ns
+
+
+@dataclass(frozen=True)
+class StepEnergy:
+    """One step's energy in J: by breakdown row and by component (static, host, each memory
+    level or link, matrix, vector); both sum to ``total_J``. ``floor_J`` is idle power x time."""
+
+    total_J: float
+    by_row: dict[str, float]
+    by_component: dict[str, float]
+    floor_J: float
+    time_ns: float
+    tokens: int
+
+
+class EnergyModel:
+    """Energy of steps on one hardware profile (which must have an ``energy:`` section), run
+    on ``tp x pp`` chips: every op runs on the ``tp`` chips of its stage, each moving its shard."""
+
+    def __init__(self, hw, tp: int = 1, pp: int = 1):
+        e = hw.energy
+        if e is None:
+            raise ValueError(f"hardware profile {hw.name!r} has no energy section")
+        self.energy = e
+        self.tp = tp
+        self.chips = tp * pp
+        self.pj_per_bit: dict[str, float] = {lv.name: e.tier_pJ(lv.name, lv.kind) for lv in hw.memory}
+        self.pj_per_bit.update(noc=e.noc_pJ_per_bit.value, pcie=e.host_link_pJ_per_bit.value,
+                               link=e.chip_link_pJ_per_bit.value)
+        self.vector_pj = e.vector_pJ_per_flop.value
+        self.static_W = e.static_W.value * self.chips
+        self.host_W = e.host_W.value
+        self.idle_W = e.idle_W.value * self.chips
+        self.power_limit_W = e.power_limit_W.value * self.chips if e.power_limit_W is not None else None
+        self._memo: dict[tuple, tuple[dict, dict]] = {}
+
+    # -- one op --------------------------------------------------------------------------
+    def op_pj(self, op, cost) -> tuple[dict[str, float], dict[str, float]]:
+        """(pJ by breakdown row, pJ by component) of one op on one chip, memoised per op key."""
+        key = op_key(op)
+        hit = self._memo.get(key)
+        if hit is None:
+            if len(self._memo) >= MEMO_LIMIT:
+                self._memo.clear()
+            hit = self._memo[key] = self._op_pj(op, cost)
+        return hit
+
+    def _op_pj(self, op, cost) -> tuple[dict[str, float], dict[str, float]]:
+        rows: dict[str, float] = defaultdict(float)
+        parts: dict[str, float] = defaultdict(float)
+        for f in cost.flows:
+            pj = f.bytes * 8 * self.pj_per_bit[f.link]
+            rows[op.row or CATEGORY_ROW.get(f.category, f.category)] += pj
+            parts[f.link] += pj
+        for k in op.work.kernels_run or (op.work,):
+            matrix = k.matrix_flops * self.energy.matrix_pJ(k.dtype)
+            vector = (k.vector_ops - k.dequant_ops) * self.vector_pj
+            dequant = k.dequant_ops * self.vector_pj
+            rows[op.row or op.compute_row] += matrix + vector
+            rows[op.row or "dequant"] += dequant
+            parts["matrix"] += matrix
+            parts["vector"] += vector + dequant
+        return ({k: v for k, v in rows.items() if v}, {k: v for k, v in parts.items() if v})
+
+    # -- one step --------------------------------------------------------------------------
+    def step(self, keys: dict, op_costs: list, breakdown_ns: dict[str, float], time_ns: float,
+             tokens: int) -> StepEnergy:
+        """A step's energy from its distinct ops (``keys``: op key -> [count, an op]), their
+        costs, its breakdown (ns by row) and its time."""
+        records = []
+        for n, op in keys.values():
+            rows, parts = self.op_pj(op, op_costs[op.idx])
+            records.append((n * self.tp, rows, parts))
+        return split(records, breakdown_ns, time_ns, self.static_W, self.host_W, self.idle_W, tokens)
+
+
+def split(records, breakdown_ns: dict[str, float], time_ns: float, static_W: float, host_W: float,
+          idle_W: float, tokens: int) -> StepEnergy:
+    """Sum ops' dynamic energy (``records``: (count, pJ by row, pJ by component)) and spread
+    static and host power x ``time_ns`` over the rows in proportion to ``breakdown_ns``."""
+    by_row: dict[str, float] = defaultdict(float)
+    by_part: dict[str, float] = defaultdict(float)
+    for n, rows, parts in records:
+        for row, pj in rows.items():
+            by_row[row] += n * pj * PJ
+        for part, pj in parts.items():
+            by_part[part] += n * pj * PJ
+    seconds = time_ns * NS
+    static, host = static_W * seconds, host_W * seconds
+    by_part["static"] += static
+    by_part["host"] += host
+    timed = {row: t for row, t in breakdown_ns.items() if t > 0}
+    total_t = sum(timed.values())
+    if total_t > 0:
+        for row, t in timed.items():
+            by_row[row] += (static + host) * t / total_t
+    elif static + host:
+        by_row["launch_sync"] += static + host
+    total = sum(by_part.values())
+    return StepEnergy(total, dict(by_row), dict(by_part), idle_W * seconds, time_ns, tokens)
+
+
+def summarize(steps: list[StepEnergy], power_limit_W: float | None = None) -> dict:
+    """The run's energy: J per token (every sequence of a step gets one), average power, the
+    chips' part alone (``chip_*``: what the chips' own counters see, the host left out), the
+    idle floor, and the per-row and per-component splits in J per token. ``power_limit_W`` is
+    all chips' limit together; the chips' average power above it is flagged."""
+    tokens = sum(s.tokens for s in steps)
+    total = sum(s.total_J for s in steps)
+    seconds = sum(s.time_ns for s in steps) * NS
+    rows: dict[str, float] = defaultdict(float)
+    parts: dict[str, float] = defaultdict(float)
+    for s in steps:
+        for k, v in s.by_row.items():
+            rows[k] += v
+        for k, v in s.by_component.items():
+            parts[k] += v
+    avg_W = total / seconds if seconds else 0.0
+    chip = total - parts.get("host", 0.0)
+    chip_W = chip / seconds if seconds else 0.0
+    return {
+        "J_per_token": total / tokens, "tokens_per_J": tokens / total if total else None,
+        "J_per_step_mean": total / len(steps), "avg_W": avg_W,
+        "chip_J_per_token": chip / tokens, "chip_avg_W": chip_W,
+        "floor_J_per_token": sum(s.floor_J for s in steps) / tokens,
+        "by_row_J_per_token": {k: v / tokens for k, v in sorted(rows.items(), key=lambda kv: -kv[1])},
+        "by_component_J_per_token": {k: v / tokens for k, v in sorted(parts.items(), key=lambda kv: -kv[1])},
+        "power_limit_W": power_limit_W,
+        "above_power_limit": bool(power_limit_W is not None and chip_W > power_limit_W),
+    }
