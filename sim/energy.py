@@ -63,7 +63,7 @@ class EnergyModel:
                                link=e.chip_link_pJ_per_bit.value)
         self.vector_pj = e.vector_pJ_per_flop.value
         self.static_W = e.static_W.value * self.chips
-        self.host_W = e.host_W.value
+        self.host_W = e.host_W.value * self.chips
         self.idle_W = e.idle_W.value * self.chips
         self.power_limit_W = e.power_limit_W.value * self.chips if e.power_limit_W is not None else None
         self._memo: dict[tuple, tuple[dict, dict]] = {}

@@ -15,7 +15,7 @@ pJ per bit moved, pJ per FLOP (2 per multiply-add, as the compute figures count 
   (element-wise work and dequantization on the vector units).
 * ``static_W``: a chip's power while a step runs with nothing moving (powered, clocked,
   leaking); ``idle_W``: its power with nothing queued at all (at most ``static_W``: the floor
-  any step's energy stays above); ``host_W``: the host's power while it drives the chips
+  any step's energy stays above); ``host_W``: the host's power per chip it drives
   (charged over the step's whole time); ``power_limit_W`` (optional): the chip's enforced
   limit, above which it throttles clocks and the prediction is flagged.
 """
