@@ -162,3 +162,21 @@ def summarize(steps: list[StepEnergy], power_limit_W: float | None = None) -> di
         "power_limit_W": power_limit_W,
         "above_power_limit": bool(power_limit_W is not None and chip_W > power_limit_W),
     }
+
+
+def render_lines(e: dict) -> list[str]:
+    """The run's energy as text lines for ``decodesim run``."""
+    lines = [f"  energy: {e['J_per_token']:.3f} J per token ({e['tokens_per_J']:.2f} tokens/J), average "
+             f"{e['avg_W']:.0f} W; chips alone {e['chip_J_per_token']:.3f} J/token at {e['chip_avg_W']:.0f} W"
+             f" (idle floor {e['floor_J_per_token']:.3f} J/token)"]
+    if e.get("above_power_limit"):
+        lines.append(f"  energy: the chips' predicted {e['chip_avg_W']:.0f} W is above their {e['power_limit_W']:.0f} W "
+                     "limit: they would throttle (slower, less energy per operation than predicted)")
+    total = e["J_per_token"] or 1.0
+    lines.append("  energy split (J per token):")
+    for row, j in e["by_row_J_per_token"].items():
+        if j >= 1e-4 * total:
+            lines.append(f"    {row:<16}{j:9.4f}  {100 * j / total:5.1f}%")
+    parts = ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in e["by_component_J_per_token"].items() if v >= 0.005 * total)
+    lines.append(f"  energy by component: {parts}")
+    return lines
