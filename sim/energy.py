@@ -180,3 +180,52 @@ def render_lines(e: dict) -> list[str]:
     parts = ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in e["by_component_J_per_token"].items() if v >= 0.005 * total)
     lines.append(f"  energy by component: {parts}")
     return lines
+
+
+class MeteredStepModel:
+    """A serving step model (``step_ns``) with energy: times come from ``inner``; the chips
+    draw static power over every step and idle power between steps, the host its power over
+    the whole window, and the ops' dynamic energy is evaluated exactly (a full lowering) on
+    every ``sample_every``-th step, the first included, and scaled to all steps by their mean
+    (a systematic sample: the replay's steps vary slowly with the batch and the contexts)."""
+
+    def __init__(self, inner, setup, sample_every: int = 64):
+        from sim.costs import CostModel
+
+        self.inner, self.setup, self.sample_every = inner, setup, sample_every
+        self.model = EnergyModel(setup.hardware, setup.tp, setup.pp)
+        self.costs = getattr(inner, "costs", None) or CostModel(setup.hardware, setup.stack)
+        self.steps = 0
+        self.busy_ns = 0.0
+        self.samples: list[float] = []
+
+    def step_ns(self, decode_contexts, prefill=()) -> float:
+        t = self.inner.step_ns(decode_contexts, prefill)
+        if self.steps % self.sample_every == 0:
+            self.samples.append(self.dynamic_J(tuple(decode_contexts), tuple(prefill)))
+        self.steps += 1
+        self.busy_ns += t
+        return t
+
+    def dynamic_J(self, decode_contexts, prefill) -> float:
+        """The ops' dynamic energy of one step on all its chips (J)."""
+        from sim.lowering.decode import lower_step
+
+        graph = lower_step(self.setup, decode_contexts, prefill=prefill)
+        pj = 0.0
+        for op in graph.ops:
+            _rows, parts = self.model._op_pj(op, self.costs.cost_once(op.work))
+            pj += sum(parts.values())
+        return pj * PJ * self.model.tp
+
+    def summary(self, window_s: float, output_tokens: int) -> dict:
+        """Flat figures for the serve summary (J per output token, average power)."""
+        m = self.model
+        busy_s = self.busy_ns * NS
+        dynamic = (sum(self.samples) / len(self.samples)) * self.steps if self.samples else 0.0
+        chip = m.static_W * busy_s + m.idle_W * max(0.0, window_s - busy_s) + dynamic
+        total = chip + m.host_W * window_s
+        tokens = max(1, output_tokens)
+        return {"J_per_output_token": total / tokens, "chip_J_per_output_token": chip / tokens,
+                "energy_avg_W": total / window_s if window_s else 0.0,
+                "energy_dynamic_share": dynamic / total if total else 0.0, "energy_sampled_steps": len(self.samples)}
