@@ -265,7 +265,6 @@ class HardwareProfile(Strict):
     system: System
     kernels: KernelCosts | None = None  # measured kernel-class costs; without it: the byte model's start-ups
     energy: Energy | None = None  # pJ/bit per tier, pJ/FLOP, static W (sim.config.energy)
-    check_energy_tiers = model_validator(mode="after")(energy_tiers)
 
     @model_validator(mode="after")
     def _fractions(self):
@@ -334,6 +333,8 @@ class HardwareProfile(Strict):
             "on_chip_MB": sum(level.capacity_bytes for level in self.on_chip) / MB
             + (store.capacity_bytes / MB if isinstance(store, SRAM) else 0),
         }
+
+    check_energy_tiers = model_validator(mode="after")(energy_tiers)  # after the hierarchy's own checks
 
 
 def sources(profile: HardwareProfile) -> list[tuple[str, object, str, bool]]:
