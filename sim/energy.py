@@ -60,7 +60,8 @@ class EnergyModel:
         self.chips = tp * pp
         self.pj_per_bit: dict[str, float] = {lv.name: e.tier_pJ(lv.name, lv.kind) for lv in hw.memory}
         self.pj_per_bit.update(noc=e.noc_pJ_per_bit.value, pcie=e.host_link_pJ_per_bit.value,
-                               link=e.chip_link_pJ_per_bit.value)
+                               link=e.chip_link_pJ_per_bit.value,
+                               scaleout=(e.scaleout_pJ_per_bit or e.chip_link_pJ_per_bit).value)
         self.vector_pj = e.vector_pJ_per_flop.value
         self.static_W = e.static_W.value * self.chips
         self.host_W = e.host_W.value * self.chips

@@ -84,6 +84,13 @@ def render(s: dict) -> str:
     lines.append(f"  memory per chip: {fmt_bytes(cap['needed_bytes'])} needed "
                  f"(weights {fmt_bytes(cap['weights_bytes'])}, KV {fmt_bytes(cap['kv_bytes'])}) "
                  f"of {fmt_bytes(cap['available_bytes'])}")
+    tiers = cap.get("tiers", {})
+    if len(tiers) > 1:
+        lines.append("  tiers per chip: " + ", ".join(f"{name} {fmt_bytes(t['needed_bytes'])} of "
+                                                      f"{fmt_bytes(t['available_bytes'])}" for name, t in tiers.items()))
+    if s.get("kernel_costs", "").startswith("derived"):
+        lines.append("  kernel costs: derived from the profile's own figures (no measured kernels: section; "
+                     "`decodesim profiles --sources` states the rule)")
     if s["verdict"] == "does-not-fit":
         lines.append(f"  verdict: DOES NOT FIT: {s['reason']}")
         return "\n".join(lines)

@@ -9,7 +9,8 @@ pJ per bit moved, pJ per FLOP (2 per multiply-add, as the compute figures count 
   at a level costs this from the tier to the compute units (the whole path: array, I/O, the
   controller, the on-chip network and the caches on the way).
 * ``noc_pJ_per_bit``, ``host_link_pJ_per_bit`` (PCIe or the host interconnect),
-  ``chip_link_pJ_per_bit`` (chip-to-chip links): per bit crossing them.
+  ``chip_link_pJ_per_bit`` (chip-to-chip links), ``scaleout_pJ_per_bit`` (optional: links
+  between chip groups, else the chip-link figure): per bit crossing them.
 * ``matrix_pJ_per_flop`` by dtype (the matrix unit; a dtype not listed falls back like the
   compute rates: bf16, fp16, fp32, then the cheapest listed), ``vector_pJ_per_flop``
   (element-wise work and dequantization on the vector units).
@@ -36,6 +37,7 @@ class Energy(Strict):
     noc_pJ_per_bit: Num
     host_link_pJ_per_bit: Num
     chip_link_pJ_per_bit: Num
+    scaleout_pJ_per_bit: Num | None = None  # links between chip groups; without it: chip_link_pJ_per_bit
     matrix_pJ_per_flop: dict[str, Num]
     vector_pJ_per_flop: Num
     static_W: Num

@@ -22,7 +22,7 @@ from matplotlib.ticker import FuncFormatter  # noqa: E402
 from sim.io import write_with  # noqa: E402
 from sim.report import labels  # noqa: E402
 
-ROW_ORDER = ["weights", "expert_weights", "kv", "outliers", "activations", "combine", "compute", "expert_compute",
+ROW_ORDER = ["weights", "expert_weights", "staged_weights", "kv", "outliers", "activations", "combine", "compute", "expert_compute",
              "router", "dequant", "dispatch", "links", "host_link", "latency", "launch_sync", "contention"]
 LATENCY = "per_token_ms_p99"
 MAX_PANELS = 8  # small multiples beyond this are split into one figure per value of the first facet

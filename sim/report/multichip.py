@@ -37,6 +37,7 @@ class System:
     chips_source: str
     estimate: bool
     header: str
+    tensor_parallel: tuple[int, str] | None = None  # system.tensor_parallel: (default tp, its source)
 
 
 SYSTEMS = (
@@ -53,7 +54,29 @@ SYSTEMS = (
            "# A Groq LPU system of 576 chips, as reported for Llama-2-70B at 300 t/s/u (anchors.md C1:\n"
            "# \"576 chips (reported)\", S): 8 chips per 4U GroqNode (hardware_facts.md 5, Q2), 72 nodes.\n"
            "# Per-chip figures are groq-lpu.yaml's, copied by `python -m sim.report.multichip`.\n"
-           "# Default mapping: tensor parallel over the 8 chips of a node, a pipeline over the 72 nodes.\n"),
+           "# Default mapping: tensor parallel over the 8 chips of a node, a pipeline over the 72 nodes;\n"
+           "# stages hold half-layer units balanced by bytes (system.partition: balanced).\n"),
+    System("cerebras-wse3-x4", "cerebras-wse3",
+           "4 Cerebras CS-3 systems (WSE-3 wafers) over 100 GbE; per wafer 44 GB SRAM at 21 PB/s",
+           4, "'70B models fit on as few as four systems' (Cerebras inference launch blog, Aug 2024; docs/spatial.md CB-MAP)",
+           False,
+           "# Four CS-3 systems, as Cerebras serves Llama-3.1-70B in 16-bit (docs/spatial.md, CB-MAP).\n"
+           "# Per-wafer figures are cerebras-wse3.yaml's, copied by `python -m sim.report.multichip`.\n"
+           "# Default mapping: a layer pipeline over the 4 wafers (tp 1), half-layer units balanced by bytes.\n",
+           tensor_parallel=(1, "a layer pipeline across wafers: 70B spans four systems (docs/spatial.md, CB-MAP); "
+                                 "tensor parallelism over 100 GbE would put two all-reduces per layer on it")),
+    System("sambanova-sn40l-8", "sambanova-sn40l",
+           "8 SambaNova SN40L RDUs (one SN40L-8 node); per socket 520 MB SRAM, 64 GB HBM, 1.5 TB DDR",
+           8, "an SN40L node of 8 RDUs (Prabhakar, SN40L seminar abstract, IISc; docs/spatial.md SN-IISC)", False,
+           "# Eight SN40L sockets of one node. Per-socket figures are sambanova-sn40l.yaml's, copied by\n"
+           "# `python -m sim.report.multichip`. Default mapping: tensor parallel over the 8 sockets.\n"),
+    System("sambanova-sn40l-16", "sambanova-sn40l",
+           "16 SambaNova SN40L RDUs (one SambaRack SN40L-16); per socket 520 MB SRAM, 64 GB HBM, 1.5 TB DDR",
+           16, "16 RDUs per SambaRack SN40L-16 (SambaNova docs, SambaRack overview; docs/spatial.md SN-DOCS)", False,
+           "# A SambaRack of 16 SN40L sockets. Per-socket figures are sambanova-sn40l.yaml's, copied by\n"
+           "# `python -m sim.report.multichip`. Default mapping: tensor parallel over all 16 sockets (the\n"
+           "# decoder spread over 16 RDUs, docs/spatial.md SN-MAP).\n",
+           tensor_parallel=(16, "a Llama decoder mapped across 16 RDUs with tensor parallelism (docs/spatial.md, SN-MAP; S)")),
 )
 
 PER_CHIP = ("memory", "compute", "noc", "host")
@@ -66,6 +89,9 @@ def render(system: System, base_text: str | None = None) -> str:
     body = re.sub(r"^description: .*$", f'description: "{system.description}"', body, count=1, flags=re.M)
     chips = (f'  chips: {{value: {system.chips}, source: "{system.chips_source}"'
              + (", estimate: true}" if system.estimate else "}"))
+    if system.tensor_parallel is not None:
+        tp, source = system.tensor_parallel
+        chips += f'\n  tensor_parallel: {{value: {tp}, source: "{source}"}}'
     body, n = re.subn(r"^  chips: \{.*\}$", chips, body, count=1, flags=re.M)
     if n != 1:
         raise ValueError(f"{system.base}.yaml: no one-line system.chips entry to replace")
