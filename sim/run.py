@@ -25,6 +25,7 @@ from sim.config.setup import Setup, resolve
 from sim.config.spec import RUN_FIELDS, RunSpec, apply_run_overrides
 from sim.costs import CostModel
 from sim.engine.records import LOG_COLUMNS, Span
+from sim.energy import EnergyModel, summarize
 from sim.engine.simulation import Simulation
 from sim.lowering.cache import GraphCache
 from sim.lowering.decode import largest_staged_reads, weight_bytes_by_unit, weight_bytes_per_chip
@@ -151,6 +152,8 @@ def simulate(spec: RunSpec | dict | None = None, *, keep_ops: bool = False, keep
     des = setup.spec.engine == "des"
     step_rows, op_rows, log = [], [], []
     events = 0
+    joules = EnergyModel(setup.hardware, setup.tp, setup.pp) if setup.hardware.energy is not None else None
+    step_joules = []
     state: _Step | None = None
     for position, step in enumerate(setup.steps):
         graph = cache.lower(step.contexts, step.index, position)
@@ -163,11 +166,16 @@ def simulate(spec: RunSpec | dict | None = None, *, keep_ops: bool = False, keep
         sums = ledger.graph_sums_from(state.keys, state.costs)
         breakdown = ledger.step_breakdown(sums, outcome)
         step_rows.append(_step_row(setup, step, graph, outcome, sums, breakdown))
+        if joules is not None:
+            step_joules.append(joules.step(state.keys, state.costs, breakdown, outcome.time_ns, step.batch))
+            step_rows[-1]["energy_J"] = step_joules[-1].total_J
         if keep_ops:
             op_rows.extend(ledger.op_table(graph, state.costs, outcome))
         if keep_log:
             log.extend(outcome.log)
     base.update(_summary(setup, step_rows, events, time.perf_counter() - wall))
+    if joules is not None:
+        base["energy"] = summarize(step_joules, joules.power_limit_W)
     return RunResult(base, step_rows, op_rows, log, setup)
 
 

@@ -126,6 +126,10 @@ def render(s: dict) -> str:
                      + (f" ({e['sram_level']}, {e['sram_slots']} slots)" if e["sram_level"] else " (none fits)")
                      + (f"; expert parallel over {e['expert_parallel']} chips" if e["expert_parallel"] > 1 else ""))
         lines.append(f"  SRAM hit rate: {100 * e['sram_hit_rate']:.1f}% of expert weight reads")
+    if s.get("energy"):
+        from sim.energy import render_lines
+
+        lines.extend(render_lines(s["energy"]))
     lines.append(f"  bound: {s['bound']}")
     word = "MEETS" if s["meets_target"] else "MISSES"
     lines.append(f"  verdict: {word} the {s['target_ms']:g} ms target (p99 {s['per_token_ms_p99']:.3f} ms, "

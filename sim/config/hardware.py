@@ -25,6 +25,7 @@ from typing import Annotated, Literal, Union
 
 from pydantic import Field, field_validator, model_validator
 
+from sim.config.energy import Energy, energy_tiers
 from sim.config.quantity import Count, Frac, Num, Pos, Share, Strict, Table
 from sim.units import GB, MB
 
@@ -363,6 +364,7 @@ class HardwareProfile(Strict):
     system: System
     placement: Placement | None = None  # where weights, experts and KV live; without it: the home tier
     kernels: KernelCosts | None = None  # measured kernel-class costs; without it: derived (KERNEL_RULE)
+    energy: Energy | None = None  # pJ/bit per tier, pJ/FLOP, static W (sim.config.energy)
 
     @model_validator(mode="after")
     def _fractions(self):
@@ -472,6 +474,8 @@ class HardwareProfile(Strict):
             "on_chip_MB": sum(level.capacity_bytes for level in self.on_chip) / MB
             + (store.capacity_bytes / MB if isinstance(store, SRAM) else 0),
         }
+
+    check_energy_tiers = model_validator(mode="after")(energy_tiers)  # after the hierarchy's own checks
 
 
 def _none():
