@@ -66,6 +66,9 @@ def add_run_options(p: argparse.ArgumentParser, *, formats: bool = True) -> None
                         "torch-graph-dense, torch-eager, static-schedule) or a stack YAML: which kernels run each op "
                         f"(default: the profile's own stack where it names one, else {d.software})")
     p.add_argument("--chips", type=int, default=None, help="chip count (overrides the profile's system.chips)")
+    p.add_argument("--microbatches", type=int, default=1, metavar="M",
+                   help="split each step's sequences into M micro-batches in flight, each on its own streams: "
+                        "pipeline stages overlap, and one micro-batch's links overlap another's compute (default 1)")
     moe = p.add_argument_group("Mixture-of-Experts (models with a moe: section)")
     moe.add_argument("--dispatch", choices=["host_sync", "device", "sram_zero_copy"], default=d.dispatch,
                      help="expert dispatch path (default device)")
@@ -80,7 +83,7 @@ def add_run_options(p: argparse.ArgumentParser, *, formats: bool = True) -> None
 
 SPEC_ARGS = ("hardware", "model", "batch", "context", "trace", "weights", "kv", "steps", "target_ms", "engine",
              "graph", "tp", "pp", "software", "overrides", "chips", "dispatch", "placement", "routing",
-             "allow_long_context")
+             "allow_long_context", "microbatches")
 
 
 def spec_from_args(args, **changes):

@@ -100,6 +100,9 @@ def resolve(spec: RunSpec) -> Setup:
     else:
         steps = traces.fixed(spec.batch, spec.context, spec.steps)
     check_context(spec, model, steps)
+    if spec.microbatches > 1 and model.moe is not None:
+        raise ConfigError("--microbatches", "microbatches", "micro-batches of a Mixture-of-Experts model are not "
+                          "modelled (the routing trace gives one step's expert counts); use 1", spec.microbatches)
     moe = None
     if model.moe is not None:
         from sim.moe.plan import build  # numpy and the placement: only for MoE models (start-up time)

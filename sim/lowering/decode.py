@@ -97,6 +97,59 @@ def largest_staged_reads(setup: Setup, stage: int) -> list[int]:
 
 def lower_step(setup: Setup, contexts: tuple[int, ...], step: int = 0, position: int = 0,
                prefill: tuple[tuple[int, int], ...] = ()) -> OpGraph:
+    """The op graph of one step (see ``lower_one``); with ``microbatches`` M > 1 the sequences
+    are split into M contiguous micro-batches, each lowered alone and run on its own streams
+    (``main``, ``mb1``, ...), interleaved unit by unit in program order: on a pipeline the
+    stages overlap (micro-batch 1 on stage 0 while micro-batch 0 is on stage 1), and on one
+    chip one micro-batch's collectives overlap another's compute; where they share a chip
+    they share its memory, links and tiles (each reads the weights itself)."""
+    m = setup.spec.microbatches
+    contexts = tuple(contexts)
+    if m == 1:
+        return lower_one(setup, contexts, step, position, prefill)
+    if setup.moe is not None or prefill:
+        raise SimulationError("micro-batches of Mixture-of-Experts models or of chunked-prefill steps are not "
+                              "modelled (the routing trace gives one step's expert counts)")
+    if m > len(contexts):
+        raise SimulationError(f"{m} micro-batches need at least {m} sequences in a step, got {len(contexts)}")
+    groups = [contexts[g * len(contexts) // m:(g + 1) * len(contexts) // m] for g in range(m)]
+    graphs = [lower_one(setup, group, step, position) for group in groups]
+    return make_graph(interleave([list(g.ops) for g in graphs]), step=step, contexts=contexts, stages=setup.pp)
+
+
+def interleave(programs: list[list[Op]]) -> list[Op]:
+    """One program from several of the same shape: their runs of ops of one (stage, layer)
+    taken in turn, program ``g``'s streams renamed ``<stream>`` (g = 0) or ``<stream>`` +
+    ``mb<g>`` suffix, indices and dependencies renumbered."""
+    chunks = []
+    for ops in programs:
+        runs, key = [], None
+        for op in ops:
+            if (op.stage, op.layer) != key:
+                runs.append([])
+                key = (op.stage, op.layer)
+            runs[-1].append(op)
+        chunks.append(runs)
+    if len({len(c) for c in chunks}) != 1:
+        raise SimulationError("micro-batch programs differ in shape")
+    new_of: list[dict[int, int]] = [{} for _ in programs]
+    order: list[tuple[int, Op]] = []
+    for c in range(len(chunks[0])):
+        for g, runs in enumerate(chunks):
+            for op in runs[c]:
+                new_of[g][op.idx] = len(order)
+                order.append((g, op))
+    out = []
+    for pos, (g, op) in enumerate(order):
+        stream = op.stream if g == 0 else ("mb" if op.stream == "main" else f"{op.stream}-mb") + str(g)
+        out.append(Op(idx=pos, name=op.name, layer=op.layer, work=op.work,
+                      deps=tuple(new_of[g][d] for d in op.deps), stream=stream, stage=op.stage,
+                      host_sync=op.host_sync, row=op.row, compute_row=op.compute_row, tags=op.tags))
+    return out
+
+
+def lower_one(setup: Setup, contexts: tuple[int, ...], step: int = 0, position: int = 0,
+              prefill: tuple[tuple[int, int], ...] = ()) -> OpGraph:
     """The op graph of one step that decodes a token for each sequence whose cache holds
     ``contexts`` tokens (after this step's token is appended) and, mixed in (chunked
     prefill), processes a prompt chunk for each ``(chunk tokens, tokens cached before the

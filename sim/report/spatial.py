@@ -156,6 +156,10 @@ def contention() -> list[str]:
          dict(batch=32, context=8192)),
         ("SN40L-16, mixtral-8x7b tp 16, batch 32, experts staged from HBM",
          Case("", "sambanova-sn40l-16", "mixtral-8x7b", tp=16), dict(batch=32)),
+        ("H200 x8, llama-3-70b tp 8, batch 8, context 4k, two micro-batches (each streams the weights)",
+         Case("", "h200-sxm-x8", "llama-3-70b"), dict(batch=8, context=4096, microbatches=2)),
+        ("Cerebras x4, llama-3-70b, batch 4, four micro-batches in flight in the wafer pipeline",
+         Case("", "cerebras-wse3-x4", "llama-3-70b"), dict(batch=4, microbatches=4)),
     ):
         ana = simulate(case.spec(engine="analytic", **kw)).summary["per_token_ms_p50"]
         des = simulate(case.spec(**kw)).summary["per_token_ms_p50"]
@@ -185,7 +189,8 @@ def render() -> str:
         "per token (bound; ms of the expert-weights row).", "", *zero_copy(),
         "## Contention: the DES against the closed form", "",
         "The closed form lets every stream use a tier's whole bandwidth; in the DES the staging copies "
-        "share HBM with the KV reads of attention (tests/test_spatial.py works one case by hand).", "",
+        "share HBM with the KV reads of attention (tests/test_spatial.py works one case by hand), and "
+        "micro-batches in flight on one chip share its memory, links and tiles.", "",
         *contention(), "",
     ]
     return "\n".join(parts)
