@@ -73,9 +73,13 @@ def capacity(setup: Setup) -> dict:
         if experts_place.mode == "streamed" and setup.moe is not None:
             moe = model.moe
             active = min(moe.experts, batch * moe.top_k)
-            per_layer = max(experts.values(), default=0)
-            hold(experts_place.buffer, "expert staging buffers", 2 * math.ceil(per_layer * active / moe.experts))
+            per_op = math.ceil(max(experts.values(), default=0) * active / moe.experts)
+            if per_op <= staging_limit(setup):  # larger expert sets stream through (sim.lowering.placement)
+                hold(experts_place.buffer, "expert staging buffers", 2 * per_op)
         hold(kv_place.tier, "kv cache", per_layer_kv * attn_units)
+        if setup.moe is not None and setup.moe.pinned_bytes:  # experts the MoE plan pins in on-chip SRAM
+            stage_moe = sum(1 for layer, part in setup.stage_units(stage) if part == "ffn" and setup.is_moe_layer(layer))
+            hold(setup.moe.sram_level, "pinned experts", setup.moe.pinned_bytes * stage_moe // len(setup.moe.moe_index))
         hold(setup.store, "activations", activations)
         for tier, parts in need.items():
             total = sum(parts.values())

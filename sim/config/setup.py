@@ -103,12 +103,6 @@ def resolve(spec: RunSpec) -> Setup:
     if spec.microbatches > 1 and model.moe is not None:
         raise ConfigError("--microbatches", "microbatches", "micro-batches of a Mixture-of-Experts model are not "
                           "modelled (the routing trace gives one step's expert counts); use 1", spec.microbatches)
-    moe = None
-    if model.moe is not None:
-        from sim.moe.plan import build  # numpy and the placement: only for MoE models (start-up time)
-
-        moe = build(spec, model, hardware, weights, tp, [step.batch for step in steps],
-                    graph=stack.launch == "graph" if spec.graph is None else spec.graph)
     shared = hardware.shared_sram
     store = hardware.store.name
     # the fullest chip's heads (tp need not divide them on a spatial machine); KV heads replicate when tp > kv_heads
@@ -125,6 +119,12 @@ def resolve(spec: RunSpec) -> Setup:
     if hardware.placement is not None and hardware.placement.policy == "fit":
         hardware = fit_placement(hardware, partition, unit_bytes(model, weights, kv, tp, q_width, k_width, v_width,
                                                                  steps, split_experts=True))
+    moe = None
+    if model.moe is not None:
+        from sim.moe.plan import build  # numpy and the placement: only for MoE models (start-up time)
+
+        moe = build(spec, model, hardware, weights, tp, [step.batch for step in steps],
+                    graph=stack.launch == "graph" if spec.graph is None else spec.graph)
     layers_per_stage = max(sum(1 for _, part in stage if part == "attn") for stage in partition)
     return Setup(
         spec=spec, hardware=hardware, model=model, weights=weights, kv=kv, tp=tp, pp=pp, software=stack.name,

@@ -11,9 +11,9 @@ first memory level). ``place_ops`` then applies the profile's placement (sim.con
   reader of copy ``m - 2`` is done, and reader ``m`` waits for copy ``m``. A copy therefore
   overlaps the op before its reader, and shares the tier's bandwidth with whatever else reads
   it then (the KV cache, in HBM): that is where the DES and the closed form part;
-* an op whose weights exceed a quarter of the buffer level's resident bytes (two buffers of it
-  would take more than half the SRAM) is not staged whole: its weights stream through the
-  SRAM in chunks as it runs, which costs what reading them from the tier costs, so it reads
+* an op whose weights (or experts) exceed a quarter of the buffer level's resident bytes (two
+  buffers of it would take more than half the SRAM) is not staged whole: they stream through
+  the SRAM in chunks as it runs, which costs what reading them from the tier costs, so it reads
   them from the tier directly (``staging_limit``);
 * MoE expert weights ``streamed`` cannot be fetched ahead: which experts a layer needs is
   known only once its router has run, so ``stage_experts`` (its own stream) waits for the
@@ -70,12 +70,13 @@ def plan_of(setup: Setup) -> Plan:
 
 
 def staging_limit(setup: Setup) -> int:
-    """The most dense-weight bytes of one op that are staged whole: a quarter of the staging
-    buffer level's resident bytes (two buffers take at most half of it)."""
-    place = setup.hardware.place("weights")
-    if place.mode != "streamed":
+    """The most bytes of one op that are staged whole: a quarter of the staging buffer level's
+    resident bytes (two buffers take at most half of it)."""
+    places = [setup.hardware.place(what) for what in ("weights", "experts")]
+    buffers = [p.buffer for p in places if p.mode == "streamed"]
+    if not buffers:
         return 0
-    return int(setup.hardware.level(place.buffer).resident_bytes // 4)
+    return int(setup.hardware.level(buffers[0]).resident_bytes // 4)
 
 
 def place_ops(setup: Setup, ops: list[Op]) -> list[Op]:
@@ -84,29 +85,34 @@ def place_ops(setup: Setup, ops: list[Op]) -> list[Op]:
     plan = plan_of(setup)
     if not plan.read_from and not plan.staged and not plan.scaleout_collectives:
         return ops
-    dense = any(category == "weights" for category, _, _ in plan.staged)
-    placed = [_placed_op(op, plan, dense and _staged_bytes(op, "weights", plan.store) > plan.limit) for op in ops]
+    placed = [_placed_op(op, plan, _through(op, plan)) for op in ops]
     staged = dict((category, (tier, buffer)) for category, tier, buffer in plan.staged)
     if not staged:
         return placed
     return _with_staging(placed, ops, staged, plan.store, plan.limit)
 
 
-def _placed_op(op: Op, plan: Plan, through: bool = False) -> Op:
+def _through(op: Op, plan: Plan) -> tuple[str, ...]:
+    """The staged categories whose bytes ``op`` reads are too many to stage whole: they stream
+    through from their tier as the op runs."""
+    return tuple(category for category, _, _ in plan.staged if _staged_bytes(op, category, plan.store) > plan.limit)
+
+
+def _placed_op(op: Op, plan: Plan, through: tuple[str, ...] = ()) -> Op:
     scaleout = op.stage in plan.scaleout_collectives and op.work.collective is not None
     work = placed_work(op.work, plan, scaleout, through)
     return op if work is op.work else op.with_work(work, op.tags)
 
 
 @lru_cache(maxsize=16384)
-def placed_work(work: Work, plan: Plan, scaleout: bool = False, through: bool = False) -> Work:
+def placed_work(work: Work, plan: Plan, scaleout: bool = False, through: tuple[str, ...] = ()) -> Work:
     """``work`` with its home-tier accesses moved by ``plan`` (and its link accesses onto the
-    scale-out links when ``scaleout``); ``through``: its dense weights stream through from their
+    scale-out links when ``scaleout``); the categories in ``through`` stream through from their
     tier rather than from a staging buffer."""
     moves = dict(plan.read_from)
-    if through:
-        tier = next(t for c, t, _ in plan.staged if c == "weights")
-        moves["weights"] = tier
+    for category, tier, _ in plan.staged:
+        if category in through:
+            moves[category] = tier
 
     def move(accesses: tuple[Access, ...]) -> tuple[Access, ...]:
         out = []
@@ -169,7 +175,7 @@ def _with_staging(placed: list[Op], lowered: list[Op], staged: dict, store: str,
             if op.name == "router":
                 routers[(op.stage, op.layer)] = op.idx
         for op in lowered:
-            if _staged_bytes(op, "expert", store) and (op.stage, op.layer) in routers:
+            if 0 < _staged_bytes(op, "expert", store) <= limit and (op.stage, op.layer) in routers:
                 after.setdefault(routers[(op.stage, op.layer)], []).append(("expert", op.stage, op.idx))
     order: list[tuple] = []
     for op in lowered:

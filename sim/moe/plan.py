@@ -46,6 +46,7 @@ class MoEPlan:
     graph_mode: bool
     moe_index: dict[int, int]  # model layer -> MoE layer index
     route: Callable[[], tuple[RoutingTrace, Placement]] = field(repr=False, compare=False)
+    pinned_bytes: int = 0  # bytes of the experts pinned in ``sram_level`` on one chip (all its MoE layers)
 
     @cached_property
     def _routed(self) -> tuple[RoutingTrace, Placement]:
@@ -134,4 +135,4 @@ def build(spec, model: ModelSpec, hardware: HardwareProfile, weights, tp: int, b
 
     layers = [layer for layer in range(model.layers) if not moe.is_dense(layer)]
     return MoEPlan(spec.dispatch, ep, level if slots else None, graph, {layer: i for i, layer in enumerate(layers)},
-                   route)
+                   route, pinned_bytes=slots * unit if level is not None and level != hardware.store.name else 0)
