@@ -143,10 +143,11 @@ EXPECTED_SECONDS = {
     "kv_append": 12,
     "fp8_static": 18,
     "grouped_mm": 20,
+    "bcast": 10,
 }
 DEFAULT_ORDER = ["launch", "grid", "elementwise", "gemm", "gemm_fp8", "gemm_wonly", "overlap"]
 # issue 21's sections: run with --only (not part of the default run)
-EXTRA_ORDER = ["castred", "kv_append", "fp8_static", "grouped_mm"]
+EXTRA_ORDER = ["castred", "kv_append", "fp8_static", "grouped_mm", "bcast"]
 
 REPLAY_TARGET_US = 1500.0      # one graph replay lasts about this long
 MAX_GRAPH_NODES = 1200         # R * kernels per invocation stays below this
@@ -1998,7 +1999,71 @@ def _grouped_cfg(b: Bench, H, F_, E, k, T, part, weights) -> Config:
                   n_slots=GROUPED_ROUTINGS, bytes_per_slot=round(touched * per_expert))
 
 
+# ---- broadcast and sliced elementwise (the kernels of a dequantizing cache), added after the first call
+
+def bcast_configs(b: Bench) -> list:
+    """bf16 [R, W] times / plus a [R, 1] or [R, W/32, 1] broadcast operand; int8/uint8 -> bf16 casts
+    and uint8 bit ops on a slice of the rows (x[:, :, :n] of a cache longer than n), 1 MiB .. 1 GiB."""
+    sizes = castred_sizes(b) if b.mode != "full" else [s for s in castred_sizes(b) if s >= 1 * MiB]
+    cfgs = []
+    for size in coverage_order(sizes):
+        for impl in ("mul_rowscale", "mul_groupscale", "add_groupzero", "cast_int8_bf16_sliced",
+                     "cast_uint8_bf16_sliced", "and15_sliced", "shr4_sliced", "stack2_uint8"):
+            cfgs.append(_bcast_cfg(b, size, impl))
+    return cfgs
+
+
+def _bcast_cfg(b: Bench, size, impl) -> Config:
+    bf, u8, i8 = torch.bfloat16, torch.uint8, torch.int8
+    if impl in ("mul_rowscale", "mul_groupscale", "add_groupzero"):
+        n = _round_to(size // 4, 4096)  # read n bf16, write n bf16
+        D = 128
+        R = n // D
+        scale_shape = (R, 1) if impl == "mul_rowscale" else (R, D // 32, 1)
+        x_shape = (R, D) if impl == "mul_rowscale" else (R, D // 32, 32)
+        specs = [(x_shape, bf), (scale_shape, bf), (x_shape, bf)]
+        rd, wr = 2 * n + 2 * math.prod(scale_shape), 2 * n
+        op = (lambda s: torch.mul(s[0], s[1], out=s[2])) if impl != "add_groupzero" else (
+            lambda s: torch.add(s[0], s[1], out=s[2]))
+        kclass, note = "elementwise", f"x {x_shape} bf16 with a broadcast {scale_shape} operand"
+    elif impl in ("cast_int8_bf16_sliced", "cast_uint8_bf16_sliced"):
+        n = _round_to(size // 3, 4096)
+        D, R = 128, n // 128
+        src = i8 if impl.startswith("cast_int8") else u8
+        specs = [((R + R // 64 + 1, D), src), ((R, D), bf)]
+        rd, wr = n, 2 * n
+        op = lambda s, R=R: s[1].copy_(s[0][:R])  # noqa: E731
+        kclass, note = "cast", "rows [:R] of a longer cache, to bf16 (contiguous slice of the rows)"
+    elif impl in ("and15_sliced", "shr4_sliced"):
+        n = _round_to(size // 2, 4096)
+        D, R = 64, n // 64
+        specs = [((4, R // 4 + 16, D), u8), ((4, R // 4, D), u8)]
+        rd, wr = n, n
+        if impl == "and15_sliced":
+            op = lambda s, R=R: torch.bitwise_and(s[0][:, :R // 4], 15, out=s[1])  # noqa: E731
+        else:
+            op = lambda s, R=R: torch.bitwise_right_shift(s[0][:, :R // 4], 4, out=s[1])  # noqa: E731
+        kclass, note = "elementwise", "uint8 codes of 4 heads, [:, :L] of a longer cache (strided over heads)"
+    else:  # stack2_uint8: torch.stack((lo, hi), -1)
+        n = _round_to(size // 4, 4096)
+        specs = [((n,), u8), ((n,), u8), ((n, 2), u8)]
+        rd, wr = 2 * n, 2 * n
+        op = lambda s: torch.stack((s[0], s[1]), dim=-1, out=s[2])  # noqa: E731
+        kclass, note = "copy", "torch.stack of two uint8 code tensors along a new last dim"
+    per_slot = rd + wr
+    n_slots = b.slots_for(per_slot)
+    meta = dict(impl=impl, kclass=kclass, dtype="bf16" if kclass == "elementwise" and "mul" in impl else "uint8",
+                elements=n, size_bytes=size, bytes_read=rd, bytes_written=wr, flops=n, note=note)
+
+    def build():
+        slots = b.carve(specs, n_slots)
+        return lambda i: op(slots[i % n_slots])
+    return Config(f"bcast:{impl}:n{n}", "bcast", meta, build, est_us=3.0 + per_slot / 2e12 * 1e6,
+                  n_slots=n_slots, bytes_per_slot=per_slot)
+
+
 SECTION_CONFIGS = {
+    "bcast": bcast_configs,
     "castred": castred_configs,
     "kv_append": kv_append_configs,
     "fp8_static": fp8_static_configs,
