@@ -48,7 +48,7 @@ def weight_bytes_per_chip(setup: Setup, stage: int) -> int:
     from_moe = moe_weight_bytes_per_chip(setup) if setup.moe is not None else 0
     total = 0
     for layer in setup.stage_layers(stage):
-        total += attention_weight_bytes(setup) + 2 * norm_bytes(setup) + sum(qk_norm_bytes(setup))
+        total += attention_weight_bytes(setup) + setup.model.norms_per_layer * norm_bytes(setup) + sum(qk_norm_bytes(setup))
         total += from_moe if setup.is_moe_layer(layer) else dense_ffn_weight_bytes(setup)
     if stage == 0:
         total += vocab_bytes(setup)
@@ -88,6 +88,8 @@ def lower_step(setup: Setup, contexts: tuple[int, ...], step: int = 0, position:
                 Access(setup.store, batch * row, "weights", granule=row, role="w"),
                 Access(setup.act_level, act_row, "act", write=True, role="y"),
             ], vector_ops=batch * m.hidden, parallelism=batch)
+            if m.embed_scale:  # Gemma: embeddings times sqrt(hidden)
+                vector(setup, b, "embed_scale", -1, reads=act_row, writes=act_row, ops=batch * m.hidden, rows=batch)
         else:
             b.add("recv_activations", -1, "p2p", [Access("link", act_row, "link", role="link")],
                   collective=("p2p", act_row, 2), deps=(ops[-1].idx,), parallelism=1)
@@ -96,6 +98,10 @@ def lower_step(setup: Setup, contexts: tuple[int, ...], step: int = 0, position:
             vector(setup, b, "final_norm", -1, reads=logit_row, weights=norm_bytes(setup), writes=logit_row,
                    ops=logits * m.hidden * VEC_OPS["rmsnorm"], rows=logits)
             matmul(setup, b, "lm_head", -1, logits, m.hidden, setup.vocab)
+            if m.final_logit_softcap:  # Gemma 2: logits -> cap x tanh(logits / cap)
+                row = logits * setup.vocab * ACT_BYTES
+                vector(setup, b, "logit_softcap", -1, reads=row, writes=row,
+                       ops=logits * setup.vocab * VEC_OPS["softcap"], rows=logits)
             tokens = vector(setup, b, "argmax", -1, reads=logits * setup.vocab * ACT_BYTES, writes=logits * 8,
                             ops=logits * setup.vocab * VEC_OPS["argmax"], rows=logits)
             gather = collective(setup, b, "gather_tokens", -1, "allgather", logits * 8, setup.tp)
@@ -170,12 +176,16 @@ def lower_layer(setup: Setup, b: Builder, layer: int, contexts: tuple[int, ...],
         prefill_attention(setup, b, layer, prefill)
     matmul(setup, b, "o_proj", layer, batch, setup.q_width, m.hidden, residual=True)
     collective(setup, b, "allreduce_attn", layer, "allreduce", act_row, setup.tp)
+    if m.post_norms:  # Gemma 2: RMSNorm of the attention output before the residual add
+        vector(setup, b, "post_attn_norm", layer, **norm)
     vector(setup, b, "ffn_norm", layer, **norm)
     if setup.is_moe_layer(layer):
         lower_moe(setup, b, layer, batch, position)
     else:
         lower_dense_ffn(setup, b, layer, batch)
     collective(setup, b, "allreduce_ffn", layer, "allreduce", act_row, setup.tp)
+    if m.post_norms:  # and of the FFN output
+        vector(setup, b, "post_ffn_norm", layer, **norm)
 
 
 def lower_dense_ffn(setup: Setup, b: Builder, layer: int, batch: int) -> None:

@@ -371,15 +371,33 @@ def _section_calibration() -> list[str]:
 # ------------------------------------------------------------ the frozen validation set
 
 FROZEN = Path("validation/data/h200/val/steps.csv")
+FROZEN21 = Path("validation/data/h200/val21/v/steps.csv")  # the cases appended for issue 21
 STACK_OF = {("torch-graph", ""): "torch-graph", ("torch-eager", ""): "torch-eager",
             ("torch-graph", "loop"): "torch-graph", ("torch-eager", "loop_sync"): "torch-eager",
-            ("torch-graph", "grouped"): "torch-graph-grouped", ("torch-graph", "dense_all"): "torch-graph-dense"}
+            ("torch-graph", "grouped"): "torch-graph-fused-moe", ("torch-graph", "dense_all"): "torch-graph-dense",
+            ("torch-graph", "grouped_mm"): "torch-graph-grouped"}
+# what a case's weights and KV cache mean in the simulator: (stack override, weight format, KV format)
+WEIGHTS_OF = {"bf16": (None, "bf16"), "fp8": (None, "fp8"), "fp8-static": ("torch-graph-fp8-static", "fp8")}
+KV_OF = {"bf16": (None, "bf16"), "int8": ("torch-graph-dequant-kv", "int8"),
+         "int4": ("torch-graph-dequant-kv", "int4-asym-g32")}
 GRAPH_MEDIAN_AIM, GRAPH_WORST_AIM, EAGER_MEDIAN_AIM = 8.0, 15.0, 20.0
+
+
+def case_run(r: dict) -> dict:
+    """The simulate() arguments of a measured case (a steps.csv row): the stack that describes
+    how it ran, its weight and KV formats."""
+    execution = r.get("execution") or ""
+    software = STACK_OF[(r["stack"], execution)]
+    stack_w, weights = WEIGHTS_OF[r["weights"]]
+    stack_kv, kv = KV_OF[r.get("kv") or "bf16"]
+    return dict(model=r["model"], weights=weights, kv=kv, batch=int(r["batch"]), context=int(r["context"]),
+                software=stack_kv or stack_w or software)
 
 
 def predict_frozen(path: Path | str = FROZEN, engine: str = "des") -> list[dict]:
     """Every measured case of validation/cases.yaml, predicted with the stack that describes
-    how it ran (plain PyTorch eager or graph; the MoE execution)."""
+    how it ran (plain PyTorch eager or graph; the MoE execution; the weights' activation
+    scaling; a dequantizing KV cache)."""
     from sim.run import simulate
 
     out = []
@@ -387,16 +405,17 @@ def predict_frozen(path: Path | str = FROZEN, engine: str = "des") -> list[dict]
         rows = [r for r in csv.DictReader(handle) if r.get("median_ms")]
     for r in rows:
         execution = r.get("execution") or ""
-        software = STACK_OF[(r["stack"], execution)]
-        kw = dict(model=r["model"], weights=r["weights"], kv="bf16", batch=int(r["batch"]), context=int(r["context"]),
-                  steps=2, software=software, engine=engine, check_capacity=False,
+        run = case_run(r)
+        software = run["software"]
+        kw = dict(**run, steps=2, engine=engine, check_capacity=False,
                   allow_long_context=True)  # measured as run: a case at a model's full window decodes one past it
         if execution == "loop_sync":
             kw["dispatch"] = "host_sync"
         s = simulate(**kw).summary
         measured = float(r["median_ms"])
         out.append({"case": r["case_id"], "model": r["model"], "stack": r["stack"], "software": software,
-                    "execution": execution or "-", "weights": r["weights"], "batch": int(r["batch"]),
+                    "execution": execution or "-", "weights": r["weights"], "kv": r.get("kv") or "bf16",
+                    "batch": int(r["batch"]),
                     "context": int(r["context"]), "measured_ms": measured, "predicted_ms": s["per_token_ms_p50"],
                     "error_pct": 100.0 * (s["per_token_ms_p50"] - measured) / measured, "bound": s["bound"],
                     "startup_ms": s["breakdown_ms"].get("kernel_startup", 0.0),
