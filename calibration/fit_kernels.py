@@ -43,6 +43,7 @@ KERNELS21 = HERE / "data/h200/i21/k/kernels.csv"  # issue 21: castred, kv_append
 BCAST = HERE / "data/h200/i21/bcast/b/kernels.csv"  # issue 21: broadcast, sliced and strided element-wise
 KV = HERE / "data/h200/kv/kv/kv_attention.csv"
 KV21 = HERE / "data/h200/i21/kv/kv_attention.csv"  # issue 21: 32k and 128k context, batch 1-64
+SDPA_HEADS = HERE / "data/h200/i21/sdpa_heads"  # issue 21: cuDNN SDPA at head_dim 64, 128 (40 heads), 256
 HOST = HERE / "data/h200/moe/m/host_dispatch.csv"
 HOST_OPS = HERE / "data/h200/host_ops/host_ops.csv"
 OUT = HERE / "kernel_fit.json"
@@ -358,6 +359,21 @@ def fit_grouped_mm(g: pd.DataFrame, matrix: dict) -> dict:
             "held_out": errors(pred(hold), hold.median_us), "impls": sorted(g.impl.unique())}  # the class's start-up
 
 
+def fit_sdpa_head_dim(d: int, cls: dict) -> dict:
+    """cuDNN SDPA's rate at head_dim ``d`` against the attention class (fitted at 128): the
+    median over the fit third of the class's KV rate over the measured one."""
+    rows = pd.read_csv(SDPA_HEADS / f"h16_8_{d}" / "kv_attention.csv")
+    rows = rows[(rows.phase == "sweep") & rows.median_us.notna()]
+    fit = rows[~rows.config_id.map(held_out)]
+    hold = rows[rows.config_id.map(held_out)]
+    a, bw = cls["startup_ns"], cls["bandwidth_GBps"]
+    big = fit[fit.kv_bytes >= IMPL_MIN_BYTES]
+    eff = float(min(1.0, np.median(big.kv_bytes / bw / np.maximum(big.median_us * 1e3 - a, 1.0))))
+    pred = lambda x: (a + x.kv_bytes / (bw * eff)) / 1e3  # noqa: E731
+    return {"efficiency": round(eff, 3), "fit": errors(pred(fit), fit.median_us),
+            "held_out": errors(pred(hold), hold.median_us), "impls": [f"sdpa_cudnn D={d}"]}
+
+
 def outside_rows(n: pd.DataFrame, cls: dict) -> dict:
     """The class's errors on the rows its model leaves out (narrow rows), reported, not fitted."""
     rows = n[(n.kclass == "reduction") & (n.row_width < MIN_ROW_WIDTH["reduction"])]
@@ -392,6 +408,7 @@ def compute() -> dict:
     impls = {name: fit_impl(e[e.impl.isin(names)], classes[cls]) | {"class": cls}
              for name, (cls, names) in IMPLS.items()}
     impls["grouped_mm"] = fit_grouped_mm(n[n.section == "grouped_mm"], classes["matrix"]) | {"class": "matrix"}
+    impls["sdpa_d256"] = fit_sdpa_head_dim(256, classes["attention"]) | {"class": "attention"}
     return {"source": "measured: calibration/data/h200 (kernels.py, kv_attention.py, moe_host.py) via "
                       "calibration/fit_kernels.py",
             "grid_cta_bandwidth_GBps": round(cta, 2), "classes": classes, "attention_impls": kv["impls"],
@@ -477,8 +494,9 @@ def render(what: str, fit: dict, indent: str) -> str:
             out.append(f"{indent}{name}: {{value: {ns}, source: \"{src}\"}}")
     elif what == "impls":
         for name, c in fit["impls"].items():
-            csv = "i21/k/kernels.csv (grouped_mm)" if name == "grouped_mm" else \
-                f"i21 castred/bcast kernels.csv ({', '.join(c['impls'])})"
+            csv = {"grouped_mm": "i21/k/kernels.csv (grouped_mm)",
+                   "sdpa_d256": "i21/sdpa_heads/h16_8_256/kv_attention.csv (sdpa_cudnn, head_dim 256)"}.get(
+                name, f"i21 castred/bcast kernels.csv ({', '.join(c['impls'])})")
             src = SOURCE.format(csv=csv)
             startup = f"startup_ns: {{value: {c['startup_ns']}, source: \"{src}\"}}, " if "startup_ns" in c else ""
             out.append(f"{indent}{name}: {{efficiency: {{value: {c['efficiency']}, source: \"{src}\"}}, {startup}"

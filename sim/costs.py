@@ -320,7 +320,7 @@ class CostModel:
             dequant = measured
             flows = [dataclasses.replace(f, tile_cap=f.tile_cap * impl.efficiency.value) if f.link == self.store
                      else f for f in flows]
-        kimpl = self.stack.impls.get(k.impl) if self.stack is not None and k.impl and k.kclass != "attention" else None
+        kimpl = self.stack.impls.get(k.impl) if self.stack is not None and k.impl else None
         flows = [dataclasses.replace(f, tile_cap=f.tile_cap * kimpl.efficiency.value) if kimpl and f.link == self.store
                  else f for f in flows]  # a kernel implementation's measured quality (sim.config.software)
         compute = self._to_cycles(matrix + vector)

@@ -54,6 +54,7 @@ plus the framework calls the modeling code makes before the kernel that launch n
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from typing import Literal
 
@@ -75,7 +76,8 @@ OPS = ("embed", "attn_norm", "qkv", "q_norm", "k_norm", "rope_append", "attentio
        "logit_softcap", "shared_expert", "router", "routing_to_host", "dispatch",
        "dispatch_all_to_all", "experts", "combine_all_to_all", "combine")
 MOE_EXECUTIONS = ("loop", "grouped", "grouped_mm", "dense_all")
-# ``op@variant`` keys: an execution's kernels, fused projections' (Phi-3), the (1 + w) RMSNorm (Gemma)
+# ``op@variant`` keys: an execution's kernels, fused projections' (Phi-3), the (1 + w) RMSNorm (Gemma);
+# ``attention@d256``: attention's kernels for a head dimension (kernels whose rate depends on it)
 OP_VARIANTS = (*MOE_EXECUTIONS, "fused", "unit_offset")
 PROLOGUES = ("static", "per_tensor", "per_token", "fused")
 
@@ -277,9 +279,10 @@ class SoftwareStack(Strict):
         kernels += [(f"kv_formats.{fmt}.{op}", k) for fmt, table in self.kv_formats.items()
                     for op, entry in table.items() for k in entry.kernels]
         for where, kernel in kernels:
-            if kernel.impl is not None and kernel.kclass == "attention" and kernel.impl not in self.attention:
-                raise ValueError(f"{where}: attention impl {kernel.impl!r} is not in attention: "
-                                 f"{', '.join(self.attention) or '(none)'}")
+            if (kernel.impl is not None and kernel.kclass == "attention" and kernel.impl not in self.attention
+                    and kernel.impl not in self.impls):
+                raise ValueError(f"{where}: attention impl {kernel.impl!r} is in neither attention: "
+                                 f"{', '.join(self.attention) or '(none)'} nor impls")
             if kernel.impl is not None and kernel.kclass != "attention" and kernel.impl not in self.impls:
                 raise ValueError(f"{where}.{kernel.name}: impl {kernel.impl!r} is not in impls: "
                                  f"{', '.join(self.impls) or '(none)'}")
@@ -303,8 +306,9 @@ class SoftwareStack(Strict):
             if op not in OPS and op not in self.groups:
                 return f"ops.{key}", (f"unknown op {op!r} (neither an op of the lowering nor a group); "
                                       f"ops: {', '.join(OPS)}; groups: {', '.join(self.groups) or '(none)'}")
-            if variant and variant not in OP_VARIANTS:
-                return f"ops.{key}", f"unknown variant {variant!r}; variants: {', '.join(OP_VARIANTS)}"
+            if variant and variant not in OP_VARIANTS and not re.fullmatch(r"d\d+", variant):
+                return f"ops.{key}", (f"unknown variant {variant!r}; variants: {', '.join(OP_VARIANTS)}, "
+                                      f"d<head_dim> (attention)")
         for fmt, table in self.kv_formats.items():
             for op in table:
                 if op not in OPS and op not in self.groups:

@@ -70,11 +70,13 @@ def op_expander(setup: Setup):
                           f"has no kernels for the KV format {kv!r} (it has: {', '.join(stack.kv_formats)}); "
                           f"add kv_formats.{kv} or run another stack")
     norm_variants = ("unit_offset",) if m.norm_unit_offset else ()
+    head_variants = (f"d{m.head_dim}",)
     new_kv_share = (setup.k_width + setup.v_width) / (setup.q_width + setup.k_width + setup.v_width)
 
     def run(name: str, kind: str, accesses, work: dict, parts=None, values: int = 0, quant: tuple = (),
             active: int = 1):
-        specs = stack.kernels_for(name, kv=kv, variants=norm_variants if name in NORM_OPS else ())
+        variants = norm_variants if name in NORM_OPS else (head_variants if name == "attention" else ())
+        specs = stack.kernels_for(name, kv=kv, variants=variants)
         if name in ("qkv", "gate_up") and m.fused_projections:
             specs = stack.ops[f"{name}@fused"].kernels if f"{name}@fused" in stack.ops else None
         if name not in NOT_WEIGHTS:
