@@ -63,7 +63,8 @@ def add_run_options(p: argparse.ArgumentParser, *, formats: bool = True) -> None
     p.add_argument("--pp", type=int, default=None, help="pipeline stages (default: chips / tp)")
     p.add_argument("--software", default=d.software, metavar="STACK|PATH",
                    help="software stack (workloads/software/: fused, fused-naive-kv, torch-graph, torch-graph-grouped, "
-                        "torch-graph-dense, torch-eager) or a stack YAML: which kernels run each op")
+                        "torch-graph-fused-moe, torch-graph-dense, torch-graph-fp8-static, torch-graph-kv-quant, "
+                        "torch-graph-dequant-kv, torch-eager) or a stack YAML: which kernels run each op")
     p.add_argument("--chips", type=int, default=None, help="chip count (overrides the profile's system.chips)")
     moe = p.add_argument_group("Mixture-of-Experts (models with a moe: section)")
     moe.add_argument("--dispatch", choices=["host_sync", "device", "sram_zero_copy"], default=d.dispatch,

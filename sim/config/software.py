@@ -61,7 +61,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from sim.config.loader import load_yaml, validate
-from sim.config.quantity import Num, Share, Strict
+from sim.config.quantity import Frac, Num, Share, Strict
 from sim.errors import ConfigError
 from sim.paths import bundled
 from sim.paths import resolve as resolve_path
@@ -196,7 +196,7 @@ class KernelImpl(Strict):
     accesses to the backing store reach (of its class's); ``startup_ns``, where given, replaces
     its class's start-up."""
 
-    efficiency: Share
+    efficiency: Frac
     startup_ns: Num | None = None  # its own measured start-up (else its class's)
     source: str = ""
 
