@@ -144,10 +144,11 @@ EXPECTED_SECONDS = {
     "fp8_static": 18,
     "grouped_mm": 20,
     "bcast": 10,
+    "fp8_narrow": 10,
 }
 DEFAULT_ORDER = ["launch", "grid", "elementwise", "gemm", "gemm_fp8", "gemm_wonly", "overlap"]
 # issue 21's sections: run with --only (not part of the default run)
-EXTRA_ORDER = ["castred", "kv_append", "fp8_static", "grouped_mm", "bcast"]
+EXTRA_ORDER = ["castred", "kv_append", "fp8_static", "grouped_mm", "bcast", "fp8_narrow"]
 
 REPLAY_TARGET_US = 1500.0      # one graph replay lasts about this long
 MAX_GRAPH_NODES = 1200         # R * kernels per invocation stays below this
@@ -1867,6 +1868,9 @@ def _kv_append_cfg(b: Bench, fmt, B, H, D, L) -> Config:
 
 FP8S_NK = [(2048, 2048), (6144, 2048), (4096, 4096), (28672, 4096), (4096, 14336), (5120, 5120),
            (27648, 5120), (8192, 8192)]
+# narrow outputs (K and V projections of GQA models), run with --only fp8_narrow
+FP8N_NK = [(256, 2048), (512, 2048), (1024, 2048), (512, 4096), (1024, 4096), (2048, 4096), (1024, 5120),
+           (2048, 5120), (1024, 3072), (5120, 1024), (4096, 1024)]
 
 
 def fp8_static_configs(b: Bench) -> list:
@@ -1884,6 +1888,36 @@ def fp8_static_configs(b: Bench) -> list:
         for K in sorted({k for _, k in NKs}):
             cfgs.append(_fp8_cast_cfg(b, M, K))
     return cfgs
+
+
+def fp8_narrow_configs(b: Bench) -> list:
+    """Static FP8 linears and bf16 F.linear at narrow output widths (GQA K/V projections)."""
+    if b.mode == "cpu" or FP8 is None:
+        return [skip_config("fp8_narrow", "fp8_narrow:cpu", dict(impl="fp8_static_linear", kclass="gemm_fp8"),
+                            "torch._scaled_mm needs CUDA")]
+    Ms, NKs = ([1, 64], FP8N_NK[:2]) if b.mode == "quick" else ([1, 8, 32, 64], FP8N_NK)
+    cfgs, pools = [], {}
+    for M in coverage_order(Ms):
+        for N, K in NKs:
+            n_slots = b.slots_for(N * K, cap=256)
+            c = _fp8s_cfg(b, "fp8_static_linear", M, N, K, n_slots, pools)
+            cfgs.append(Config(c.cid.replace("fp8_static:", "fp8_narrow:"), "fp8_narrow", c.meta, c.build, c.est_us,
+                               c.n_slots, c.bytes_per_slot))
+            cfgs.append(_bf16_narrow_cfg(b, M, N, K))
+    return cfgs
+
+
+def _bf16_narrow_cfg(b: Bench, M, N, K) -> Config:
+    n_slots = b.slots_for(2 * N * K, cap=256)
+    meta = dict(impl="F.linear", kclass="gemm", dtype="bf16", M=M, N=N, K=K, M_padded=M, bytes_read=2 * N * K + 2 * M * K,
+                bytes_written=2 * M * N, flops=2 * M * N * K, note="bf16 F.linear at a narrow output width")
+
+    def build():
+        ws = [s[0] for s in b.carve([((N, K), torch.bfloat16)], n_slots)]
+        x = torch.randn(M, K, device=b.dev, dtype=torch.bfloat16)
+        return lambda i: F.linear(x, ws[i % n_slots])
+    return Config(f"fp8_narrow:F.linear:M{M}_N{N}_K{K}", "fp8_narrow", meta, build,
+                  est_us=6.0 + 2 * N * K / 3e12 * 1e6, n_slots=n_slots, bytes_per_slot=2 * N * K)
 
 
 def _fp8s_cfg(b: Bench, impl, M, N, K, n_slots, pools) -> Config:
@@ -2064,6 +2098,7 @@ def _bcast_cfg(b: Bench, size, impl) -> Config:
 
 SECTION_CONFIGS = {
     "bcast": bcast_configs,
+    "fp8_narrow": fp8_narrow_configs,
     "castred": castred_configs,
     "kv_append": kv_append_configs,
     "fp8_static": fp8_static_configs,
