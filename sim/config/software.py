@@ -259,6 +259,9 @@ class SoftwareStack(Strict):
     matrix_prologue: dict[str, tuple[Kernel, ...] | PrologueChoices] = Field(default_factory=dict)
     kv_formats: dict[str, dict[str, OpKernels]] = Field(default_factory=dict)  # by KV format, op -> kernels
     impls: dict[str, KernelImpl] = Field(default_factory=dict)  # measured implementations (not attention)
+    # the quantization recipe's ignore list: matmuls whose weights stay bf16 under a quantized
+    # weight format (FP8, GPTQ and AWQ checkpoints keep lm_head in 16 bits by default)
+    unquantized: tuple[Literal["lm_head", "router", "qkv", "o_proj", "gate_up", "down", "shared_expert"], ...] = ()
 
     @field_validator("dispatch_ns")
     @classmethod

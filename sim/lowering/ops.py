@@ -11,10 +11,12 @@ from collections import Counter
 
 from sim.config.setup import ACT_BYTES, Setup
 from sim.errors import ConfigError
+from sim.formats import get_format
 from sim.lowering.graph import Access, Builder, Op
 from sim.lowering.kernels import expand, with_prologue
 
 NOT_WEIGHTS = ("router",)  # matmuls whose weights stay in bf16 under a quantized weight format
+_BF16 = get_format("bf16")
 
 # Vector operations per element for the element-wise kernels (an estimate of the
 # instruction mix: loads/stores are counted as bytes, not here).
@@ -79,7 +81,7 @@ def op_expander(setup: Setup):
         specs = stack.kernels_for(name, kv=kv, variants=variants)
         if name in ("qkv", "gate_up") and m.fused_projections:
             specs = stack.ops[f"{name}@fused"].kernels if f"{name}@fused" in stack.ops else None
-        if name not in NOT_WEIGHTS:
+        if name not in NOT_WEIGHTS and name not in stack.unquantized:
             specs = with_prologue(specs, prologue, kind)
         sizes = {}
         if kind == "attention":  # the KV it reads, as bf16 (a dequantizing cache's copies)
@@ -103,8 +105,10 @@ def builder(setup: Setup, ops: list[Op] | None = None, stage: int = 0) -> Builde
 
 def matmul(setup: Setup, b: Builder, name: str, layer: int, batch: int, k: int, n: int,
            residual: bool = False, parts: dict[str, float] | None = None) -> Op:
-    """x[batch, k] @ W[k, n] with W in the weight format, read once from the store."""
-    w = setup.weights.weight_read(n, k)
+    """x[batch, k] @ W[k, n] with W in the weight format (bf16 where the stack's quantization
+    recipe leaves the matmul unquantized), read once from the store."""
+    fmt = _BF16 if name in setup.stack.unquantized else setup.weights
+    w = fmt.weight_read(n, k)
     act = setup.act_level
     extra = batch * n * ACT_BYTES if residual else 0
     accesses = [
@@ -117,7 +121,7 @@ def matmul(setup: Setup, b: Builder, name: str, layer: int, batch: int, k: int, 
         accesses.append(Access(setup.store, w.gather_bytes, "outliers", granule=w.gather_granule_bytes, role="w"))
     return b.add(name, layer, "matmul", accesses, matrix_flops=2 * batch * k * n, matrix_m=batch,
                  vector_ops=w.dequant_ops + (batch * n if residual else 0), dequant_ops=w.dequant_ops,
-                 dtype=setup.weights.matmul_dtype, parallelism=math.ceil(n / 64) * math.ceil(k / 512),  # split-K
+                 dtype=fmt.matmul_dtype, parallelism=math.ceil(n / 64) * math.ceil(k / 512),  # split-K
                  parts=parts)
 
 
