@@ -156,3 +156,24 @@ def test_bundled_stacks_copy_and_load(tmp_path):
         shutil.copy(software_dir() / f"{name}.yaml", dst)
         load_stack.cache_clear()
         assert load_stack(str(dst)).name == name
+
+
+def test_compare_states_the_kv_verdict_at_three_kernel_qualities():
+    """Byte limit <= best measured <= as run for a dequantizing cache; each against fp16."""
+    from sim.config.spec import RunSpec
+    from sim.report.compare import kv_qualities
+
+    spec = RunSpec(model="llama-3.2-1b", batch=8, context=32768, software="torch-graph-dequant-kv", steps=1)
+    rows = kv_qualities(spec, ["fp16", "int8"], published=(0.8, "a test figure"))
+    (row,) = rows
+    assert row["byte_limit"]["ms"] <= row["best_measured"]["ms"] <= row["measured"]["ms"]
+    assert row["byte_limit"]["ms"] <= row["published"]["ms"]
+    assert not row["measured"]["beats_fp16"] and row["byte_limit"]["beats_fp16"]
+
+
+def test_compare_refuses_a_published_kernel_without_a_source(capsys):
+    from sim.cli import main
+
+    assert main(["compare", "--model", "llama-3.2-1b", "--kv", "fp16,int8", "--published-kernel", "0.9"]) == 2
+    err = capsys.readouterr().err
+    assert "published_kernel" in err and err.count("\n") == 1
