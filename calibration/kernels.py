@@ -145,11 +145,10 @@ EXPECTED_SECONDS = {
     "grouped_mm": 20,
     "bcast": 10,
     "fp8_narrow": 10,
-    "strided": 5,
 }
 DEFAULT_ORDER = ["launch", "grid", "elementwise", "gemm", "gemm_fp8", "gemm_wonly", "overlap"]
 # issue 21's sections: run with --only (not part of the default run)
-EXTRA_ORDER = ["castred", "kv_append", "fp8_static", "grouped_mm", "bcast", "fp8_narrow", "strided"]
+EXTRA_ORDER = ["castred", "kv_append", "fp8_static", "grouped_mm", "bcast", "fp8_narrow"]
 
 REPLAY_TARGET_US = 1500.0      # one graph replay lasts about this long
 MAX_GRAPH_NODES = 1200         # R * kernels per invocation stays below this
@@ -1921,34 +1920,6 @@ def _bf16_narrow_cfg(b: Bench, M, N, K) -> Config:
                   est_us=6.0 + 2 * N * K / 3e12 * 1e6, n_slots=n_slots, bytes_per_slot=2 * N * K)
 
 
-def strided_configs(b: Bench) -> list:
-    """Element-wise ops on transposed views, as rotate-half RoPE runs them on q and k
-    ([B, 1, H, D] viewed as [B, H, 1, D]): x * cos (cos [B, 1, 1, D]), -x[..., D/2:], at decode
-    sizes (PyTorch's strided, non-vectorized element-wise kernel)."""
-    shapes = [(1, 32, 128), (8, 32, 128), (64, 32, 128), (1, 8, 128), (8, 8, 128), (64, 8, 128), (1, 16, 256),
-              (32, 16, 256), (1, 40, 128), (32, 40, 128), (1, 32, 64), (64, 32, 64)]
-    if b.mode != "full":
-        shapes = shapes[:2]
-    cfgs = []
-    for B, H, D in shapes:
-        for impl in ("rope_mul_cos", "rope_neg_half"):
-            n = B * H * D
-            rd = 2 * n + (2 * B * D if impl == "rope_mul_cos" else -n)
-            wr = 2 * n if impl == "rope_mul_cos" else n
-            meta = dict(impl=impl, kclass="elementwise", dtype="bf16", rows=B * H, row_width=D, elements=n,
-                        size_bytes=rd + wr, bytes_read=rd, bytes_written=wr, flops=n,
-                        note="x: [B, 1, H, D] transposed to [B, H, 1, D] (non-contiguous), as RoPE's q and k")
-
-            def build(B=B, H=H, D=D, impl=impl):
-                xs = [torch.randn(B, 1, H, D, device=b.dev, dtype=torch.bfloat16).transpose(1, 2) for _ in range(8)]
-                cos = torch.randn(B, 1, 1, D, device=b.dev, dtype=torch.bfloat16)
-                if impl == "rope_mul_cos":
-                    return lambda i: xs[i % 8] * cos
-                return lambda i: -xs[i % 8][..., D // 2:]
-            cfgs.append(Config(f"strided:{impl}:B{B}_H{H}_D{D}", "strided", meta, build, est_us=3.0))
-    return cfgs
-
-
 def _fp8s_cfg(b: Bench, impl, M, N, K, n_slots, pools) -> Config:
     wbytes = N * K
     static = impl == "fp8_static_linear"
@@ -2128,7 +2099,6 @@ def _bcast_cfg(b: Bench, size, impl) -> Config:
 SECTION_CONFIGS = {
     "bcast": bcast_configs,
     "fp8_narrow": fp8_narrow_configs,
-    "strided": strided_configs,
     "castred": castred_configs,
     "kv_append": kv_append_configs,
     "fp8_static": fp8_static_configs,
