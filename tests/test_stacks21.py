@@ -177,3 +177,21 @@ def test_compare_refuses_a_published_kernel_without_a_source(capsys):
     assert main(["compare", "--model", "llama-3.2-1b", "--kv", "fp16,int8", "--published-kernel", "0.9"]) == 2
     err = capsys.readouterr().err
     assert "published_kernel" in err and err.count("\n") == 1
+
+
+def test_a_qkv_bias_is_a_kernel_of_its_own_after_an_fp8_gemm_only():
+    """cuBLAS fuses the bias into a bf16 GEMM; after torch._scaled_mm it is an add (Qwen2)."""
+    kw = dict(model="qwen2.5-14b", batch=1, context=1024, software="torch-graph-fp8-static", steps=1)
+    biased = simulate(weights="fp8", **kw).steps[0]["kernels"]
+    plain = simulate(weights="fp8", **dict(kw, model="workloads/models/qwen2.5-14b.yaml")).steps[0]["kernels"]
+    assert biased == plain  # the same file
+    data = yaml.safe_load(Path("workloads/models/qwen2.5-14b.yaml").read_text())
+    bf16 = {b: simulate(**dict(kw, weights="bf16", model=_model_file(data, b))).steps[0]["kernels"] for b in (True, False)}
+    fp8 = {b: simulate(**dict(kw, weights="fp8", model=_model_file(data, b))).steps[0]["kernels"] for b in (True, False)}
+    assert bf16[True] == bf16[False] and fp8[True] - fp8[False] == 3 * data["layers"]
+
+
+def _model_file(data: dict, bias: bool) -> str:
+    path = Path(f"/tmp/decodesim-test-qwen-bias-{bias}.yaml")
+    path.write_text(yaml.safe_dump(dict(data, qkv_bias=bias, name=f"qwen-bias-{bias}")))
+    return str(path)

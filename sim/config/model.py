@@ -109,6 +109,9 @@ class ModelSpec(Strict):
     # the reference implementation stores Q, K, V (and gate, up) as one fused weight, so a
     # plain PyTorch stack runs one GEMM for them (Phi-3's qkv_proj and gate_up_proj)
     fused_projections: bool = False
+    # a bias on the Q, K and V projections (Qwen2): fused into a bf16 GEMM's epilogue, a kernel
+    # of its own after an FP8 one (the stack's matrix_prologue bias kernels)
+    qkv_bias: bool = False
     # RMSNorm of the query and key projections before RoPE ("QK-norm"): over each whole
     # projection (OLMoE: q_norm = RMSNorm(heads x head_dim), k_norm likewise) or per head
     # (Qwen3: RMSNorm(head_dim) shared by the heads)
@@ -187,6 +190,8 @@ class ModelSpec(Strict):
         """Parameter counts by group (embeddings, attention, ffn, norms, lm_head)."""
         h = self.hidden
         attn = h * (self.q_width + self.k_width + self.v_width) + self.q_width * h
+        if self.qkv_bias:
+            attn += self.q_width + self.k_width + self.v_width
         dense_ffn = self.ffn_matrices * h * self.ffn
         ffn = 0
         for layer in range(self.layers):

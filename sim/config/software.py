@@ -178,6 +178,7 @@ class PrologueChoices(Strict):
 
     use: Literal["static", "per_tensor", "per_token", "fused"]
     choices: dict[Literal["static", "per_tensor", "per_token", "fused"], tuple[Kernel, ...]]
+    bias: tuple[Kernel, ...] = ()  # after each matrix kernel of a biased matmul (the GEMM has no bias epilogue)
     source: str = ""
 
     @model_validator(mode="after")
@@ -277,6 +278,7 @@ class SoftwareStack(Strict):
         for dtype, entry in self.matrix_prologue.items():
             if isinstance(entry, PrologueChoices):
                 kernels += [(f"matrix_prologue.{dtype}.choices.{c}", k) for c, ks in entry.choices.items() for k in ks]
+                kernels += [(f"matrix_prologue.{dtype}.bias", k) for k in entry.bias]
             else:
                 kernels += [(f"matrix_prologue.{dtype}", k) for k in entry]
         kernels += [(f"kv_formats.{fmt}.{op}", k) for fmt, table in self.kv_formats.items()
@@ -322,6 +324,11 @@ class SoftwareStack(Strict):
         """The kernels before each matrix kernel of a matmul in ``dtype`` (none: ())."""
         entry = self.matrix_prologue.get(dtype, ())
         return entry.kernels if isinstance(entry, PrologueChoices) else entry
+
+    def bias_epilogue(self, dtype: str) -> tuple[Kernel, ...]:
+        """The kernels after each matrix kernel of a biased matmul in ``dtype`` (none: ())."""
+        entry = self.matrix_prologue.get(dtype)
+        return entry.bias if isinstance(entry, PrologueChoices) else ()
 
     def kernels_for(self, op_name: str, kv: str | None = None, variants: tuple[str, ...] = ()
                     ) -> tuple[Kernel, ...] | None:

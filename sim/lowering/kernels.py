@@ -172,10 +172,12 @@ def expand(specs: tuple[Kernel, ...] | None, kind: str, accesses: tuple[Access, 
     return tuple(out)
 
 
-def with_prologue(specs: tuple[Kernel, ...] | None, prologue: tuple[Kernel, ...], kind: str) -> tuple[Kernel, ...] | None:
+def with_prologue(specs: tuple[Kernel, ...] | None, prologue: tuple[Kernel, ...], kind: str,
+                  epilogue: tuple[Kernel, ...] = ()) -> tuple[Kernel, ...] | None:
     """``specs`` with ``prologue`` (e.g. an FP8 linear's activation quantization) before each
-    matrix kernel; an op without specs is one matrix kernel first."""
-    if not prologue or kind != "matmul":
+    matrix kernel and ``epilogue`` (a bias add the GEMM cannot fuse) after it; an op without
+    specs is one matrix kernel first."""
+    if (not prologue and not epilogue) or kind != "matmul":
         return specs
     if specs is None:
         specs = (Kernel.model_validate({"name": "gemm", "class": "matrix", "reads": ["x", "w", "res"],
@@ -185,6 +187,8 @@ def with_prologue(specs: tuple[Kernel, ...] | None, prologue: tuple[Kernel, ...]
         if k.kclass == "matrix":
             out.extend(prologue)
         out.append(k)
+        if k.kclass == "matrix":
+            out.extend(epilogue)
     return tuple(out)
 
 

@@ -66,6 +66,7 @@ def op_expander(setup: Setup):
     matmul dtype's prologue before each matrix kernel, and the sizes temporaries may take."""
     stack, m = setup.stack, setup.model
     prologue = stack.prologue(setup.weights.matmul_dtype)
+    bias = stack.bias_epilogue(setup.weights.matmul_dtype)
     kv = setup.kv.name
     if stack.kv_formats and kv not in stack.kv_formats and kv_quant(setup.kv):
         raise ConfigError(f"software stack {stack.name}", "kv_formats",
@@ -82,7 +83,7 @@ def op_expander(setup: Setup):
         if name in ("qkv", "gate_up") and m.fused_projections:
             specs = stack.ops[f"{name}@fused"].kernels if f"{name}@fused" in stack.ops else None
         if name not in NOT_WEIGHTS and name not in stack.unquantized:
-            specs = with_prologue(specs, prologue, kind)
+            specs = with_prologue(specs, prologue, kind, bias if name == "qkv" and m.qkv_bias else ())
         sizes = {}
         if kind == "attention":  # the KV it reads, as bf16 (a dequantizing cache's copies)
             sizes["kv_dense"] = (setup.store, values * ACT_BYTES)
