@@ -72,7 +72,8 @@ IMPLS = {
     "byte_cast": ("cast", ["cast_bf16_int8", "cast_int8_bf16", "cast_float8_e4m3fn_bf16", "cast_int8_bf16_sliced",
                            "cast_uint8_bf16_sliced"]),
     "broadcast": ("elementwise", ["mul_rowscale", "mul_groupscale", "add_groupzero"]),
-    "strided_bytes": ("elementwise", ["and15_sliced", "shr4_sliced"]),
+    # PyTorch's strided (non-vectorized) element-wise kernel: bit ops on strided codes; RoPE on q, k views
+    "strided": ("elementwise", ["and15_sliced", "shr4_sliced"]),
     "byte_stack": ("copy", ["stack2_uint8"]),
     "argmax": ("reduction", ["argmax", "reduce_argmax"]),  # index of the max: a slower reduction kernel
 }
@@ -332,9 +333,13 @@ def fit_impl(rows: pd.DataFrame, cls: dict) -> dict:
 
     big = fit[(fit.bytes_read + fit.bytes_written) >= IMPL_MIN_BYTES]
     eff = float(min(1.0, np.median(eff_of(big if len(big) >= 3 else fit))))
-    # its own start-up where it has small sizes (<= 64 KiB, in L2 as decode activations are)
+    # its own start-up where it has small sizes (<= 64 KiB, in L2 as decode activations are); an
+    # implementation measured only above that gets start-up and rate from one line through its sizes
     small = fit[(fit.bytes_read + fit.bytes_written) <= 64 * 1024]
-    if len(small) >= 2:
+    if len(small) < 2 and cls.get("parallel") != "rows" and len(fit) >= 4:
+        a, slope = linfit((fit.bytes_read + fit.bytes_written).to_numpy(float), fit.median_us.to_numpy(float) * 1e3)
+        eff = float(min(1.0, 1.0 / (slope * cls["bandwidth_GBps"])))
+    elif len(small) >= 2:
         moved = (small.bytes_read + small.bytes_written).to_numpy(float)
         a = float(np.median(small.median_us.to_numpy(float) * 1e3 - moved / (rate(small) * eff)))
     pred = lambda d: (a + (d.bytes_read + d.bytes_written).to_numpy(float) / (rate(d) * eff)) / 1e3  # noqa: E731

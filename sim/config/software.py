@@ -38,8 +38,8 @@ grouped GEMM with device-side offsets, ``dense_all``); ``experts@<moe>`` entries
 execution's kernels. A kernel of any class but attention may name an implementation of
 ``impls`` whose measured ``efficiency`` scales the rate its reads and writes of the backing
 store reach, against its class's: PyTorch's grouped GEMM (``grouped_mm``), the generic
-element-by-element kernels PyTorch runs for byte casts, broadcast operands and strided codes
-(``byte_cast``, ``broadcast``, ``strided_bytes``, ``byte_stack``).
+element-by-element kernels PyTorch runs for byte casts, broadcast operands and strided views
+(``byte_cast``, ``broadcast``, ``strided``, ``byte_stack``).
 
 Every key is checked: an op key that names no op of the lowering (``ops.rms_norm``), a group
 member that is no op, or an unknown field is an error naming the file and the key path.
