@@ -139,8 +139,16 @@ EXPECTED_SECONDS = {
     "gemm_fp8": 20,
     "gemm_wonly": 30,
     "overlap": 8,
+    "castred": 55,
+    "kv_append": 12,
+    "fp8_static": 18,
+    "grouped_mm": 20,
+    "bcast": 10,
+    "fp8_narrow": 10,
 }
 DEFAULT_ORDER = ["launch", "grid", "elementwise", "gemm", "gemm_fp8", "gemm_wonly", "overlap"]
+# issue 21's sections: run with --only (not part of the default run)
+EXTRA_ORDER = ["castred", "kv_append", "fp8_static", "grouped_mm", "bcast", "fp8_narrow"]
 
 REPLAY_TARGET_US = 1500.0      # one graph replay lasts about this long
 MAX_GRAPH_NODES = 1200         # R * kernels per invocation stays below this
@@ -1622,7 +1630,479 @@ def _overlap_pair(b: Bench, st, work, per_call, kinfo, a, c, quick):
 
 # ============================================================================ main
 
+# ============================================================================ sections of issue 21
+# castred: casts (bf16/fp16/fp32/fp8/int8, int4 pack/unpack) and reductions over 1 KiB .. 1 GiB,
+# contiguous and strided; kv_append: the new token's K/V quantized and appended per KV format;
+# fp8_static: an FP8 linear with a static activation scale (one cast, then _scaled_mm) and
+# with per-token dynamic scales; grouped_mm: torch._grouped_mm over experts with device-side
+# offsets.
+
+FP8 = torch.float8_e4m3fn if hasattr(torch, "float8_e4m3fn") else None
+
+
+def castred_sizes(b: Bench, factor: int = 4) -> list:
+    """Nominal sizes 1 KiB x factor^k up to 1 GiB (quick: 2, cpu: 2)."""
+    if b.mode == "cpu":
+        return [1 * KiB, 64 * KiB]
+    if b.mode == "quick":
+        return [1 * KiB, 16 * MiB]
+    out, s = [], 1 * KiB
+    while s <= 1 * GiB:
+        out.append(s)
+        s *= factor
+    return out
+
+
+def _cast_pairs():
+    bf, f16, f32 = torch.bfloat16, torch.float16, torch.float32
+    pairs = [(bf, f32), (f32, bf), (bf, f16), (f16, bf), (f16, f32), (bf, torch.int8), (torch.int8, bf)]
+    if FP8 is not None:
+        pairs += [(bf, FP8), (FP8, bf), (f32, FP8)]
+    return pairs
+
+
+def castred_configs(b: Bench) -> list:
+    """Casts and reductions over many sizes, layouts and dtypes."""
+    cfgs = []
+    for size in coverage_order(castred_sizes(b)):
+        for src, dst in _cast_pairs():
+            cfgs.append(_cast_cfg(b, size, src, dst, "contiguous"))
+        for src, dst in ((torch.bfloat16, torch.float32), (torch.float32, torch.bfloat16),
+                         (torch.bfloat16, FP8 or torch.float16)):
+            cfgs.append(_cast_cfg(b, size, src, dst, "transpose"))
+        for src, dst in ((torch.bfloat16, torch.float32), (torch.bfloat16, torch.bfloat16)):
+            cfgs.append(_cast_cfg(b, size, src, dst, "slice"))
+        for impl in ("int4_pack", "int4_unpack"):
+            cfgs.append(_int4_cfg(b, size, impl))
+    widths = [64, 1024, 8192, 131072] if b.cuda else [64, 1024]
+    for size in coverage_order(castred_sizes(b, factor=8)):
+        for W in widths:
+            for impl in ("sum", "amax", "mean_fp32", "argmax", "softmax", "topk8", "colsum"):
+                if impl == "topk8" and W > 1024:
+                    continue
+                if impl == "colsum" and W not in (64, 8192):
+                    continue
+                c = _reduce_cfg(b, size, W, impl)
+                if c is not None:
+                    cfgs.append(c)
+        for impl in ("full_sum", "full_amax"):
+            c = _reduce_cfg(b, size, 4096 if b.cuda else 256, impl)
+            if c is not None:
+                cfgs.append(c)
+    return cfgs
+
+
+def _cast_cfg(b: Bench, size, src, dst, layout) -> Config:
+    """y.copy_(x) from dtype src to dst; layout contiguous, transpose (x read through .t()) or
+    slice (x = the first half of each row of a [R, 2W] tensor); size = bytes read + written."""
+    per = esize(src) + esize(dst)
+    n = _round_to(size // per, 256)
+    W = 256 if n >= 256 * 256 else 16
+    R = max(1, n // W)
+    n = R * W
+    read_specs = [((R, 2 * W), src)] if layout == "slice" else [((R, W), src)]
+    out_shape = (W, R) if layout == "transpose" else (R, W)
+    specs = read_specs + [(out_shape, dst)]
+    per_slot = math.prod(read_specs[0][0]) * esize(src) + n * esize(dst)
+    n_slots = b.slots_for(per_slot)
+    impl = f"cast_{dtype_name(src)}_{dtype_name(dst)}" + ("" if layout == "contiguous" else f"_{layout}")
+    meta = dict(impl=impl, kclass="cast", dtype=dtype_name(src), elements=n, rows=R, row_width=W, size_bytes=size,
+                bytes_read=n * esize(src), bytes_written=n * esize(dst), flops=0,
+                note=f"y.copy_(x) {dtype_name(src)} -> {dtype_name(dst)}, layout {layout}")
+
+    def build():
+        slots = b.carve(specs, n_slots)
+        if layout == "transpose":
+            return lambda i: slots[i % n_slots][1].copy_(slots[i % n_slots][0].t())
+        if layout == "slice":
+            return lambda i: slots[i % n_slots][1].copy_(slots[i % n_slots][0][:, :W])
+        return lambda i: slots[i % n_slots][1].copy_(slots[i % n_slots][0])
+    return Config(f"castred:{impl}:n{n}", "castred", meta, build, est_us=3.0 + per_slot / 2.5e12 * 1e6,
+                  n_slots=n_slots, bytes_per_slot=per_slot)
+
+
+def _int4_cfg(b: Bench, size, impl) -> Config:
+    """int4 pack (uint8 codes -> two per byte: slice, shift, or) or unpack (bytes -> two bf16
+    values: and, shift, stack, cast), as plain PyTorch writes them (several kernels)."""
+    if impl == "int4_pack":
+        n = _round_to(size // 2 * 2 // 3, 512)  # read n, write n/2
+        rd, wr = n, n // 2
+        specs = [((n,), torch.uint8), ((n // 2,), torch.uint8)]
+    else:
+        n = _round_to(size // 5, 256)  # read n bytes, write 2n bf16
+        rd, wr = n, 4 * n
+        specs = [((n,), torch.uint8), ((2 * n,), torch.bfloat16)]
+    per_slot = rd + wr
+    n_slots = b.slots_for(per_slot)
+    meta = dict(impl=impl, kclass="cast_int4", dtype="int4", elements=n, size_bytes=size, bytes_read=rd,
+                bytes_written=wr, flops=n, note="plain PyTorch, several kernels (see kernel_names.csv)")
+
+    def build():
+        slots = b.carve(specs, n_slots)
+        if impl == "int4_pack":
+            def f(i):
+                q, out = slots[i % n_slots]
+                torch.bitwise_or(q[0::2] & 15, (q[1::2] & 15) << 4, out=out)
+            return f
+
+        def g(i):
+            p, out = slots[i % n_slots]
+            torch.stack(((p & 15), (p >> 4)), dim=-1).view(-1).to(torch.bfloat16)
+        return g
+    return Config(f"castred:{impl}:n{n}", "castred", meta, build, est_us=6.0 + per_slot / 1.5e12 * 1e6,
+                  n_slots=n_slots, bytes_per_slot=per_slot)
+
+
+def _reduce_cfg(b: Bench, size, W, impl):
+    """A reduction over rows of width W (or over the whole tensor, or over columns) of a bf16
+    (mean_fp32: fp32) [R, W] tensor whose input bytes are ``size``; None if R < 1."""
+    dt = torch.float32 if impl == "mean_fp32" else torch.bfloat16
+    R = size // (W * esize(dt))
+    if R < 1:
+        return None
+    n = R * W
+    rd = n * esize(dt)
+    out_b = {"sum": R * 2, "amax": R * 2, "mean_fp32": R * 4, "argmax": R * 8, "softmax": rd, "topk8": R * 8 * 10,
+             "colsum": W * 2, "full_sum": 2, "full_amax": 2}[impl]
+    n_slots = b.slots_for(rd)
+    kclass = "reduction"
+    meta = dict(impl=f"reduce_{impl}", kclass=kclass, dtype=dtype_name(dt), elements=n, rows=R, row_width=W,
+                size_bytes=size, bytes_read=rd, bytes_written=out_b, flops=n,
+                note={"colsum": "x.sum(0): a strided (column) reduction", "full_sum": "x.sum(): whole tensor",
+                      "full_amax": "x.amax(): whole tensor"}.get(impl, "over the last dim"))
+    ops = {"sum": lambda x: x.sum(-1), "amax": lambda x: x.amax(-1), "mean_fp32": lambda x: x.mean(-1),
+           "argmax": lambda x: x.argmax(-1), "softmax": lambda x: torch.softmax(x, -1),
+           "topk8": lambda x: torch.topk(x, 8, dim=-1), "colsum": lambda x: x.sum(0),
+           "full_sum": lambda x: x.sum(), "full_amax": lambda x: x.amax()}
+    op = ops[impl]
+
+    def build():
+        xs = [s[0] for s in b.carve([((R, W), dt)], n_slots)]
+        return lambda i: op(xs[i % n_slots])
+    return Config(f"castred:reduce_{impl}:R{R}_W{W}", "castred", meta, build,
+                  est_us=4.0 + (rd + out_b) / 2.5e12 * 1e6, n_slots=n_slots, bytes_per_slot=rd)
+
+
+# ---- KV quantize-and-append (the new token's K and V into the cache), per format
+
+def kv_append_bf16(cache, new, pos):
+    """bf16 cache: index_copy_ of the new token's rows (K or V)."""
+    cache["q"].index_copy_(2, pos, new)
+
+
+def kv_append_int8(cache, new, pos):
+    """int8 per-token symmetric: scale = amax(|x|) / 127 per (token, head); q = round(x / s)."""
+    s = new.abs().amax(-1, keepdim=True).float().clamp_(min=1e-8) / 127.0
+    q = (new.float() / s).round_().clamp_(-127, 127).to(torch.int8)
+    cache["q"].index_copy_(2, pos, q)
+    cache["s"].index_copy_(2, pos, s.to(torch.bfloat16))
+
+
+def kv_append_int4(cache, new, pos, group=32):
+    """int4 asymmetric, groups of 32 along head_dim: min/max per group, 15 levels, two codes
+    per byte; codes, scales and zeros each index_copy_ into their tensors."""
+    B, H, T, D = new.shape
+    g = new.float().view(B, H, T, D // group, group)
+    mn = g.amin(-1, keepdim=True)
+    s = (g.amax(-1, keepdim=True) - mn).clamp_(min=1e-6) / 15.0
+    q = ((g - mn) / s).round_().clamp_(0, 15).to(torch.uint8).view(B, H, T, D)
+    packed = q[..., 0::2] | (q[..., 1::2] << 4)
+    cache["q"].index_copy_(2, pos, packed)
+    cache["s"].index_copy_(2, pos, s.view(B, H, T, D // group).to(torch.bfloat16))
+    cache["z"].index_copy_(2, pos, mn.view(B, H, T, D // group).to(torch.bfloat16))
+
+
+def _kv_cache(fmt, B, H, L, D, dev):
+    if fmt == "bf16":
+        return {"q": torch.zeros(B, H, L, D, dtype=torch.bfloat16, device=dev)}
+    if fmt == "int8":
+        return {"q": torch.zeros(B, H, L, D, dtype=torch.int8, device=dev),
+                "s": torch.zeros(B, H, L, 1, dtype=torch.bfloat16, device=dev)}
+    return {"q": torch.zeros(B, H, L, D // 2, dtype=torch.uint8, device=dev),
+            "s": torch.zeros(B, H, L, D // 32, dtype=torch.bfloat16, device=dev),
+            "z": torch.zeros(B, H, L, D // 32, dtype=torch.bfloat16, device=dev)}
+
+
+KV_APPEND = {"bf16": kv_append_bf16, "int8": kv_append_int8, "int4": kv_append_int4}
+
+
+def kv_append_configs(b: Bench) -> list:
+    """K and V of the new token quantized and appended, per format, B sequences x Hkv heads x D."""
+    if b.mode == "cpu":
+        shapes, Bs, L = [(2, 64)], [1, 3], 64
+    elif b.mode == "quick":
+        shapes, Bs, L = [(8, 128)], [1, 64], 1024
+    else:
+        shapes, Bs, L = [(8, 128), (8, 64), (32, 96), (8, 256), (4, 128)], [1, 4, 16, 64], 2048
+    cfgs = []
+    for fmt in ("bf16", "int8", "int4"):
+        for H, D in shapes:
+            for B in Bs:
+                cfgs.append(_kv_append_cfg(b, fmt, B, H, D, L))
+    return cfgs
+
+
+def _kv_append_cfg(b: Bench, fmt, B, H, D, L) -> Config:
+    row = B * H * D
+    wr = {"bf16": 2 * row, "int8": row + 2 * B * H, "int4": row // 2 + 2 * 2 * B * H * (D // 32)}[fmt]
+    meta = dict(impl=f"kv_append_{fmt}", kclass="kv_append", dtype=fmt, rows=B * H, row_width=D, elements=2 * row,
+                size_bytes=L, bytes_read=2 * 2 * row, bytes_written=2 * wr, flops=2 * row,
+                note=f"K and V of one new token, cache [B={B}, Hkv={H}, L={L}, D={D}]; plain PyTorch ops "
+                     f"(validation/whole_step.py has its own copy); position fixed")
+
+    def build():
+        kc, vc = _kv_cache(fmt, B, H, L, D, b.dev), _kv_cache(fmt, B, H, L, D, b.dev)
+        ks = [torch.randn(B, H, 1, D, dtype=torch.bfloat16, device=b.dev) for _ in range(4)]
+        vs = [torch.randn(B, H, 1, D, dtype=torch.bfloat16, device=b.dev) for _ in range(4)]
+        pos = torch.tensor([L // 2], dtype=torch.long, device=b.dev)
+        fn = KV_APPEND[fmt]
+
+        def f(i):
+            fn(kc, ks[i % 4], pos)
+            fn(vc, vs[i % 4], pos)
+        return f
+    return Config(f"kv_append:{fmt}:B{B}_H{H}_D{D}", "kv_append", meta, build, est_us=40.0 if fmt != "bf16" else 5.0)
+
+
+# ---- FP8 linears with a static scale and with per-token dynamic scales
+
+FP8S_NK = [(2048, 2048), (6144, 2048), (4096, 4096), (28672, 4096), (4096, 14336), (5120, 5120),
+           (27648, 5120), (8192, 8192)]
+# narrow outputs (K and V projections of GQA models), run with --only fp8_narrow
+FP8N_NK = [(256, 2048), (512, 2048), (1024, 2048), (512, 4096), (1024, 4096), (2048, 4096), (1024, 5120),
+           (2048, 5120), (1024, 3072), (5120, 1024), (4096, 1024)]
+
+
+def fp8_static_configs(b: Bench) -> list:
+    if b.mode == "cpu" or FP8 is None:
+        return [skip_config("fp8_static", "fp8_static:cpu", dict(impl="fp8_static_linear", kclass="gemm_fp8"),
+                            "torch._scaled_mm needs CUDA")]
+    Ms, NKs = ([1, 64], [(4096, 4096)]) if b.mode == "quick" else ([1, 4, 16, 64, 256], FP8S_NK)
+    cfgs = []
+    pools: dict = {}
+    for M in coverage_order(Ms):
+        for N, K in NKs:
+            n_slots = b.slots_for(N * K, cap=256)
+            for impl in ("fp8_static_linear", "fp8_per_token_linear"):
+                cfgs.append(_fp8s_cfg(b, impl, M, N, K, n_slots, pools))
+        for K in sorted({k for _, k in NKs}):
+            cfgs.append(_fp8_cast_cfg(b, M, K))
+    return cfgs
+
+
+def fp8_narrow_configs(b: Bench) -> list:
+    """Static FP8 linears and bf16 F.linear at narrow output widths (GQA K/V projections)."""
+    if b.mode == "cpu" or FP8 is None:
+        return [skip_config("fp8_narrow", "fp8_narrow:cpu", dict(impl="fp8_static_linear", kclass="gemm_fp8"),
+                            "torch._scaled_mm needs CUDA")]
+    Ms, NKs = ([1, 64], FP8N_NK[:2]) if b.mode == "quick" else ([1, 8, 32, 64], FP8N_NK)
+    cfgs, pools = [], {}
+    for M in coverage_order(Ms):
+        for N, K in NKs:
+            n_slots = b.slots_for(N * K, cap=256)
+            c = _fp8s_cfg(b, "fp8_static_linear", M, N, K, n_slots, pools)
+            cfgs.append(Config(c.cid.replace("fp8_static:", "fp8_narrow:"), "fp8_narrow", c.meta, c.build, c.est_us,
+                               c.n_slots, c.bytes_per_slot))
+            cfgs.append(_bf16_narrow_cfg(b, M, N, K))
+    return cfgs
+
+
+def _bf16_narrow_cfg(b: Bench, M, N, K) -> Config:
+    n_slots = b.slots_for(2 * N * K, cap=256)
+    meta = dict(impl="F.linear", kclass="gemm", dtype="bf16", M=M, N=N, K=K, M_padded=M, bytes_read=2 * N * K + 2 * M * K,
+                bytes_written=2 * M * N, flops=2 * M * N * K, note="bf16 F.linear at a narrow output width")
+
+    def build():
+        ws = [s[0] for s in b.carve([((N, K), torch.bfloat16)], n_slots)]
+        x = torch.randn(M, K, device=b.dev, dtype=torch.bfloat16)
+        return lambda i: F.linear(x, ws[i % n_slots])
+    return Config(f"fp8_narrow:F.linear:M{M}_N{N}_K{K}", "fp8_narrow", meta, build,
+                  est_us=6.0 + 2 * N * K / 3e12 * 1e6, n_slots=n_slots, bytes_per_slot=2 * N * K)
+
+
+def _fp8s_cfg(b: Bench, impl, M, N, K, n_slots, pools) -> Config:
+    wbytes = N * K
+    static = impl == "fp8_static_linear"
+    meta = dict(impl=impl, kclass="gemm_fp8", dtype="fp8_e4m3", M=M, N=N, K=K, M_padded=M,
+                bytes_read=wbytes + M * K * 2, bytes_written=M * N * 2, flops=2 * M * N * K,
+                bytes_intermediate=2 * M * K if static else 8 * M * K,
+                note="x.to(e4m3) with a constant scale, then torch._scaled_mm (per-tensor scales)" if static else
+                "per-token: s = |x|.amax(-1)/448; (x/s).to(e4m3); _scaled_mm with rowwise scales (w per channel)")
+
+    def build():
+        if (N, K) not in pools:
+            pools[(N, K)] = fp8_weight_pool(b, N, K, n_slots)
+        Ws = pools[(N, K)]
+        x = torch.randn(M, K, device=b.dev, dtype=torch.bfloat16)
+        mp = cdiv(M, 16) * 16 if M % 16 else M
+        if static:
+            xs = torch.tensor(1.0, device=b.dev)
+            ws = torch.tensor(0.5, device=b.dev)
+            try:
+                torch._scaled_mm(x.to(FP8), Ws[0].t(), scale_a=xs, scale_b=ws, out_dtype=torch.bfloat16)
+                b.sync()
+            except Exception:  # noqa: BLE001
+                meta["M_padded"] = mp
+                x = torch.cat([x, x.new_zeros(mp - M, K)])
+            return lambda i: torch._scaled_mm(x.to(FP8), Ws[i % n_slots].t(), scale_a=xs, scale_b=ws,
+                                              out_dtype=torch.bfloat16)
+        wrow = torch.full((1, N), 0.5, device=b.dev, dtype=torch.float32)
+
+        def per_token(i, x=x):
+            s = x.abs().amax(-1, keepdim=True).float().clamp(min=1e-12) / FP8_MAX
+            xq = (x / s).to(FP8)
+            return torch._scaled_mm(xq, Ws[i % n_slots].t(), scale_a=s, scale_b=wrow, out_dtype=torch.bfloat16)
+        try:
+            per_token(0)
+            b.sync()
+        except Exception:  # noqa: BLE001
+            meta["M_padded"] = mp
+            x = torch.cat([x, x.new_zeros(mp - M, K)])
+            return lambda i, x=x: per_token(i, x)
+        return per_token
+    est = 8.0 + max(wbytes / 3.0e12, 2 * M * N * K / 1000e12) * 1e6
+    return Config(f"fp8_static:{impl}:M{M}_N{N}_K{K}", "fp8_static", meta, build, est_us=est,
+                  n_slots=n_slots, bytes_per_slot=wbytes)
+
+
+def _fp8_cast_cfg(b: Bench, M, K) -> Config:
+    """The static-scale activation quantization alone: x.to(e4m3) (one cast kernel)."""
+    meta = dict(impl="cast_bf16_fp8_act", kclass="cast", dtype="bf16", M=M, K=K, elements=M * K, rows=M, row_width=K,
+                bytes_read=2 * M * K, bytes_written=M * K, flops=0, note="x.to(float8_e4m3fn), x [M, K] in L2")
+
+    def build():
+        xs = [torch.randn(M, K, device=b.dev, dtype=torch.bfloat16) for _ in range(4)]
+        return lambda i: xs[i % 4].to(FP8)
+    return Config(f"fp8_static:cast_bf16_fp8_act:M{M}_K{K}", "fp8_static", meta, build, est_us=3.0)
+
+
+# ---- torch._grouped_mm over experts, device-side offsets
+
+GROUPED_SHAPES = [(4096, 14336, 8, 2), (2048, 768, 128, 8), (2048, 1024, 64, 8), (4096, 1536, 16, 4)]  # H, F, E, k
+GROUPED_T = [1, 8, 64, 512]
+GROUPED_ROUTINGS = 8  # different routings rotated through a replay (weights not L2-resident)
+
+
+def grouped_mm_configs(b: Bench) -> list:
+    if not b.cuda or not hasattr(torch, "_grouped_mm"):
+        return [skip_config("grouped_mm", "grouped_mm:cpu", dict(impl="torch._grouped_mm", kclass="grouped_mm"),
+                            "torch._grouped_mm needs CUDA (sm90)")]
+    shapes, Ts = (GROUPED_SHAPES[1:2], [1, 64]) if b.mode == "quick" else (GROUPED_SHAPES, GROUPED_T)
+    cfgs = []
+    weights: dict = {}
+    for H, F_, E, k in shapes:
+        for T in coverage_order(Ts):
+            for part in ("gate_up", "down"):
+                cfgs.append(_grouped_cfg(b, H, F_, E, k, T, part, weights))
+    return cfgs
+
+
+def _grouped_routing(E, k, T, seed):
+    """Per-expert row counts of T tokens routed top-k uniformly at random, padded to 16 rows."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.stack([torch.randperm(E, generator=gen)[:k] for _ in range(T)])
+    counts = torch.bincount(ids.view(-1), minlength=E)
+    padded = (counts + 15) // 16 * 16
+    return counts, padded
+
+
+def _grouped_cfg(b: Bench, H, F_, E, k, T, part, weights) -> Config:
+    K, N = (H, 2 * F_) if part == "gate_up" else (F_, H)
+    routings = [_grouped_routing(E, k, T, seed) for seed in range(GROUPED_ROUTINGS)]
+    rows = max(int(p.sum()) for _, p in routings)
+    touched = sum(int((c > 0).sum()) for c, _ in routings) / len(routings)
+    per_expert = K * N * 2
+    meta = dict(impl=f"torch._grouped_mm_{part}", kclass="grouped_mm", dtype="bf16", M=T * k, N=N, K=K,
+                M_padded=rows, elements=E, rows=round(touched, 2), row_width=k,
+                bytes_read=round(touched * per_expert) + rows * K * 2, bytes_written=rows * N * 2,
+                flops=2 * T * k * N * K,
+                note=f"E={E} experts, T={T} tokens top-{k}; rows padded to 16 per expert; offs on the device; "
+                     f"rows = mean touched experts over {GROUPED_ROUTINGS} rotated routings")
+
+    def build():
+        key = (H, F_, E, part)
+        if key not in weights:
+            weights[key] = torch.randn(E, N, K, device=b.dev, dtype=torch.bfloat16) * 0.02
+        w = weights[key].transpose(-2, -1)  # [E, K, N], column-major as torchtitan passes it
+        a = torch.randn(rows, K, device=b.dev, dtype=torch.bfloat16)
+        offs = [torch.cumsum(p, 0).to(torch.int32).to(b.dev) for _, p in routings]
+        views = [a[:int(p.sum())] for _, p in routings]  # each routing's rows exactly (offs[-1] = rows)
+        return lambda i: torch._grouped_mm(views[i % len(offs)], w, offs=offs[i % len(offs)])
+    est = 10.0 + touched * per_expert / 2.5e12 * 1e6
+    return Config(f"grouped_mm:{part}:H{H}_F{F_}_E{E}_k{k}_T{T}", "grouped_mm", meta, build, est_us=est,
+                  n_slots=GROUPED_ROUTINGS, bytes_per_slot=round(touched * per_expert))
+
+
+# ---- broadcast and sliced elementwise (the kernels of a dequantizing cache), added after the first call
+
+def bcast_configs(b: Bench) -> list:
+    """bf16 [R, W] times / plus a [R, 1] or [R, W/32, 1] broadcast operand; int8/uint8 -> bf16 casts
+    and uint8 bit ops on a slice of the rows (x[:, :, :n] of a cache longer than n), 1 MiB .. 1 GiB."""
+    sizes = castred_sizes(b) if b.mode != "full" else [s for s in castred_sizes(b) if s >= 1 * MiB]
+    cfgs = []
+    for size in coverage_order(sizes):
+        for impl in ("mul_rowscale", "mul_groupscale", "add_groupzero", "cast_int8_bf16_sliced",
+                     "cast_uint8_bf16_sliced", "and15_sliced", "shr4_sliced", "stack2_uint8"):
+            cfgs.append(_bcast_cfg(b, size, impl))
+    return cfgs
+
+
+def _bcast_cfg(b: Bench, size, impl) -> Config:
+    bf, u8, i8 = torch.bfloat16, torch.uint8, torch.int8
+    if impl in ("mul_rowscale", "mul_groupscale", "add_groupzero"):
+        n = _round_to(size // 4, 4096)  # read n bf16, write n bf16
+        D = 128
+        R = n // D
+        scale_shape = (R, 1) if impl == "mul_rowscale" else (R, D // 32, 1)
+        x_shape = (R, D) if impl == "mul_rowscale" else (R, D // 32, 32)
+        specs = [(x_shape, bf), (scale_shape, bf), (x_shape, bf)]
+        rd, wr = 2 * n + 2 * math.prod(scale_shape), 2 * n
+        op = (lambda s: torch.mul(s[0], s[1], out=s[2])) if impl != "add_groupzero" else (
+            lambda s: torch.add(s[0], s[1], out=s[2]))
+        kclass, note = "elementwise", f"x {x_shape} bf16 with a broadcast {scale_shape} operand"
+    elif impl in ("cast_int8_bf16_sliced", "cast_uint8_bf16_sliced"):
+        n = _round_to(size // 3, 4096)
+        D, R = 128, n // 128
+        src = i8 if impl.startswith("cast_int8") else u8
+        specs = [((R + R // 64 + 1, D), src), ((R, D), bf)]
+        rd, wr = n, 2 * n
+        op = lambda s, R=R: s[1].copy_(s[0][:R])  # noqa: E731
+        kclass, note = "cast", "rows [:R] of a longer cache, to bf16 (contiguous slice of the rows)"
+    elif impl in ("and15_sliced", "shr4_sliced"):
+        n = _round_to(size // 2, 4096)
+        D, R = 64, n // 64
+        specs = [((4, R // 4 + 16, D), u8), ((4, R // 4, D), u8)]
+        rd, wr = n, n
+        if impl == "and15_sliced":
+            op = lambda s, R=R: torch.bitwise_and(s[0][:, :R // 4], 15, out=s[1])  # noqa: E731
+        else:
+            op = lambda s, R=R: torch.bitwise_right_shift(s[0][:, :R // 4], 4, out=s[1])  # noqa: E731
+        kclass, note = "elementwise", "uint8 codes of 4 heads, [:, :L] of a longer cache (strided over heads)"
+    else:  # stack2_uint8: torch.stack((lo, hi), -1)
+        n = _round_to(size // 4, 4096)
+        specs = [((n,), u8), ((n,), u8), ((n, 2), u8)]
+        rd, wr = 2 * n, 2 * n
+        op = lambda s: torch.stack((s[0], s[1]), dim=-1, out=s[2])  # noqa: E731
+        kclass, note = "copy", "torch.stack of two uint8 code tensors along a new last dim"
+    per_slot = rd + wr
+    n_slots = b.slots_for(per_slot)
+    meta = dict(impl=impl, kclass=kclass, dtype="bf16" if kclass == "elementwise" and "mul" in impl else "uint8",
+                elements=n, size_bytes=size, bytes_read=rd, bytes_written=wr, flops=n, note=note)
+
+    def build():
+        slots = b.carve(specs, n_slots)
+        return lambda i: op(slots[i % n_slots])
+    return Config(f"bcast:{impl}:n{n}", "bcast", meta, build, est_us=3.0 + per_slot / 2e12 * 1e6,
+                  n_slots=n_slots, bytes_per_slot=per_slot)
+
+
 SECTION_CONFIGS = {
+    "bcast": bcast_configs,
+    "fp8_narrow": fp8_narrow_configs,
+    "castred": castred_configs,
+    "kv_append": kv_append_configs,
+    "fp8_static": fp8_static_configs,
+    "grouped_mm": grouped_mm_configs,
     "launch": launch_configs,
     "grid": grid_configs,
     "elementwise": elementwise_configs,
@@ -1719,11 +2199,11 @@ def main(argv=None):
     b.facts = facts
     log("machine:", {k: v for k, v in facts.items() if not k.startswith("nvidia_smi")})
     wanted = [s.strip() for s in args.only.split(",") if s.strip()]
-    unknown = [s for s in wanted if s not in DEFAULT_ORDER]
+    unknown = [s for s in wanted if s not in DEFAULT_ORDER + EXTRA_ORDER]
     if unknown:
-        log(f"unknown sections {unknown}; known: {DEFAULT_ORDER}")
+        log(f"unknown sections {unknown}; known: {DEFAULT_ORDER + EXTRA_ORDER}")
         return 2
-    order = [s for s in DEFAULT_ORDER if s in wanted]
+    order = [s for s in DEFAULT_ORDER + EXTRA_ORDER if s in wanted]
     log(f"mode {b.mode}, sections {order}, budget {args.budget_s:.0f} s, "
         f"expected {sum(EXPECTED_SECONDS[s] for s in order)} s + start-up")
     run_sections(b, order)

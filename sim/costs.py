@@ -330,6 +330,9 @@ class CostModel:
             dequant = measured
             flows = [dataclasses.replace(f, tile_cap=f.tile_cap * impl.efficiency.value) if f.link == self.store
                      else f for f in flows]
+        kimpl = self.stack.impls.get(k.impl) if self.stack is not None and k.impl else None
+        flows = [dataclasses.replace(f, tile_cap=f.tile_cap * kimpl.efficiency.value) if kimpl and f.link == self.store
+                 else f for f in flows]  # a kernel implementation's measured quality (sim.config.software)
         compute = self._to_cycles(matrix + vector)
         per_link: dict[str, float] = {}
         by_row: dict[str, float] = {}
@@ -353,7 +356,7 @@ class CostModel:
         if op.collective is not None:
             startup = self.kernel_gap + self.collective_latency_ns(op)
         elif klass is not None:
-            startup = klass.startup_ns.value
+            startup = kimpl.startup_ns.value if kimpl is not None and kimpl.startup_ns is not None else klass.startup_ns.value
         else:  # the byte model: the kernel gap and the first-byte latency of the nearest level
             latency = self._latency
             latencies = [latency[f.link] for f in flows if f.link in latency]

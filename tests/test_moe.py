@@ -294,7 +294,7 @@ def test_per_expert_loop_is_never_faster_than_the_grouped_gemm(model, batch):
     """Same bytes (the touched experts' weights), more kernels: the loop pays a start-up per
     kernel per touched expert."""
     loop = _step_ms(model=model, batch=batch, software="torch-graph")
-    grouped = _step_ms(model=model, batch=batch, software="torch-graph-grouped")
+    grouped = _step_ms(model=model, batch=batch, software="torch-graph-fused-moe")
     assert loop >= grouped
 
 

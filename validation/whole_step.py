@@ -121,7 +121,7 @@ GB = 1e9
 
 STEP_FIELDS = ["case_id", "model", "stack", "execution", "weights", "batch", "context", "median_ms",
                "p10_ms", "p90_ms", "reps", "kernels_per_step", "error", "skipped_reason", "layers_run",
-               "experts_touched_mean", "host_syncs_per_step", "check_rel_err", "wall_s"]
+               "experts_touched_mean", "host_syncs_per_step", "check_rel_err", "wall_s", "kv"]
 KERNEL_FIELDS = ["case_id", "model", "stack", "execution", "weights", "batch", "context", "scope", "index",
                  "op", "op_source", "kernel", "grid", "block", "registers_per_thread", "shared_memory",
                  "duration_us"]
@@ -144,6 +144,9 @@ class Arch:
     norm_topk: bool = True     # Mixtral renormalises the top-k router weights; OLMoE does not
     rope_theta: float = 10000.0
     eps: float = 1e-5
+    qk_norm_per_head: bool = False  # Qwen3: RMSNorm(head_dim) on every head of Q and K
+    gemma: bool = False        # Gemma 2: (1 + w) norms, 4 per layer, sqrt(hidden) embedding scale, GeGLU,
+    #                            sliding window on even layers, final logit soft-cap
 
 
 ARCH = {
@@ -153,6 +156,9 @@ ARCH = {
     "mistral-nemo-12b": Arch(rope_theta=1e6),
     "mixtral-8x7b": Arch(rope_theta=1e6),
     "olmoe-1b-7b": Arch(qk_norm=True, norm_topk=False),
+    # appended for issue 21 (2026-12-04)
+    "qwen3-30b-a3b": Arch(qk_norm=True, qk_norm_per_head=True, rope_theta=1e6, eps=1e-6),
+    "gemma-2-9b": Arch(gemma=True, eps=1e-6),
 }
 
 
@@ -172,6 +178,8 @@ class Shape:
     experts: int = 0
     top_k: int = 0
     expert_ffn: int = 0
+    sliding_window: int = 0    # Gemma 2: even layers attend to (and cache) the last sliding_window tokens
+    final_softcap: float = 0.0
 
     @property
     def moe(self) -> bool:
@@ -199,7 +207,8 @@ def load_shape(name: str) -> Shape:
     return Shape(name=data["name"], layers=data["layers"], hidden=data["hidden"], heads=data["heads"],
                  kv_heads=data["kv_heads"], head_dim=data["head_dim"], ffn=data["ffn"], vocab=data["vocab"],
                  tied=bool(data["tied_embeddings"]), experts=moe.get("experts", 0), top_k=moe.get("top_k", 0),
-                 expert_ffn=moe.get("expert_ffn", 0))
+                 expert_ffn=moe.get("expert_ffn", 0), sliding_window=int(data.get("sliding_window") or 0),
+                 final_softcap=float(data.get("final_logit_softcap") or 0.0))
 
 
 def tiny_shape(shape: Shape) -> Shape:
@@ -208,7 +217,8 @@ def tiny_shape(shape: Shape) -> Shape:
     mha = shape.heads == shape.kv_heads
     return replace(shape, layers=2, hidden=64, heads=4, kv_heads=4 if mha else 2,
                    head_dim=24 if shape.head_dim % 64 else 16, ffn=96, vocab=512,
-                   experts=min(shape.experts, 16), expert_ffn=48 if shape.moe else 0)
+                   experts=min(shape.experts, 16), expert_ffn=48 if shape.moe else 0,
+                   sliding_window=min(shape.sliding_window, 24))
 
 
 # ----------------------------------------------------------------------------- annotation
@@ -267,6 +277,24 @@ class Fp8Linear:
         return y.view(*lead, y.shape[-1])
 
 
+class Fp8StaticLinear(Fp8Linear):
+    """An FP8 linear with a static (calibrated offline) activation scale: each call is one cast
+    of x to e4m3 and torch._scaled_mm; the scale is a constant tensor (1.0 here: the random
+    activations lie well inside e4m3's range)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+        super().__init__(weight, bias)
+        self.x_scale = torch.ones((), device=weight.device, dtype=torch.float32)
+
+    def __call__(self, x):
+        lead = x.shape[:-1]
+        xq = x.reshape(-1, x.shape[-1]).to(torch.float8_e4m3fn)
+        y = torch._scaled_mm(xq, self.weight.t(), scale_a=self.x_scale, scale_b=self.scale, out_dtype=torch.bfloat16)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.view(*lead, y.shape[-1])
+
+
 @dataclass
 class LayerWeights:
     """One decoder layer's tensors; projections are Bf16Linear or Fp8Linear."""
@@ -287,6 +315,8 @@ class LayerWeights:
     router: torch.Tensor | None = None       # [E, H]
     w_gate_up: torch.Tensor | None = None    # [E, 2F, H]: gate rows, then up rows
     w_down: torch.Tensor | None = None       # [E, H, F]
+    post_attn_norm: torch.Tensor | None = None   # Gemma 2
+    post_mlp_norm: torch.Tensor | None = None
 
 
 @dataclass
@@ -309,6 +339,9 @@ def _rand(shape, device, dtype=torch.bfloat16, std=WEIGHT_STD):
 
 
 def _linear(weight, bias, fp8):
+    """fp8: False (bf16), True (dynamic per-tensor activation scale) or "static"."""
+    if fp8 == "static":
+        return Fp8StaticLinear(weight, bias)
     return Fp8Linear(weight, bias) if fp8 else Bf16Linear(weight, bias)
 
 
@@ -325,7 +358,10 @@ def build_layer(s: Shape, a: Arch, fp8: bool, device) -> LayerWeights:
         lw.k = _linear(_rand((kv, h), device), bias(kv), fp8)
         lw.v = _linear(_rand((kv, h), device), bias(kv), fp8)
     if a.qk_norm:
-        lw.q_norm, lw.k_norm = ones(q), ones(kv)
+        lw.q_norm, lw.k_norm = (ones(s.head_dim), ones(s.head_dim)) if a.qk_norm_per_head else (ones(q), ones(kv))
+    if a.gemma:  # Gemma's norms hold w with the gain 1 + w: zeros are the identity
+        zeros = lambda n: torch.zeros(n, device=device, dtype=torch.bfloat16)  # noqa: E731
+        lw.attn_norm, lw.mlp_norm, lw.post_attn_norm, lw.post_mlp_norm = zeros(h), zeros(h), zeros(h), zeros(h)
     if s.moe:
         lw.router = _rand((s.experts, h), device)
         lw.w_gate_up = _rand((s.experts, 2 * s.expert_ffn, h), device)
@@ -349,8 +385,8 @@ def build_weights(s: Shape, a: Arch, fp8: bool, device) -> Weights:
     lm_head = embed if s.tied else _rand((s.vocab, s.hidden), device)
     inv_freq = 1.0 / (a.rope_theta ** (torch.arange(0, s.head_dim, 2, dtype=torch.int64, device=device).float()
                                        / s.head_dim))
-    w = Weights(shape=s, arch=a, fp8=fp8, embed=embed, lm_head=lm_head,
-                final_norm=torch.ones(s.hidden, device=device, dtype=torch.bfloat16), inv_freq=inv_freq)
+    final = (torch.zeros if a.gemma else torch.ones)(s.hidden, device=device, dtype=torch.bfloat16)
+    w = Weights(shape=s, arch=a, fp8=fp8, embed=embed, lm_head=lm_head, final_norm=final, inv_freq=inv_freq)
     for _ in range(s.layers):
         w.layers.append(build_layer(s, a, fp8, device))
     return w
@@ -366,6 +402,64 @@ def rms_norm(x, weight, eps):
     variance = h.pow(2).mean(-1, keepdim=True)
     h = h * torch.rsqrt(variance + eps)
     return weight * h.to(input_dtype)
+
+
+def gemma_rms_norm(x, weight, eps):
+    """Gemma2RMSNorm.forward: fp32 statistics, gain (1 + w) in fp32, cast back."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    h = h * (1.0 + weight.float())
+    return h.type_as(x)
+
+
+# -- quantized KV caches (issue 21): the new token quantized and appended, the whole cache
+# dequantized to bf16 for SDPA each layer (the dequantizing cache of Hugging Face's
+# QuantizedCache, without its bf16 window of recent tokens). Code separate from calibration/.
+
+def quant_cache(fmt: str, batch: int, heads: int, length: int, dim: int, device) -> dict:
+    """Random codes, scales and zeros of a quantized cache [B, Hkv, L, D]."""
+    if fmt == "int8":
+        return {"q": torch.randint(-127, 128, (batch, heads, length, dim), device=device, dtype=torch.int8),
+                "s": torch.full((batch, heads, length, 1), 1.0 / 127, device=device, dtype=torch.bfloat16)}
+    g = dim // 32
+    return {"q": torch.randint(0, 256, (batch, heads, length, dim // 2), device=device, dtype=torch.uint8),
+            "s": torch.full((batch, heads, length, g), 2.0 / 15, device=device, dtype=torch.bfloat16),
+            "z": torch.full((batch, heads, length, g), -1.0, device=device, dtype=torch.bfloat16)}
+
+
+def append_int8(cache: dict, new, pos):
+    """Per-token symmetric int8: s = amax|x| / 127 per (sequence, head); q = round(x / s)."""
+    s = new.abs().amax(-1, keepdim=True).float().clamp_(min=1e-8) / 127.0
+    cache["q"].index_copy_(2, pos, (new.float() / s).round_().clamp_(-127, 127).to(torch.int8))
+    cache["s"].index_copy_(2, pos, s.to(torch.bfloat16))
+
+
+def append_int4(cache: dict, new, pos):
+    """Asymmetric int4 in groups of 32 along head_dim (min, max, 15 levels), two codes a byte."""
+    b, h, t, d = new.shape
+    g = new.float().view(b, h, t, d // 32, 32)
+    mn = g.amin(-1, keepdim=True)
+    s = (g.amax(-1, keepdim=True) - mn).clamp_(min=1e-6) / 15.0
+    q = ((g - mn) / s).round_().clamp_(0, 15).to(torch.uint8).view(b, h, t, d)
+    cache["q"].index_copy_(2, pos, q[..., 0::2] | (q[..., 1::2] << 4))
+    cache["s"].index_copy_(2, pos, s.view(b, h, t, d // 32).to(torch.bfloat16))
+    cache["z"].index_copy_(2, pos, mn.view(b, h, t, d // 32).to(torch.bfloat16))
+
+
+def dequant_int8(cache: dict, n: int):
+    return cache["q"][:, :, :n].to(torch.bfloat16) * cache["s"][:, :, :n]
+
+
+def dequant_int4(cache: dict, n: int):
+    p = cache["q"][:, :, :n]
+    b, h, _, half = p.shape
+    codes = torch.stack((p & 15, p >> 4), dim=-1).view(b, h, n, 2 * half // 32, 32)
+    k = codes.to(torch.bfloat16) * cache["s"][:, :, :n, :, None] + cache["z"][:, :, :n, :, None]
+    return k.view(b, h, n, 2 * half)
+
+
+KV_APPEND = {"int8": append_int8, "int4": append_int4}
+KV_DEQUANT = {"int8": dequant_int8, "int4": dequant_int4}
 
 
 def rotate_half(x):
@@ -394,10 +488,11 @@ class DecodeStep:
     the next tokens."""
 
     def __init__(self, weights: Weights, batch: int, context: int, execution: str, device, seed: int,
-                 grouped_cfg=None):
+                 grouped_cfg=None, kv: str = "bf16"):
         s = weights.shape
         self.w, self.s, self.a = weights, s, weights.arch
-        self.batch, self.context, self.execution = batch, context, execution
+        self.batch, self.context, self.execution, self.kv = batch, context, execution, kv
+        self.norm = gemma_rms_norm if self.a.gemma else rms_norm
         self.grouped_cfg = grouped_cfg
         gen = torch.Generator(device="cpu").manual_seed(seed)
         self.tokens = torch.randint(0, s.vocab, (batch, 1), generator=gen).to(device)
@@ -405,15 +500,28 @@ class DecodeStep:
         self.position_ids = self.cache_position.unsqueeze(0)
         lmax = context + KV_SLACK_TOKENS
         torch.manual_seed(seed)
-        self.k_cache = [torch.empty(batch, s.kv_heads, lmax, s.head_dim, device=device,
-                                    dtype=torch.bfloat16).normal_() for _ in range(s.layers)]
-        self.v_cache = [torch.empty_like(k).normal_() for k in self.k_cache]
+        # Gemma 2's sliding layers keep a ring of sliding_window positions (the new token goes to
+        # context % window); every other layer a static cache of context + slack positions
+        self.window = [s.sliding_window if s.sliding_window and i % 2 == 0 else 0 for i in range(s.layers)]
+        self.lengths = [min(lmax, w) if w else lmax for w in self.window]
+        self.attend = [min(context + 1, w) if w else context + 1 for w in self.window]
+        self.positions = [torch.tensor([context % w if w else context], device=device, dtype=torch.long)
+                          for w in self.window]
+        if kv == "bf16":
+            self.k_cache = [torch.empty(batch, s.kv_heads, n, s.head_dim, device=device,
+                                        dtype=torch.bfloat16).normal_() for n in self.lengths]
+            self.v_cache = [torch.empty_like(k).normal_() for k in self.k_cache]
+        else:
+            self.k_cache = [quant_cache(kv, batch, s.kv_heads, n, s.head_dim, device) for n in self.lengths]
+            self.v_cache = [quant_cache(kv, batch, s.kv_heads, n, s.head_dim, device) for n in self.lengths]
+        self.normalizer = torch.tensor(s.hidden ** 0.5, dtype=torch.bfloat16)  # Gemma (a CPU scalar, as HF)
         self.plan = [None] * s.layers      # loop: (expert, start, count) per touched expert
         self.routing = [None] * s.layers   # tokens per expert, as first seen
         self.recording = False             # read every layer's routing (one extra eager step)
         self.names = [{op: f"L{i}.{op}" for op in ("attn_norm", "qkv", "qk_norm", "rope", "kv_append", "attention",
                                                     "o_proj", "residual", "mlp_norm", "gate_up", "silu_mul",
-                                                    "down", "router", "experts", "expert")} for i in range(s.layers)]
+                                                    "down", "router", "experts", "expert", "post_attn_norm",
+                                                    "post_mlp_norm")} for i in range(s.layers)]
 
     # -- attention -------------------------------------------------------------------
     def project_qkv(self, i, lw, x):
@@ -425,7 +533,12 @@ class DecodeStep:
                 q, k, v = qkv[..., :qw], qkv[..., qw:qw + kw], qkv[..., qw + kw:]
             else:
                 q, k, v = lw.q(x), lw.k(x), lw.v(x)
-        if a.qk_norm:
+        if a.qk_norm and a.qk_norm_per_head:  # Qwen3: on each head, before the transpose
+            with mark(self.names[i]["qk_norm"]):
+                d = s.head_dim
+                q = rms_norm(q.view(*q.shape[:-1], -1, d), lw.q_norm, a.eps).view(q.shape)
+                k = rms_norm(k.view(*k.shape[:-1], -1, d), lw.k_norm, a.eps).view(k.shape)
+        elif a.qk_norm:
             with mark(self.names[i]["qk_norm"]):
                 q, k = rms_norm(q, lw.q_norm, a.eps), rms_norm(k, lw.k_norm, a.eps)
         return q, k, v
@@ -439,13 +552,20 @@ class DecodeStep:
         v = v.view(bsz, 1, -1, s.head_dim).transpose(1, 2)
         with mark(names["rope"]):
             q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        with mark(names["kv_append"]):
-            self.k_cache[i].index_copy_(2, self.cache_position, k)
-            self.v_cache[i].index_copy_(2, self.cache_position, v)
-        n = self.context + 1
+        n, pos = self.attend[i], self.positions[i]
+        if self.kv == "bf16":
+            with mark(names["kv_append"]):
+                self.k_cache[i].index_copy_(2, pos, k)
+                self.v_cache[i].index_copy_(2, pos, v)
+            keys, values = self.k_cache[i][:, :, :n], self.v_cache[i][:, :, :n]
+        else:
+            with mark(names["kv_append"]):
+                KV_APPEND[self.kv](self.k_cache[i], k, pos)
+                KV_APPEND[self.kv](self.v_cache[i], v, pos)
+            with mark(names["attention"]):
+                keys, values = KV_DEQUANT[self.kv](self.k_cache[i], n), KV_DEQUANT[self.kv](self.v_cache[i], n)
         with mark(names["attention"]):
-            o = F.scaled_dot_product_attention(q, self.k_cache[i][:, :, :n], self.v_cache[i][:, :, :n],
-                                               enable_gqa=True)
+            o = F.scaled_dot_product_attention(q, keys, values, enable_gqa=True)
         o = o.transpose(1, 2).contiguous().reshape(bsz, 1, -1)
         with mark(names["o_proj"]):
             return lw.o(o)
@@ -463,7 +583,7 @@ class DecodeStep:
             with mark(names["gate_up"]):
                 gate, up = lw.gate(x), lw.up(x)
             with mark(names["silu_mul"]):
-                up_states = F.silu(gate) * up
+                up_states = F.gelu(gate, approximate="tanh") * up if self.a.gemma else F.silu(gate) * up
         with mark(names["down"]):
             return lw.down(up_states)
 
@@ -536,6 +656,34 @@ class DecodeStep:
     def moe_grouped(self, i, lw, x2, routing_weights, selected):
         return fused_moe(x2, lw.w_gate_up, lw.w_down, routing_weights, selected, self.grouped_cfg)
 
+    def moe_grouped_mm(self, i, lw, x2, routing_weights, selected):
+        """PyTorch's grouped GEMM with device-side offsets (no host sync, graph-safe): count the
+        slots per expert (scatter_add_: bincount would sync), pad each expert's rows to 16 (as torchtitan does), place
+        each (token, expert) slot at its padded row, torch._grouped_mm for gate_up, silu * up,
+        torch._grouped_mm for down, times the router weight, index_add_ into the output. The
+        row buffer holds the most rows any routing can need (pairs + 15 x experts)."""
+        e_count, f, k = self.s.experts, self.s.expert_ffn, self.s.top_k
+        flat = selected.reshape(-1)
+        pairs = flat.numel()
+        counts = torch.zeros(e_count, dtype=torch.long, device=flat.device).scatter_add_(0, flat, torch.ones_like(flat))
+        padded = (counts + 15) // 16 * 16
+        ends = torch.cumsum(padded, 0)
+        order = torch.argsort(flat, stable=True)
+        expert_of = flat[order]
+        first = torch.cumsum(counts, 0) - counts  # first sorted slot of each expert
+        rank = torch.arange(pairs, device=flat.device) - first[expert_of]
+        row = (ends - padded)[expert_of] + rank
+        token = order // k
+        rows = pairs + 15 * e_count
+        a = x2.new_zeros(rows, x2.shape[-1])
+        a.index_copy_(0, row, x2.index_select(0, token))
+        offs = ends.to(torch.int32)
+        h = torch._grouped_mm(a, lw.w_gate_up.transpose(-2, -1), offs=offs)
+        act = F.silu(h[:, :f]) * h[:, f:]
+        y = torch._grouped_mm(act, lw.w_down.transpose(-2, -1), offs=offs)
+        y = y.index_select(0, row) * routing_weights.reshape(-1)[order, None]
+        return torch.zeros_like(x2).index_add_(0, token, y)
+
     def moe(self, i, lw, x):
         bsz, seq, hidden = x.shape
         x2 = x.view(-1, hidden)
@@ -543,24 +691,30 @@ class DecodeStep:
         if self.recording:
             self.record_routing(i, selected)
         run = {"loop": self.moe_loop, "loop_sync": self.moe_loop_sync, "dense_all": self.moe_dense_all,
-               "grouped": self.moe_grouped}[self.execution]
+               "grouped": self.moe_grouped, "grouped_mm": self.moe_grouped_mm}[self.execution]
         with mark(self.names[i]["experts"]):
             out = run(i, lw, x2, routing_weights, selected)
         return out.reshape(bsz, seq, hidden)
 
     # -- the step --------------------------------------------------------------------
     def layer(self, i, lw, h, cos, sin):
-        eps, names = self.a.eps, self.names[i]
+        eps, names, norm = self.a.eps, self.names[i], self.norm
         residual = h
         with mark(names["attn_norm"]):
-            x = rms_norm(h, lw.attn_norm, eps)
+            x = norm(h, lw.attn_norm, eps)
         x = self.attention(i, lw, x, cos, sin)
+        if lw.post_attn_norm is not None:
+            with mark(names["post_attn_norm"]):
+                x = norm(x, lw.post_attn_norm, eps)
         with mark(names["residual"]):
             h = residual + x
         residual = h
         with mark(names["mlp_norm"]):
-            x = rms_norm(h, lw.mlp_norm, eps)
+            x = norm(h, lw.mlp_norm, eps)
         x = self.moe(i, lw, x) if self.s.moe else self.mlp(i, lw, x)
+        if lw.post_mlp_norm is not None:
+            with mark(names["post_mlp_norm"]):
+                x = norm(x, lw.post_mlp_norm, eps)
         with mark(names["residual"]):
             return residual + x
 
@@ -568,14 +722,19 @@ class DecodeStep:
         w = self.w
         with mark("embed"):
             h = F.embedding(self.tokens, w.embed)
+            if self.a.gemma:
+                h = h * self.normalizer
         with mark("rope_cos_sin"):
             cos, sin = rope_cos_sin(w.inv_freq, self.position_ids, h.dtype)
         for i, lw in enumerate(w.layers):
             h = self.layer(i, lw, h, cos, sin)
         with mark("final_norm"):
-            h = rms_norm(h, w.final_norm, self.a.eps)
+            h = self.norm(h, w.final_norm, self.a.eps)
         with mark("lm_head"):
             logits = F.linear(h[:, -1:, :], w.lm_head)
+        if self.s.final_softcap:
+            with mark("logit_softcap"):
+                logits = torch.tanh(logits / self.s.final_softcap) * self.s.final_softcap
         with mark("argmax"):
             return torch.argmax(logits[:, -1, :].to(copy=True, dtype=torch.float32), dim=-1)
 
@@ -954,20 +1113,22 @@ class Case:
     batch: int
     context: int
     execution: str = ""
+    kv: str = "bf16"
 
     @property
     def group(self):
-        return (self.model, self.stack, self.execution, self.weights)
+        return (self.model, self.stack, self.execution, self.weights, self.kv)
 
     @property
     def path(self):
-        return (self.stack, self.execution if self.execution else "dense", self.weights)
+        return (self.stack, self.execution if self.execution else "dense", self.weights, self.kv)
 
 
 def load_cases(path: Path) -> list[Case]:
     data = yaml.safe_load(path.read_text())
     cases = [Case(id=c["id"], model=c["model"], stack=c["stack"], weights=c["weights"], batch=int(c["batch"]),
-                  context=int(c["context"]), execution=c.get("execution") or "") for c in data["cases"]]
+                  context=int(c["context"]), execution=c.get("execution") or "", kv=c.get("kv") or "bf16")
+             for c in data["cases"]]
     ids = [c.id for c in cases]
     if len(ids) != len(set(ids)):
         raise ValueError("duplicate case ids in cases.yaml")
@@ -1081,12 +1242,13 @@ class Runner:
             raise MemoryError(self.weights_error[key])
         self.free_weights()
         shape = self.shape_of(case.model)
-        need = shape.weight_bytes(case.weights == "fp8")
+        need = shape.weight_bytes(case.weights != "bf16")
         if need > 0.97 * self.free_bytes():
             self.weights_error[key] = f"weights need {need / GB:.1f} GB, {self.free_bytes() / GB:.1f} GB free"
             raise MemoryError(self.weights_error[key])
         t = time.time()
-        self.weights = build_weights(shape, ARCH[case.model], case.weights == "fp8", self.device)
+        fp8 = {"bf16": False, "fp8": True, "fp8-static": "static"}[case.weights]
+        self.weights = build_weights(shape, ARCH[case.model], fp8, self.device)
         self.sync()
         self.weights_key = key
         log(f"  built {case.model} {case.weights}: {shape.layers} layers, {need / GB:.2f} GB "
@@ -1114,7 +1276,7 @@ class Runner:
             row["skipped_reason"] = reason
             return None
         return DecodeStep(weights, case.batch, case.context, case.execution, self.device,
-                          seed=zlib.crc32(case.id.encode()), grouped_cfg=self.grouped_cfg)
+                          seed=zlib.crc32(case.id.encode()), grouped_cfg=self.grouped_cfg, kv=case.kv)
 
     def cleanup(self):
         """Free what a case left behind (its KV cache, its graph's pool)."""
@@ -1136,7 +1298,7 @@ class Runner:
     def time_case(self, case: Case) -> dict:
         """Build, check (grouped), time and read the routing of one case; never raises."""
         row = {"case_id": case.id, "model": case.model, "stack": case.stack, "execution": case.execution,
-               "weights": case.weights, "batch": case.batch, "context": case.context}
+               "weights": case.weights, "batch": case.batch, "context": case.context, "kv": case.kv}
         t = time.time()
         step = graph = None
         try:
@@ -1202,7 +1364,7 @@ class Runner:
     def profile_case(self, case: Case) -> dict:
         """Rebuild a measured case and profile it; never raises."""
         facts = {"case_id": case.id, "model": case.model, "stack": case.stack, "execution": case.execution,
-                 "weights": case.weights, "batch": case.batch, "context": case.context}
+                 "weights": case.weights, "batch": case.batch, "context": case.context, "kv": case.kv}
         t = time.time()
         step = graph = None
         try:
@@ -1273,7 +1435,8 @@ class Runner:
     def skip_rows(self, cases: list[Case], reason: str):
         for c in cases:
             row = {"case_id": c.id, "model": c.model, "stack": c.stack, "execution": c.execution,
-                   "weights": c.weights, "batch": c.batch, "context": c.context, "skipped_reason": reason}
+                   "weights": c.weights, "batch": c.batch, "context": c.context, "kv": c.kv,
+                   "skipped_reason": reason}
             self.steps.row(**row)
             self.results.append(row)
 

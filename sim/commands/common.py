@@ -63,8 +63,9 @@ def add_run_options(p: argparse.ArgumentParser, *, formats: bool = True) -> None
     p.add_argument("--pp", type=int, default=None, help="pipeline stages (default: chips / tp)")
     p.add_argument("--software", default=None, metavar="STACK|PATH",
                    help="software stack (workloads/software/: fused, fused-naive-kv, torch-graph, torch-graph-grouped, "
-                        "torch-graph-dense, torch-eager, static-schedule) or a stack YAML: which kernels run each op "
-                        f"(default: the profile's own stack where it names one, else {d.software})")
+                        "torch-graph-fused-moe, torch-graph-dense, torch-graph-fp8-static, torch-graph-kv-quant, "
+                        "torch-graph-dequant-kv, torch-eager, static-schedule) or a stack YAML: which kernels run "
+                        f"each op (default: the profile's own stack where it names one, else {d.software})")
     p.add_argument("--chips", type=int, default=None, help="chip count (overrides the profile's system.chips)")
     p.add_argument("--microbatches", type=int, default=1, metavar="M",
                    help="split each step's sequences into M micro-batches in flight, each on its own streams: "

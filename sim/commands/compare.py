@@ -24,6 +24,11 @@ def register(sub) -> None:
     p.add_argument("--kernels", default=None, metavar="STACK,STACK",
                    help="also compare attention kernels: the attention time of each format under each stack's "
                         "kernel (e.g. fused,fused-naive-kv), against fp16, with the break-even factor")
+    p.add_argument("--published-kernel", default=None, metavar="FRACTION,SOURCE",
+                   help="also state each format's step with a published dequantizing decode kernel that reaches "
+                        "FRACTION of the HBM peak bandwidth (dequantization hidden), citing SOURCE")
+    p.add_argument("--no-qualities", action="store_true",
+                   help="leave out the KV verdict at three kernel qualities (measured, best measured, byte limit)")
     p.add_argument("--json", action="store_true", help="print JSON rows")
     p.set_defaults(handler=handle)
 
@@ -40,6 +45,12 @@ def handle(args) -> int:
         raise ConfigError("--fidelity-tokens", "fidelity_tokens", "must be > 0", args.fidelity_tokens)
     spec = spec_from_args(args)
     rows = compare_rows(spec, names, fidelity_tokens=args.fidelity_tokens)
+    published = _published(args.published_kernel)
+    qualities = []
+    if not args.no_qualities:
+        from sim.report.compare import kv_qualities
+
+        qualities = kv_qualities(spec, names, published)
     kernels = []
     if args.kernels:
         from sim.report.compare import attention_rows
@@ -47,12 +58,55 @@ def handle(args) -> int:
         kernels = attention_rows(spec, names, [s.strip() for s in args.kernels.split(",") if s.strip()])
     if args.json:
         setup = {k: v for k, v in spec.model_dump().items() if k != "kv"}
-        emit_json("compare", {"spec": setup, "kv_formats": names, "rows": rows, "kernels": kernels})
+        emit_json("compare", {"spec": setup, "kv_formats": names, "rows": rows, "kernels": kernels,
+                              "kv_qualities": qualities,
+                              "published_kernel": {"fraction": published[0], "source": published[1]} if published else None})
         return 0
     print(render(spec, rows))
+    if qualities:
+        print(render_qualities(qualities, published))
     if kernels:
         print(render_kernels(kernels))
     return 0
+
+
+def _published(text: str | None) -> tuple[float, str] | None:
+    """``0.85,BitDecoding (arXiv:2503.18773) Fig. 9`` -> (0.85, source); bad input is a ConfigError."""
+    from sim.errors import ConfigError
+
+    if text is None:
+        return None
+    value, _, source = text.partition(",")
+    try:
+        fraction = float(value)
+    except ValueError:
+        raise ConfigError("--published-kernel", "published_kernel", "expected FRACTION,SOURCE with FRACTION a number",
+                          text) from None
+    if not 0 < fraction <= 1 or not source.strip():
+        raise ConfigError("--published-kernel", "published_kernel",
+                          "expected FRACTION in (0, 1] of the HBM peak and a SOURCE naming the paper or benchmark", text)
+    return fraction, source.strip()
+
+
+def render_qualities(rows: list[dict], published) -> str:
+    cols = [("measured", "as run"), ("best_measured", "best measured"), ("byte_limit", "byte limit")]
+    if published:
+        cols.append(("published", f"published ({published[0]:g} of HBM)"))
+    lines = ["  KV verdict at kernel qualities: ms/token with the format (fp16 under the same kernel) and whether it "
+             "beats fp16",
+             "  " + f"{'KV format':<19}" + "".join(f"{label:>30}" for _, label in cols)]
+    for r in rows:
+        cells = []
+        for key, _ in cols:
+            c = r[key]
+            cells.append(f"{c['ms']:.3f} ({c['fp16_ms']:.3f}) {'beats' if c['beats_fp16'] else 'loses'}")
+        lines.append("  " + f"{r['kv']:<19}" + "".join(f"{c:>30}" for c in cells))
+    lines.append("  as run: the stack's own attention kernels (measured); best measured: one kernel reading the "
+                 "quantized cache at the measured efficiency and per-value dequantization cost of the best "
+                 "dequantizing kernel measured on the H200 (fused stack's triton_group, calibration/kv_attention.py); "
+                 "byte limit: the quantized bytes at the attention class's rate, dequantization free"
+                 + (f"; published: {published[1]}" if published else ""))
+    return "\n".join(lines)
 
 
 def render_kernels(rows: list[dict]) -> str:

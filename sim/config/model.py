@@ -2,6 +2,15 @@
 optional Mixture-of-Experts FFN (``moe:``) and an optional attention description (``attention:``,
 for DeepSeek's multi-head latent attention, whose cache is one compressed latent per token).
 
+The FFN activation is ``swiglu`` (gate, up, down: silu(gate) * up), ``geglu`` (the same three
+matrices with GELU, tanh approximation: Gemma) or ``gelu`` (two matrices, no gate). Gemma 2's
+fields: ``sliding_window`` with ``sliding_layers`` (``all``, or ``even``: layers 0, 2, 4, ...
+attend to the last ``sliding_window`` tokens only, the others to the whole context),
+``attn_logit_softcap`` and ``final_logit_softcap`` (scores and logits pass through
+cap x tanh(x / cap)), ``post_norms`` (RMSNorm after attention and after the FFN as well as
+before), ``norm_unit_offset`` (RMSNorm scales by 1 + weight) and ``embed_scale`` (embeddings
+times sqrt(hidden)).
+
 Counts only; no weights. ``source`` names the config the shape comes from. Every count lies
 in a sanity range well beyond any published model (``MAX_LAYERS`` layers, ...), so a typo
 such as ``layers: 100000000000`` is an error that states the range, not minutes of work.
@@ -9,11 +18,13 @@ such as ``layers: 100000000000`` is an error that states the range, not minutes 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import PrivateAttr, model_validator
+from pydantic import Field, PrivateAttr, model_validator
 
 from sim.config.quantity import Strict, whole
+
+PosFloat = Annotated[float, Field(gt=0, le=1e6)]
 
 MAX_LAYERS = 10_000  # ~80x the deepest published decoder (Llama 3.1 405B: 126)
 MAX_WIDTH = 1_000_000  # hidden size, FFN width, LoRA rank (largest published: ~50k)
@@ -94,10 +105,13 @@ class ModelSpec(Strict):
     ffn: Width
     vocab: whole(1, MAX_VOCAB)
     tied_embeddings: bool
-    activation: Literal["swiglu", "gelu"] = "swiglu"
+    activation: Literal["swiglu", "geglu", "gelu"] = "swiglu"
     # the reference implementation stores Q, K, V (and gate, up) as one fused weight, so a
     # plain PyTorch stack runs one GEMM for them (Phi-3's qkv_proj and gate_up_proj)
     fused_projections: bool = False
+    # a bias on the Q, K and V projections (Qwen2): fused into a bf16 GEMM's epilogue, a kernel
+    # of its own after an FP8 one (the stack's matrix_prologue bias kernels)
+    qkv_bias: bool = False
     # RMSNorm of the query and key projections before RoPE ("QK-norm"): over each whole
     # projection (OLMoE: q_norm = RMSNorm(heads x head_dim), k_norm likewise) or per head
     # (Qwen3: RMSNorm(head_dim) shared by the heads)
@@ -105,6 +119,13 @@ class ModelSpec(Strict):
     max_context: whole(1, MAX_CONTEXT)
     moe: MoESpec | None = None
     attention: AttentionSpec | None = None
+    sliding_window: whole(1, MAX_CONTEXT) | None = None  # tokens a sliding layer attends to
+    sliding_layers: Literal["all", "even"] = "all"  # which layers slide (with sliding_window)
+    attn_logit_softcap: PosFloat | None = None
+    final_logit_softcap: PosFloat | None = None
+    post_norms: bool = False  # Gemma 2: RMSNorm after attention and after the FFN too
+    norm_unit_offset: bool = False  # Gemma: RMSNorm multiplies by (1 + weight)
+    embed_scale: bool = False  # Gemma: embeddings multiplied by sqrt(hidden)
 
     @model_validator(mode="after")
     def _shape(self):
@@ -116,7 +137,15 @@ class ModelSpec(Strict):
                 raise ValueError(f"moe.dense_layers must lie in [0, {self.layers}), got {bad}")
         if self.mla and self.kv_heads != 1:
             raise ValueError("mla attention caches one latent shared by all heads: set kv_heads: 1")
+        if self.sliding_layers != "all" and self.sliding_window is None:
+            raise ValueError("sliding_layers needs sliding_window (the tokens a sliding layer attends to)")
         return self
+
+    def window(self, layer: int) -> int | None:
+        """The tokens ``layer`` attends to at most (None: the whole context)."""
+        if self.sliding_window is None or (self.sliding_layers == "even" and layer % 2):
+            return None
+        return self.sliding_window
 
     @property
     def mla(self) -> bool:
@@ -149,12 +178,20 @@ class ModelSpec(Strict):
 
     @property
     def ffn_matrices(self) -> int:
-        return 3 if self.activation == "swiglu" else 2
+        """Weight matrices of the FFN: gated activations (swiglu, geglu) have a gate and an up
+        projection before the down projection."""
+        return 3 if self.activation in ("swiglu", "geglu") else 2
+
+    @property
+    def norms_per_layer(self) -> int:
+        return 4 if self.post_norms else 2
 
     def params(self) -> dict[str, int]:
         """Parameter counts by group (embeddings, attention, ffn, norms, lm_head)."""
         h = self.hidden
         attn = h * (self.q_width + self.k_width + self.v_width) + self.q_width * h
+        if self.qkv_bias:
+            attn += self.q_width + self.k_width + self.v_width
         dense_ffn = self.ffn_matrices * h * self.ffn
         ffn = 0
         for layer in range(self.layers):
@@ -168,7 +205,7 @@ class ModelSpec(Strict):
             "embedding": self.vocab * h,
             "attention": self.layers * attn,
             "ffn": ffn,
-            "norms": (2 * self.layers + 1) * h + self.layers * self.qk_norm_params,
+            "norms": (self.norms_per_layer * self.layers + 1) * h + self.layers * self.qk_norm_params,
             "lm_head": 0 if self.tied_embeddings else self.vocab * h,
         }
 

@@ -65,11 +65,14 @@ def weight_bytes_by_unit(setup: Setup, stage: int, experts: bool | None = None) 
             tied = setup.model.tied_embeddings and setup.pp == 1
             size = norm_bytes(setup) + (0 if tied else vocab_bytes(setup)) if dense else 0
         elif part == "attn":
-            size = attention_weight_bytes(setup) + norm_bytes(setup) + sum(qk_norm_bytes(setup)) if dense else 0
+            norms = setup.model.norms_per_layer // 2  # pre-attention (and post-attention) norms
+            size = attention_weight_bytes(setup) + norms * norm_bytes(setup) + sum(qk_norm_bytes(setup)) if dense else 0
         elif setup.is_moe_layer(layer):
-            size = (from_moe if experts is not False else 0) + (norm_bytes(setup) if dense else 0)
+            norms = setup.model.norms_per_layer - setup.model.norms_per_layer // 2
+            size = (from_moe if experts is not False else 0) + (norms * norm_bytes(setup) if dense else 0)
         else:
-            size = dense_ffn_weight_bytes(setup) + norm_bytes(setup) if dense else 0
+            norms = setup.model.norms_per_layer - setup.model.norms_per_layer // 2
+            size = dense_ffn_weight_bytes(setup) + norms * norm_bytes(setup) if dense else 0
         out[(layer, part)] = size
     return out
 
@@ -177,6 +180,8 @@ def lower_one(setup: Setup, contexts: tuple[int, ...], step: int = 0, position: 
                 Access(setup.store, batch * row, "weights", granule=row, role="w"),
                 Access(setup.act_level, act_row, "act", write=True, role="y"),
             ], vector_ops=batch * m.hidden, parallelism=batch)
+            if m.embed_scale:  # Gemma: embeddings times sqrt(hidden)
+                vector(setup, b, "embed_scale", -1, reads=act_row, writes=act_row, ops=batch * m.hidden, rows=batch)
         if stage > 0:
             b.add("recv_activations", -1, "p2p", [Access(stage_link(setup, stage), act_row, "link", role="link")],
                   collective=("p2p", act_row, 2), deps=(ops[-1].idx,), parallelism=1)
@@ -185,6 +190,10 @@ def lower_one(setup: Setup, contexts: tuple[int, ...], step: int = 0, position: 
             vector(setup, b, "final_norm", -1, reads=logit_row, weights=norm_bytes(setup), writes=logit_row,
                    ops=logits * m.hidden * VEC_OPS["rmsnorm"], rows=logits)
             matmul(setup, b, "lm_head", -1, logits, m.hidden, setup.vocab)
+            if m.final_logit_softcap:  # Gemma 2: logits -> cap x tanh(logits / cap)
+                row = logits * setup.vocab * ACT_BYTES
+                vector(setup, b, "logit_softcap", -1, reads=row, writes=row,
+                       ops=logits * setup.vocab * VEC_OPS["softcap"], rows=logits)
             tokens = vector(setup, b, "argmax", -1, reads=logits * setup.vocab * ACT_BYTES, writes=logits * 8,
                             ops=logits * setup.vocab * VEC_OPS["argmax"], rows=logits)
             gather = collective(setup, b, "gather_tokens", -1, "allgather", logits * 8, setup.tp)
@@ -293,11 +302,14 @@ def lower_attention_half(setup: Setup, b: Builder, layer: int, contexts: tuple[i
         prefill_attention(setup, b, layer, prefill)
     matmul(setup, b, "o_proj", layer, batch, setup.q_width, m.hidden, residual=True)
     collective(setup, b, "allreduce_attn", layer, "allreduce", act_row, setup.tp)
+    if m.post_norms:  # Gemma 2: RMSNorm of the attention output before the residual add
+        vector(setup, b, "post_attn_norm", layer, **norm)
 
 
 def lower_ffn_half(setup: Setup, b: Builder, layer: int, contexts: tuple[int, ...], position: int,
                    prefill: tuple[tuple[int, int], ...] = ()) -> None:
-    """The FFN half of a layer: norm, the dense or MoE FFN, its all-reduce."""
+    """The FFN half of a layer: norm, the dense or MoE FFN, its all-reduce (and Gemma 2's
+    post-FFN norm)."""
     m = setup.model
     batch = len(contexts) + sum(chunk for chunk, _ in prefill)  # token rows
     act_row = batch * m.hidden * ACT_BYTES
@@ -309,6 +321,8 @@ def lower_ffn_half(setup: Setup, b: Builder, layer: int, contexts: tuple[int, ..
     else:
         lower_dense_ffn(setup, b, layer, batch)
     collective(setup, b, "allreduce_ffn", layer, "allreduce", act_row, setup.tp)
+    if m.post_norms:  # and of the FFN output
+        vector(setup, b, "post_ffn_norm", layer, **norm)
 
 
 def lower_dense_ffn(setup: Setup, b: Builder, layer: int, batch: int) -> None:

@@ -11,6 +11,14 @@ temporaries, and its part of the op's work:
   ``cast`` kernel that reads them (an unfused dequantize);
 * other vector work is split evenly between the other kernels.
 
+Temporaries: ``temp: k`` writes and reads back ``k`` times a size (``temp_of``, the op's
+output bytes by default) in the kernel itself; ``makes`` writes a named temporary that a later
+kernel of the op reads (``uses``), e.g. a dequantized bf16 copy of the KV cache that SDPA then
+reads. A size is a role of the op (its bytes, read and written) or one of the sizes the op
+knows besides (``sizes``: ``kv_dense``, the KV the op reads at bf16; ``new_kv``, the new
+token's K and V at bf16), with an optional share. A temporary lives where the role it is
+sized by lives (KV-sized ones in the backing store), else at the activations' level.
+
 An op the stack does not name runs as one kernel of its default class that moves its bytes
 once, which is the byte model. ``calls_ns`` prices a kernel's kernel-less framework calls
 (the stack's ``calls``), paid on the host before each eager launch. ``per_expert`` kernels
@@ -71,12 +79,31 @@ def _scaled(accesses, role: str, share: float, write: bool) -> list[Access]:
     return out
 
 
+def _size(spec: str, accesses, sizes: dict[str, tuple[str, int]], act_level: str) -> tuple[str, int]:
+    """(level, bytes) of a temporary's size spec (``kv_dense:0.5``, ``y``, ``kv``)."""
+    name, _, share = spec.partition(":")
+    factor = float(share) if share else 1.0
+    if name in sizes:
+        level, n = sizes[name]
+        return level or act_level, round(n * factor)
+    own = [a for a in accesses if a.role == name and a.bytes]
+    if name == "y":
+        own = [a for a in own if a.write]
+    level = own[0].level if own else act_level
+    if level in ("noc", "link", "pcie"):
+        level = act_level
+    return level, round(sum(a.bytes for a in own) * factor)
+
+
 def expand(specs: tuple[Kernel, ...] | None, kind: str, accesses: tuple[Access, ...], *, matrix_flops: int,
            matrix_m: int, vector_ops: int, dequant_ops: int, dtype: str, parallelism: float,
            parts: dict[str, float] | None = None, active: int = 1, values: int = 0, quant: tuple = (),
-           act_level: str = "", calls_ns=None) -> tuple[KernelWork, ...]:
-    """The kernels of one op (see the module docstring)."""
+           act_level: str = "", calls_ns=None, sizes: dict[str, tuple[str, int]] | None = None
+           ) -> tuple[KernelWork, ...]:
+    """The kernels of one op (see the module docstring). ``sizes`` maps the size names an op
+    knows besides its roles to (level, bytes)."""
     parts = parts or {}
+    sizes = sizes or {}
     if specs is None:
         return (KernelWork(name=kind, kclass=DEFAULT_CLASS.get(kind, "elementwise"), accesses=accesses,
                            matrix_flops=matrix_flops, matrix_m=matrix_m, vector_ops=vector_ops,
@@ -95,6 +122,7 @@ def expand(specs: tuple[Kernel, ...] | None, kind: str, accesses: tuple[Access, 
                        and any(_share(s, parts)[0] == main_role for s in k.reads)]
     others = [i for i, k in enumerate(specs) if i not in matrix_share]
     out = []
+    made: dict[str, tuple[str, int]] = {}
     for i, k in enumerate(specs):
         acc: list[Access] = []
         for spec in k.reads:
@@ -103,9 +131,22 @@ def expand(specs: tuple[Kernel, ...] | None, kind: str, accesses: tuple[Access, 
         for spec in k.writes:
             role, share = _share(spec, parts)
             acc += _scaled(accesses, role, share, write=True)
-        if k.temp and y_bytes and temp_level:
+        if k.temp and k.temp_of == "y" and y_bytes and temp_level:
             tmp = round(k.temp * y_bytes)
             acc += [Access(temp_level, tmp, "act", False, None, "temp"), Access(temp_level, tmp, "act", True, None, "temp")]
+        elif k.temp and k.temp_of != "y":
+            level, n = _size(k.temp_of, accesses, sizes, temp_level)
+            tmp = round(k.temp * n)
+            if tmp and level:
+                acc += [Access(level, tmp, "act", False, None, "temp"), Access(level, tmp, "act", True, None, "temp")]
+        for name in k.uses:
+            level, n = made[name]
+            if n and level:
+                acc.append(Access(level, n, "act", False, None, "temp"))
+        for name, spec in k.makes.items():
+            level, n = made[name] = _size(spec, accesses, sizes, temp_level)
+            if n and level:
+                acc.append(Access(level, n, "act", True, None, "temp"))
         share = matrix_share.get(i, 0.0) / total_matrix if i in matrix_share else 0.0
         flops = round(matrix_flops * share) if matrix_share else (matrix_flops if i == 0 else 0)
         base = max(0, vector_ops - dequant_ops)
@@ -131,10 +172,12 @@ def expand(specs: tuple[Kernel, ...] | None, kind: str, accesses: tuple[Access, 
     return tuple(out)
 
 
-def with_prologue(specs: tuple[Kernel, ...] | None, prologue: tuple[Kernel, ...], kind: str) -> tuple[Kernel, ...] | None:
+def with_prologue(specs: tuple[Kernel, ...] | None, prologue: tuple[Kernel, ...], kind: str,
+                  epilogue: tuple[Kernel, ...] = ()) -> tuple[Kernel, ...] | None:
     """``specs`` with ``prologue`` (e.g. an FP8 linear's activation quantization) before each
-    matrix kernel; an op without specs is one matrix kernel first."""
-    if not prologue or kind != "matmul":
+    matrix kernel and ``epilogue`` (a bias add the GEMM cannot fuse) after it; an op without
+    specs is one matrix kernel first."""
+    if (not prologue and not epilogue) or kind != "matmul":
         return specs
     if specs is None:
         specs = (Kernel.model_validate({"name": "gemm", "class": "matrix", "reads": ["x", "w", "res"],
@@ -144,6 +187,8 @@ def with_prologue(specs: tuple[Kernel, ...] | None, prologue: tuple[Kernel, ...]
         if k.kclass == "matrix":
             out.extend(prologue)
         out.append(k)
+        if k.kclass == "matrix":
+            out.extend(epilogue)
     return tuple(out)
 
 

@@ -35,6 +35,12 @@ overstated under EP).
 Under expert parallelism with ``sram_zero_copy``, rows received for resident experts go
 from the link to the experts' tiles over the on-chip network.
 
+How the routed experts execute is the software stack's ``moe`` (sim.config.software): a loop of
+kernels per touched expert, a Triton fused MoE (``grouped``), PyTorch's grouped GEMM with
+device-side offsets (``grouped_mm``), or every expert densely (``dense_all``); each names its
+kernels in ``experts@<moe>`` (and ``dispatch@<moe>``). Only ``dense_all`` changes what the op
+reads (every expert's weights, every token); the others read the touched experts once.
+
 Events: a constant number of ops per MoE layer (4, +1 host_sync, +2 with EP, +1 with shared
 experts) whatever the batch, the expert count or the routing: one grouped expert op per
 layer (its ``kernels`` is the number of launches it costs).

@@ -10,14 +10,18 @@ import math
 from collections import Counter
 
 from sim.config.setup import ACT_BYTES, Setup
+from sim.errors import ConfigError
+from sim.formats import get_format
 from sim.lowering.graph import Access, Builder, Op
 from sim.lowering.kernels import expand, with_prologue
 
 NOT_WEIGHTS = ("router",)  # matmuls whose weights stay in bf16 under a quantized weight format
+_BF16 = get_format("bf16")
 
 # Vector operations per element for the element-wise kernels (an estimate of the
 # instruction mix: loads/stores are counted as bytes, not here).
-VEC_OPS = {"rmsnorm": 5, "rope": 6, "silu_mul": 8, "softmax": 5, "residual": 1, "argmax": 2}
+VEC_OPS = {"rmsnorm": 5, "rope": 6, "silu_mul": 8, "softmax": 5, "residual": 1, "argmax": 2, "softcap": 3}
+NORM_OPS = ("attn_norm", "ffn_norm", "final_norm", "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm")
 
 # -- sizes ---------------------------------------------------------------------------------
 
@@ -57,22 +61,40 @@ def vocab_bytes(setup: Setup) -> int:
 
 
 def op_expander(setup: Setup):
-    """The Builder's hook that runs each op through the setup's software stack."""
-    stack = setup.stack
-    prologue = stack.matrix_prologue.get(setup.weights.matmul_dtype, ())
+    """The Builder's hook that runs each op through the setup's software stack: the op's
+    kernels for the run's KV format and the model's variants where the stack has them, the
+    matmul dtype's prologue before each matrix kernel, and the sizes temporaries may take."""
+    stack, m = setup.stack, setup.model
+    prologue = stack.prologue(setup.weights.matmul_dtype)
+    bias = stack.bias_epilogue(setup.weights.matmul_dtype)
+    kv = setup.kv.name
+    if stack.kv_formats and kv not in stack.kv_formats and kv_quant(setup.kv):
+        raise ConfigError(f"software stack {stack.name}", "kv_formats",
+                          f"has no kernels for the KV format {kv!r} (it has: {', '.join(stack.kv_formats)}); "
+                          f"add kv_formats.{kv} or run another stack")
+    norm_variants = ("unit_offset",) if m.norm_unit_offset else ()
+    head_variants = (f"d{m.head_dim}",)
+    new_kv_share = (setup.k_width + setup.v_width) / (setup.q_width + setup.k_width + setup.v_width)
 
     def run(name: str, kind: str, accesses, work: dict, parts=None, values: int = 0, quant: tuple = (),
             active: int = 1):
-        specs = stack.kernels_for(name)
-        if name in ("qkv", "gate_up") and setup.model.fused_projections:
+        variants = norm_variants if name in NORM_OPS else (head_variants if name == "attention" else ())
+        specs = stack.kernels_for(name, kv=kv, variants=variants)
+        if name in ("qkv", "gate_up") and m.fused_projections:
             specs = stack.ops[f"{name}@fused"].kernels if f"{name}@fused" in stack.ops else None
-        if name not in NOT_WEIGHTS:
-            specs = with_prologue(specs, prologue, kind)
+        if name not in NOT_WEIGHTS and name not in stack.unquantized:
+            specs = with_prologue(specs, prologue, kind, bias if name == "qkv" and m.qkv_bias else ())
+        sizes = {}
+        if kind == "attention":  # the KV it reads, as bf16 (a dequantizing cache's copies)
+            sizes["kv_dense"] = (setup.store, values * ACT_BYTES)
+        if name == "rope_append":  # the new token's K and V, as bf16
+            x = sum(a.bytes for a in accesses if a.role == "x" and not a.write)
+            sizes["new_kv"] = (setup.act_level, round(x * new_kv_share))
         return expand(specs, kind, accesses, matrix_flops=work.get("matrix_flops", 0),
                       matrix_m=work.get("matrix_m", 1), vector_ops=work.get("vector_ops", 0),
                       dequant_ops=work.get("dequant_ops", 0), dtype=work.get("dtype", "bf16"),
                       parallelism=work.get("parallelism", 1), parts=parts, active=active, values=values,
-                      quant=quant, act_level=setup.act_level, calls_ns=stack.calls_ns)
+                      quant=quant, act_level=setup.act_level, calls_ns=stack.calls_ns, sizes=sizes)
 
     return run
 
@@ -84,8 +106,10 @@ def builder(setup: Setup, ops: list[Op] | None = None, stage: int = 0) -> Builde
 
 def matmul(setup: Setup, b: Builder, name: str, layer: int, batch: int, k: int, n: int,
            residual: bool = False, parts: dict[str, float] | None = None) -> Op:
-    """x[batch, k] @ W[k, n] with W in the weight format, read once from the store."""
-    w = setup.weights.weight_read(n, k)
+    """x[batch, k] @ W[k, n] with W in the weight format (bf16 where the stack's quantization
+    recipe leaves the matmul unquantized), read once from the store."""
+    fmt = _BF16 if name in setup.stack.unquantized else setup.weights
+    w = fmt.weight_read(n, k)
     act = setup.act_level
     extra = batch * n * ACT_BYTES if residual else 0
     accesses = [
@@ -98,7 +122,7 @@ def matmul(setup: Setup, b: Builder, name: str, layer: int, batch: int, k: int, 
         accesses.append(Access(setup.store, w.gather_bytes, "outliers", granule=w.gather_granule_bytes, role="w"))
     return b.add(name, layer, "matmul", accesses, matrix_flops=2 * batch * k * n, matrix_m=batch,
                  vector_ops=w.dequant_ops + (batch * n if residual else 0), dequant_ops=w.dequant_ops,
-                 dtype=setup.weights.matmul_dtype, parallelism=math.ceil(n / 64) * math.ceil(k / 512),  # split-K
+                 dtype=fmt.matmul_dtype, parallelism=math.ceil(n / 64) * math.ceil(k / 512),  # split-K
                  parts=parts)
 
 
@@ -120,9 +144,15 @@ def collective(setup: Setup, b: Builder, name: str, layer: int, kind: str, size:
 
 
 def attention(setup: Setup, b: Builder, layer: int, contexts: tuple[int, ...]) -> Op:
-    """One batched decode-attention kernel over all sequences' caches (incl. the new token)."""
+    """One batched decode-attention kernel over all sequences' caches (incl. the new token).
+    A sliding layer (``model.window``) reads only the last ``sliding_window`` tokens of each
+    cache; a soft-capped model pays cap x tanh(score / cap) on every score."""
     m = setup.model
+    window = m.window(layer)
+    if window is not None:
+        contexts = tuple(min(ctx, window) for ctx in contexts)
     stream, gather, granule, dequant, total_ctx, splits = kv_traffic(setup, contexts)
+    softcap = VEC_OPS["softcap"] * setup.heads * total_ctx if m.attn_logit_softcap else 0
     batch = len(contexts)
     act = setup.act_level
     accesses = [
@@ -133,7 +163,7 @@ def attention(setup: Setup, b: Builder, layer: int, contexts: tuple[int, ...]) -
     ]
     return b.add("attention", layer, "attention", accesses, matrix_flops=4 * setup.heads * m.head_dim * total_ctx,
                  matrix_m=m.heads // m.kv_heads,
-                 vector_ops=VEC_OPS["softmax"] * setup.heads * total_ctx + dequant, dequant_ops=dequant,
+                 vector_ops=VEC_OPS["softmax"] * setup.heads * total_ctx + softcap + dequant, dequant_ops=dequant,
                  dtype="bf16", parallelism=splits * setup.kv_heads, tags=(("tokens", total_ctx),),
                  values=total_ctx * (setup.k_width + setup.v_width), quant=kv_quant(setup.kv))
 

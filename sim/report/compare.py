@@ -149,3 +149,74 @@ def break_even(spec, target_ms: float) -> float:
             mid = (lo + hi) / 2
             lo, hi = (mid, hi) if step_ms(mid, folder) <= target_ms else (lo, mid)
         return 1.0 / lo if lo > 0 else float("inf")
+
+
+# -- the KV verdict at three kernel qualities --------------------------------------------------
+
+REFERENCE_STACK = "fused"  # whose measured dequantizing attention kernel is the best measured here
+REFERENCE_IMPL = "triton_group"
+
+
+def _quality_stack(base, attention_kernels: list[dict], impl: dict | None, folder, tag: str) -> str:
+    """A copy of stack ``base`` whose attention op (for every KV format it names) runs
+    ``attention_kernels``; ``impl`` (an attention implementation) is added as ``quality``."""
+    import yaml
+
+    raw = base.model_dump(mode="json", by_alias=True, exclude_none=True)
+    raw["name"] = f"{raw['name']}-{tag}"
+    raw["ops"]["attention"] = {"kernels": attention_kernels, "source": f"decodesim compare: {tag} attention kernel"}
+    for table in raw.get("kv_formats", {}).values():
+        table.pop("attention", None)
+    raw["kv_formats"] = {fmt: table for fmt, table in raw.get("kv_formats", {}).items() if table}
+    if impl is not None:
+        raw.setdefault("attention", {})["quality"] = impl
+    path = folder / f"{tag}.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return str(path)
+
+
+def kv_qualities(spec, kv_formats: list[str], published: tuple[float, str] | None = None) -> list[dict]:
+    """Each quantized KV format's step at three qualities of the attention kernel: as the
+    stack runs it (measured kernels), with the best dequantizing kernel measured on this chip
+    (``REFERENCE_STACK``'s ``REFERENCE_IMPL``: one kernel that reads the quantized cache at its
+    measured efficiency and dequantizes at its measured cost per value), and at the byte limit
+    (one kernel that reads the quantized bytes at the attention class's rate, dequantization
+    free). ``published`` = (fraction of HBM peak bandwidth a published kernel reaches, its
+    source) adds a fourth column: the quantized bytes read at that fraction, dequantization
+    hidden. With each: the fp16 step under the same stack, and whether the format beats it."""
+    import tempfile
+    from pathlib import Path
+
+    from sim.config.software import load_stack
+
+    base = load_stack(spec.software)
+    ref = load_stack(REFERENCE_STACK).attention[REFERENCE_IMPL].model_dump(mode="json", exclude_none=True)
+    setup = resolve(spec.model_copy(update={"kv": BASELINE}))
+    attention_rate = setup.hardware.kernels.classes["attention"].stream_fraction.value * setup.hardware.store.sustained_GBps \
+        if setup.hardware.kernels is not None else setup.hardware.store.peak_GBps
+    one = {"name": "attention", "class": "attention", "reads": ["kv", "x"], "writes": ["y"]}
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        stacks = {"measured": spec.software,
+                  "best_measured": _quality_stack(base, [dict(one, impl="quality")], ref, folder, "best-measured"),
+                  "byte_limit": _quality_stack(base, [one], None, folder, "byte-limit")}
+        if published is not None:
+            fraction, source = published
+            eff = min(1.0, fraction * setup.hardware.store.peak_GBps / attention_rate)
+            zero = {k: {"value": 0.0, "source": source} for k in ("value_ps", "unpack_ps", "group_ps", "outlier_ps",
+                                                                  "channel_ps")}
+            impl = {"efficiency": {"value": eff, "source": source}, **zero, "source": source}
+            stacks["published"] = _quality_stack(base, [dict(one, impl="quality")], impl, folder, "published")
+        fp16 = {q: simulate(spec.model_copy(update={"kv": BASELINE, "software": s})).summary["per_token_ms_p50"]
+                for q, s in stacks.items()}
+        for name in kv_formats:
+            fmt = get_format(name)
+            if name == BASELINE or (fmt.k.bits >= 16 and fmt.v.bits >= 16):
+                continue
+            row = {"kv": name}
+            for q, s in stacks.items():
+                ms = simulate(spec.model_copy(update={"kv": name, "software": s})).summary["per_token_ms_p50"]
+                row[q] = {"ms": ms, "fp16_ms": fp16[q], "beats_fp16": ms < fp16[q]}
+            out.append(row)
+    return out

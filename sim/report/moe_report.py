@@ -393,7 +393,7 @@ EXECUTIONS = (
     ("eager, per-expert loop, host sync per layer", dict(software="torch-eager", dispatch="host_sync")),
     ("CUDA graph, per-expert loop", dict(software="torch-graph", dispatch="device")),
     ("CUDA graph, all experts dense", dict(software="torch-graph-dense", dispatch="device")),
-    ("CUDA graph, grouped GEMM (Triton fused MoE)", dict(software="torch-graph-grouped", dispatch="device")),
+    ("CUDA graph, grouped GEMM (Triton fused MoE)", dict(software="torch-graph-fused-moe", dispatch="device")),
     ("fused serving stack, grouped GEMM", dict(software="fused", dispatch="device")),
     ("fused serving stack, zero-copy SRAM dispatch", dict(software="fused", dispatch="sram_zero_copy")),
 )
