@@ -1,0 +1,71 @@
+"""The traffic the search screens against: request-length statistics of a request source.
+
+The screen (sim.search.screen) needs the mean prompt and output lengths (they set the mix of
+prefill and decode tokens in a steady-state step), the ``percentile`` prompt (time to first
+token) and the longest request (every request must fit the KV pool alone, or the replay
+rejects it). They are read from the same source the finalists replay
+(sim.serve.requests.open_source): at ``rate`` over ``duration_s`` when a rate is given,
+else the whole source (a recorded trace) or ``duration_s`` of it (synthetic arrivals).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from sim.serve.requests import open_source
+
+MAX_REQUESTS = 200_000  # requests read for the statistics
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Request-length statistics (tokens) and the native rate of the source."""
+
+    requests: str
+    description: str
+    count: int
+    prompt_mean: float
+    output_mean: float
+    prompt_pct: float  # the SLO percentile of the prompt length
+    longest: int  # max(prompt + output - 1): tokens cached at a request's last step
+    rate_per_s: float | None  # the source's mean arrival rate
+
+    @property
+    def decode_context(self) -> int:
+        """Mean cache length of a decoding sequence: its prompt plus half its output."""
+        return max(1, round(self.prompt_mean + self.output_mean / 2))
+
+    @property
+    def prefill_per_decode(self) -> float:
+        """Prompt tokens computed per output token in a steady state."""
+        return self.prompt_mean / self.output_mean
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "decode_context": self.decode_context}
+
+
+def workload(requests: str, rate: float | None, duration_s: float, percentile: int, seed: int = 0) -> Workload:
+    """The statistics of ``requests`` (ConfigError for a bad source)."""
+    recorded = requests != "synthetic"
+    source = open_source(requests, rate_per_s=rate, duration_s=None if (recorded and rate is None) else duration_s,
+                         seed=seed)
+    prompt, output = [], []
+    for request in source:
+        prompt.append(request.prompt_tokens)
+        output.append(request.output_tokens)
+        if len(prompt) >= MAX_REQUESTS:
+            break
+    if not prompt:
+        from sim.errors import ConfigError
+
+        raise ConfigError(requests, "requests", f"no request arrives within {duration_s:g} s at this rate")
+    p, o = np.asarray(prompt, dtype=np.int64), np.asarray(output, dtype=np.int64)
+    rate_per_s = source.rate_per_s if source.rate_per_s and math.isfinite(source.rate_per_s) else None
+    return Workload(requests, source.description, len(p), float(p.mean()), float(max(1.0, o.mean())),
+                    float(np.percentile(p, percentile)), int((p + o - 1).max()), rate_per_s)
+
+
+__all__ = ["Workload", "workload"]
