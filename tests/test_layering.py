@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("sim.engine", "sim.analytic"),
     ("sim.results",),
     ("sim.run",),
-    ("sim.study", "sim.report", "sim.serve"),
+    ("sim.study", "sim.report", "sim.serve", "sim.search"),
     ("sim.commands", "sim.cli", "sim.__main__", "sim.__api__", "sim"),
 ]
 

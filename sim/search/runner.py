@@ -70,7 +70,10 @@ def screen_task(task: dict, cache: SetupCache | None = None) -> list[dict]:
     for fields in task["deployments"]:
         d = Deployment(**fields)
         setup = cache.get(d, task["model"], task["overrides"], work, task["traffic"]["block_tokens"])
-        rows.append(screen(setup, d, rate=task["rate"], load=task["traffic"]["load"], slo=task["slo"]))
+        try:
+            rows.append(screen(setup, d, rate=task["rate"], load=task["traffic"]["load"], slo=task["slo"]))
+        except Exception as err:  # a deployment that fails is recorded, the search goes on (as a study's points)
+            rows.append({**d.as_dict(), "status": "error", "reason": f"{type(err).__name__}: {err}"})
     return rows
 
 
@@ -80,8 +83,11 @@ def verify_task(task: dict, cache: SetupCache | None = None) -> dict:
     work = Workload(**task["workload"])
     d = Deployment(**task["deployment"])
     setup = cache.get(d, task["model"], task["overrides"], work, task["traffic"]["block_tokens"])
-    return verify(d, task["model"], task["overrides"], task["rate"], work, task["slo"], task["traffic"],
-                  step_model=setup.step_model)
+    try:
+        return verify(d, task["model"], task["overrides"], task["rate"], work, task["slo"], task["traffic"],
+                      step_model=setup.step_model)
+    except Exception as err:  # recorded as a failed check: the point is not claimed
+        return {"verdict": "error", "verdict_reason": f"{type(err).__name__}: {err}"}
 
 
 # -- executors --------------------------------------------------------------------------------
@@ -247,6 +253,7 @@ def run_search(space: Space, *, executor: str = "local", jobs: int | None = None
     pick = chosen(front)
     status = Counter(r["status"] for r in rows)
     counts = {"deployments": len(rows), "setups": len(groups), "excluded": sum(n for _, n in space.excluded),
+              "errors": status["error"],
               "invalid": status["invalid"], "does_not_fit": status["does-not-fit"], "saturated": status["saturated"],
               "screened": status["screened"], "screen_ok": len(candidates), "replays": len(confirmed.checked),
               "replays_failed": sum(1 for c in confirmed.checked.values() if c["verdict"] != "meets-slo"),

@@ -9,13 +9,14 @@ on) and all its ``(max_batch, max_tokens_per_step)`` pairs:
    deployment fits when the pool holds the longest request of the traffic alone (else the
    replay would reject it); formats whose groups do not divide a row width do not run at
    this split (``sim.formats.base.check_widths``).
-2. **The steady-state step** ``T(b)``: one step of the serving step model
-   (sim.serve.stepmodel.SimulatorStepModel, the analytic model on the lowered op graph) that
-   decodes ``b`` sequences at the traffic's mean decode context and computes the prompt
-   tokens that keep them replaced, ``b x mean prompt / mean output``, in prompt-sized
-   chunks. ``T`` is evaluated exactly at ``b = 1, 2, 4, ...`` (memoised per setup: one full
-   lowering per new row count, shared by every pair and, in-process, by the replays) and
-   interpolated linearly between.
+2. **The steady-state step** ``T(b)`` (``SteadyStep``): the mean step of ``b`` decodes at
+   the traffic's mean decode context when they need ``b x mean prompt / mean output``
+   prompt tokens per step, which arrive as chunks of ``min(budget - b, mean prompt)`` tokens
+   in a share of the steps. Step times come from the serving step model's decomposition
+   (fixed + body(rows) + tail(logit rows) + attention; sim.search.stepmodel.ChainStepModel,
+   which checks it against full lowerings): body and tail exact at the ``ANCHORS`` row counts
+   (memoised per setup: one full lowering per anchor, shared by every pair) and linear
+   between and beyond, attention exact.
 3. **The operating point.** At arrival rate ``R`` (req/s) and mean output ``O``, Little's
    law for the decoding sequences gives ``b = R x O x T(b)``: the smallest root in
    ``[1, b_limit]`` is the steady batch, where ``b_limit`` is the least of ``max_batch``,
@@ -23,7 +24,10 @@ on) and all its ``(max_batch, max_tokens_per_step)`` pairs:
    KV pool holds at the mean context. No root: the deployment cannot carry ``R``
    (``saturated``). Without a rate the deployment runs at ``load x`` its capacity
    ``R_max = b_limit / (O T(b_limit))``.
-4. **Estimates.** TPOT = ``T(b*)``; TTFT = (steps to compute the SLO-percentile prompt at
+4. **Estimates.** TPOT = ``T(b*)``; TTFT = the SLO-percentile wait for one of the
+   ``b_limit`` sequence slots (Erlang C, ``queue_wait_ns``: ``b*`` of them busy, each for
+   mean output x TPOT, with the Allen-Cunneen factor for the traffic's variability of
+   arrival gaps and output lengths) + (steps to compute the SLO-percentile prompt at
    ``max_tokens_per_step - b*`` tokens per step, plus one) x the step time with that chunk;
    throughput per chip = ``R O / chips`` output tokens/s; per-user rate = 1000 / TPOT.
 
@@ -43,11 +47,28 @@ from sim.errors import ConfigError, SimulationError
 from sim.formats.base import check_widths
 from sim.run import capacity
 from sim.search.space import Deployment
+from sim.search.stepmodel import step_model_for
 from sim.search.workload import Workload
-from sim.serve.stepmodel import SimulatorStepModel, serve_resolved
+from sim.serve.stepmodel import serve_resolved
 from sim.units import GB
 
-MAX_ANCHOR = 1 << 20  # batch anchors stop here (a guard; b_limit is far below it in practice)
+MAX_ANCHOR = 1 << 20  # row anchors stop here (a guard; steps are far smaller in practice)
+# Row counts at which a setup's step parts are evaluated exactly. Below 64 rows a step is flat
+# (weights dominate), so 8 and 32 are skipped; measured for llama-3-70b on h200-sxm x8/x4 and
+# b200 (fp8, bf16, int4-g128): linear interpolation between these is within 0.1% of exact
+# except near the kink where compute starts to bind (<= 10% at 256 rows when 128 and 512
+# alone are used, hence every power of two from 64 to 2048).
+ANCHORS = (1, 2, 4, 16, 64, 128, 256, 512, 1024, 2048)
+
+
+def _between(a: tuple, b: tuple, w: float) -> tuple[float, float, float]:
+    return a[0], a[1] + (b[1] - a[1]) * w, a[2] + (b[2] - a[2]) * w
+
+
+def _linear(x: float, y: float, z: float, tol: float = 0.02) -> bool:
+    """Whether x, y, z at rows n, 2n, 4n lie on one line (equal slopes within ``tol``)."""
+    first, second = (y - x), (z - y) / 2
+    return math.isclose(first, second, rel_tol=tol, abs_tol=1e-3 * max(abs(z), 1.0))
 
 
 def run_spec(d: Deployment, model: str, overrides: tuple, **fields) -> RunSpec:
@@ -59,41 +80,98 @@ def run_spec(d: Deployment, model: str, overrides: tuple, **fields) -> RunSpec:
 
 
 class SteadyStep:
-    """``T(b)`` of the module docstring, in ns: exact at powers of two, linear between."""
+    """Step times of a setup's steady state, in ns (module docstring, step 2).
 
-    def __init__(self, step_model, work: Workload):
-        self.step_model = step_model
+    ``step_ns(b, s)``: a step of ``b`` decodes at the mean decode context and one prompt chunk
+    of ``s`` tokens (after half the rest of a mean prompt): the step model's fixed part,
+    body and tail (sim.search.stepmodel.ChainStepModel: exact at row counts 1, 2, 4, ...,
+    linear between) plus its attention ops (exact, memoised by whole ``b`` and ``s``).
+    ``mean_ns(b, budget)``: the mean step when ``b`` decodes need ``b x prompt / output``
+    prompt tokens per step and a step carries at most ``budget`` tokens: a fraction of the
+    steps carries a chunk of ``min(budget - b, mean prompt)`` tokens (or all the prompt tokens
+    when they are more), the rest decode only; step time is convex in the rows (flat while
+    the weights dominate), so this mean is longer than the step of the mean mix. Where the
+    step is not a chain of ops (eager launches) whole steps are evaluated instead (slower)."""
+
+    def __init__(self, chain, work: Workload):
+        self.chain = chain
         self.context = work.decode_context
         self.ratio = work.prefill_per_decode
-        self.prompt = max(1, round(work.prompt_mean))
-        self._exact: dict[int, float] = {}
+        self.prompt = max(1.0, work.prompt_mean)
+        self._dec: dict[int, float] = {}
+        self._pre: dict[int, float] = {}
+        self._whole: dict[tuple[int, int], float] = {}
 
-    def exact(self, b: int) -> float:
-        """The step time of ``b`` decodes and their share of prompt tokens (memoised)."""
-        t = self._exact.get(b)
+    def _rows(self, rows: float) -> tuple[float, float, float]:
+        """(fixed, body, tail) at ``rows`` token rows: exact at the ``ANCHORS``, linear between,
+        and beyond the last anchor linear on the slope of the last two when that slope is the
+        one before it too (compute-bound: the ops grow in proportion to the rows), else exact
+        at doubling row counts."""
+        parts = self.chain.parts_ns
+        if rows <= 1:
+            return parts(1)
+        hi = next((a for a in ANCHORS if a >= rows), None)
+        if hi is not None:
+            lo = ANCHORS[ANCHORS.index(hi) - 1]
+            if hi == rows:
+                return parts(hi)
+            return _between(parts(lo), parts(hi), (rows - lo) / (hi - lo))
+        a, b, c = parts(ANCHORS[-3]), parts(ANCHORS[-2]), parts(ANCHORS[-1])
+        last = ANCHORS[-1]
+        if all(_linear(x, y, z) for x, y, z in zip(a[1:], b[1:], c[1:], strict=True)):
+            return _between(b, c, (rows - ANCHORS[-2]) / (last - ANCHORS[-2]))
+        lo = last
+        while lo * 2 < rows and lo < MAX_ANCHOR:
+            lo *= 2
+        return _between(parts(lo), parts(lo * 2), (rows - lo) / lo)
+
+    def _attention_dec(self, n: int) -> float:
+        t = self._dec.get(n)
         if t is None:
-            tokens = round(b * self.ratio)
-            chunks = [self.prompt] * (tokens // self.prompt) + ([tokens % self.prompt] if tokens % self.prompt else [])
-            t = self._exact[b] = float(self.step_model.step_ns((self.context,) * b, tuple((n, 0) for n in chunks)))
+            t = self._dec[n] = self.chain.attention_ns((self.context,) * n) if n else 0.0
         return t
 
-    def __call__(self, b: float) -> float:
-        if b <= 1:
-            return self.exact(1)
-        lo = 1 << (int(b).bit_length() - 1)
-        if lo == b or lo >= MAX_ANCHOR:
-            return self.exact(int(lo))
-        hi = lo * 2
-        t_lo, t_hi = self.exact(lo), self.exact(hi)
-        return t_lo + (t_hi - t_lo) * (b - lo) / (hi - lo)
+    def _attention_pre(self, n: int) -> float:
+        t = self._pre.get(n)
+        if t is None:
+            before = max(0, round((self.prompt - n) / 2))
+            t = self._pre[n] = self.chain.attention_ns((), ((n, before),)) if n else 0.0
+        return t
+
+    def step_ns(self, b: float, s: float = 0.0) -> float:
+        """One step: ``b`` decodes (>= 1) and a prompt chunk of ``s`` tokens."""
+        n, m = max(1, round(b)), round(s)
+        if self.chain.exact:
+            key = (n, m)
+            if key not in self._whole:
+                before = max(0, round((self.prompt - m) / 2))
+                self._whole[key] = self.chain.step_ns((self.context,) * n, ((m, before),) if m else ())
+            return self._whole[key]
+        fixed, body, _ = self._rows(b + s)
+        tail = self._rows(b + (1 if m else 0))[2]
+        lo = math.floor(b)
+        dec = self._attention_dec(max(1, lo))
+        if b > lo >= 1:
+            dec += (self._attention_dec(lo + 1) - dec) * (b - lo)
+        return fixed + body + tail + dec + self._attention_pre(m)
+
+    def mean_ns(self, b: float, budget: int) -> float:
+        """The mean steady step at ``b`` decodes under a ``budget`` of tokens per step."""
+        tokens = b * self.ratio
+        chunk = max(tokens, min(budget - b, self.prompt))
+        if chunk < 1:
+            return self.step_ns(b)
+        share = min(1.0, tokens / chunk)
+        return (1 - share) * self.step_ns(b) + share * self.step_ns(b, chunk)
 
     @property
     def evaluations(self) -> int:
-        return len(self._exact)
+        return self.chain.stats["exact_evaluations"]
 
 
-def steady_batch(T, rate: float, output_mean: float, limit: float) -> float | None:
-    """The smallest ``b`` in [1, limit] with ``rate x output x T(b) <= b`` (T in ns), or None."""
+def steady_batch(T, rate: float, output_mean: float, limit: float, iterations: int = 24) -> float | None:
+    """The smallest ``b`` in [1, limit] with ``rate x output x T(b) <= b`` (T in ns; the first
+    sign change over 1, 2, 4, ..., limit, then bisection), or None."""
     def g(b: float) -> float:
         return rate * output_mean * T(b) / 1e9 - b
 
@@ -106,10 +184,33 @@ def steady_batch(T, rate: float, output_mean: float, limit: float) -> float | No
         a *= 2
     points.append(float(limit))
     for lo, hi in zip(points, points[1:], strict=False):
-        g_lo, g_hi = g(lo), g(hi)
-        if g_hi <= 0:
-            return lo + g_lo * (hi - lo) / (g_lo - g_hi)
+        if g(hi) <= 0:
+            for _ in range(iterations):
+                mid = (lo + hi) / 2
+                if g(mid) <= 0:
+                    hi = mid
+                else:
+                    lo = mid
+            return hi
     return None
+
+
+def queue_wait_ns(busy: float, slots: int, service_ns: float, percentile: float, variability: float = 1.0) -> float:
+    """The ``percentile`` wait for a free sequence slot: Erlang C for ``slots`` servers
+    carrying ``busy`` of them on average (M/M/c: Poisson arrivals, exponential decode
+    durations of mean ``service_ns``; the wait is exponential beyond the chance of waiting),
+    times ``variability`` = (Ca^2 + Cs^2) / 2, the Allen-Cunneen correction for other
+    arrival and service variability (Ca, Cs: coefficients of variation)."""
+    if busy >= slots:
+        return math.inf
+    blocking = 1.0  # Erlang B by the stable recursion, then Erlang C
+    for k in range(1, slots + 1):
+        blocking = busy * blocking / (k + busy * blocking)
+    waiting = slots * blocking / (slots - busy * (1 - blocking))
+    tail = 1 - percentile / 100
+    if waiting <= tail:
+        return 0.0
+    return variability * service_ns / (slots - busy) * math.log(waiting / tail)
 
 
 class SetupScreen:
@@ -153,13 +254,15 @@ class SetupScreen:
     @property
     def step_model(self):
         if self._step_model is None:
-            self._step_model = SimulatorStepModel(self.resolved)
+            self._step_model = step_model_for(self.resolved)
         return self._step_model
 
     @property
     def steady(self) -> SteadyStep:
         if self._steady is None:
-            self._steady = SteadyStep(self.step_model, self.work)
+            from sim.search.stepmodel import ChainStepModel
+
+            self._steady = SteadyStep(ChainStepModel(self.resolved), self.work)
         return self._steady
 
 
@@ -182,15 +285,20 @@ def screen(setup: SetupScreen, d: Deployment, *, rate: float | None, load: float
         return row
     limits = {"max_batch": d.max_batch,
               "chunk": math.floor(d.max_tokens_per_step / (1 + work.prefill_per_decode)),
-              "kv": pool // setup.footprint(work.decode_context)}
+              "kv": int(pool // setup.footprint(work.decode_context))}
     bound = min(limits, key=lambda k: (limits[k], k))
-    b_limit = limits[bound]
+    b_limit = int(limits[bound])
     row.update(batch_limit=int(b_limit), batch_limit_by=bound)
     if b_limit < 1:
         row.update(status="saturated", reason=f"the {bound} limit leaves no room for one decoding sequence "
                    "with its share of prompt tokens")
         return row
-    T = setup.steady
+    steady = setup.steady
+    budget = d.max_tokens_per_step
+
+    def T(b: float) -> float:
+        return steady.mean_ns(b, budget)
+
     capacity_rate = b_limit * 1e9 / (work.output_mean * T(b_limit))
     operating = rate if rate is not None else load * capacity_rate
     row.update(capacity_rate_per_s=capacity_rate, rate_per_s=operating)
@@ -200,9 +308,12 @@ def screen(setup: SetupScreen, d: Deployment, *, rate: float | None, load: float
                    f"(batch limit {b_limit} set by {bound})")
         return row
     tpot_ns = T(b)
-    chunk = max(1.0, min(work.prompt_pct, d.max_tokens_per_step - b))
-    ttft_ns = (math.ceil(work.prompt_pct / chunk) + 1) * T(max(b, (b + chunk) / (1 + work.prefill_per_decode)))
-    row.update(est_batch=b, est_tpot_ms=tpot_ns / 1e6, est_ttft_ms=ttft_ns / 1e6,
+    chunk = max(1.0, min(work.prompt_pct, budget - b))
+    prefill_ns = math.ceil(work.prompt_pct / chunk) * steady.step_ns(b, chunk) + tpot_ns
+    wait_ns = queue_wait_ns(b, b_limit, work.output_mean * tpot_ns, slo["percentile"],
+                            (work.arrival_cv2 + work.output_cv2) / 2)
+    ttft_ns = prefill_ns + wait_ns
+    row.update(est_batch=b, est_tpot_ms=tpot_ns / 1e6, est_ttft_ms=ttft_ns / 1e6, est_wait_ms=wait_ns / 1e6,
                tokens_per_s_per_chip=operating * work.output_mean / d.chips, tokens_per_s_per_user=1e9 / tpot_ns)
     row["screen_ok"] = bool(row["est_tpot_ms"] <= slo["tpot_ms"] and row["est_ttft_ms"] <= slo["ttft_ms"])
     return row

@@ -12,7 +12,8 @@ and the scheduler's ``max_batch`` (vLLM ``max_num_seqs``) and ``max_tokens_per_s
     traffic:
       requests: azure-conv                 # azure-conv | azure-code | synthetic | a request file
       rate: 4                              # requests/s; omitted: each deployment at `load` x its capacity
-      duration_s: 60                       # arrivals replayed for each finalist
+      duration_s: 60                       # arrivals replayed for each finalist ...
+      replay_requests: 400                 # ... but no more than about this many (duration = min(duration_s, n / rate))
       load: 0.9
     overrides: {hardware.hbm.channel_bandwidth_GBps: {scale: 1.5}}   # as a study's, on every deployment
     space:                                 # a study's sweep syntax: lists or {from, to, steps, spacing, integer}
@@ -25,6 +26,8 @@ and the scheduler's ``max_batch`` (vLLM ``max_num_seqs``) and ``max_tokens_per_s
       exclude:
         - {where: {hardware: b200, chips: [4, 8]}, reason: "one B200 node of two here"}
     max_replays: 48                        # most serving replays spent confirming the front
+    notes: |                               # Markdown kept verbatim in the report
+      ...
 
 Axes (``AXES``) left out take ``DEFAULTS``; ``chips`` defaults to every power of two up to a
 profile's own chip count, ``tp`` and ``pp`` to every split with ``tp x pp = chips`` (one
@@ -82,6 +85,7 @@ class Traffic(Strict):
     requests: str = "azure-conv"
     rate: float | None = Field(default=None, gt=0, le=1e6)
     duration_s: float = Field(default=60.0, gt=0, le=86_400)
+    replay_requests: int = Field(default=400, ge=10, le=10_000_000)  # a replay stops arrivals after about this many
     load: float = Field(default=0.9, gt=0, le=1)
     policy: Literal["chunked", "separate"] = "chunked"
     block_tokens: int = Field(default=16, ge=1, le=4096)
@@ -104,6 +108,7 @@ class SearchSpec(Strict):
     overrides: dict[str, Any] = Field(default_factory=dict)
     space: SpaceSpec = Field(default_factory=SpaceSpec)
     max_replays: int = Field(default=48, ge=1, le=10_000)
+    notes: str = ""  # Markdown kept verbatim in the report
 
 
 @dataclass(frozen=True, order=True)
@@ -157,8 +162,14 @@ class Space:
 
 
 def load_spec(path: str | Path | None, changes: dict | None = None) -> tuple[SearchSpec, str]:
-    """The search file at ``path`` (or an empty one), with ``changes`` (from the command line)
+    """The search file at ``path`` (a path, or a name in workloads/searches/; None: an empty
+    one), with ``changes`` (from the command line)
     applied on top: ``model``, ``slo.<key>``, ``traffic.<key>`` and ``space.grid.<axis>``."""
+    if path is not None:
+        from sim.paths import bundled
+        from sim.paths import resolve as resolve_path
+
+        path = resolve_path(str(path), bundled("workloads", "searches"), "search")
     file = str(path) if path is not None else "command line"
     raw = load_yaml(path) if path is not None else {}
     if not isinstance(raw, dict):

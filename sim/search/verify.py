@@ -1,6 +1,7 @@
 """Confirming a finalist: the serving replay at its operating rate, and a DES step.
 
-The replay (sim.serve.replay.serve) runs the traffic's arrivals for ``duration_s`` at the
+The replay (sim.serve.replay.serve) runs the traffic's arrivals for ``duration_s`` (or the
+time ``replay_requests`` take to arrive, if shorter) at the
 finalist's operating rate (the search's rate, or ``load`` x the deployment's screened
 capacity) through the vLLM-like scheduler with the deployment's ``max_batch`` and chunk
 budget, on the same step model the screen used (shared in-process, so the rows it learned
@@ -38,7 +39,8 @@ def verify(d: Deployment, model: str, overrides: tuple, rate: float, work: Workl
     pct = slo["percentile"]
     spec = ServeSpec(hardware=d.hardware, model=model, weights=d.weights, kv=d.kv, software=d.software, tp=d.tp,
                      pp=d.pp, chips=d.chips, overrides=overrides, requests=traffic["requests"], rate=rate,
-                     duration_s=traffic["duration_s"], seed=traffic["seed"], max_batch=d.max_batch,
+                     duration_s=min(traffic["duration_s"], traffic["replay_requests"] / rate), seed=traffic["seed"],
+                     max_batch=d.max_batch,
                      block_tokens=traffic["block_tokens"], max_tokens_per_step=d.max_tokens_per_step,
                      policy=traffic["policy"], target_ms=slo["tpot_ms"])
     try:

@@ -3,7 +3,8 @@
 The screen (sim.search.screen) needs the mean prompt and output lengths (they set the mix of
 prefill and decode tokens in a steady-state step), the ``percentile`` prompt (time to first
 token) and the longest request (every request must fit the KV pool alone, or the replay
-rejects it). They are read from the same source the finalists replay
+rejects it) and how variable output lengths and arrival gaps are (the screen's queueing
+estimate). They are read from the same source the finalists replay
 (sim.serve.requests.open_source): at ``rate`` over ``duration_s`` when a rate is given,
 else the whole source (a recorded trace) or ``duration_s`` of it (synthetic arrivals).
 """
@@ -32,6 +33,8 @@ class Workload:
     prompt_pct: float  # the SLO percentile of the prompt length
     longest: int  # max(prompt + output - 1): tokens cached at a request's last step
     rate_per_s: float | None  # the source's mean arrival rate
+    output_cv2: float = 1.0  # squared coefficient of variation of output lengths (decode durations)
+    arrival_cv2: float = 1.0  # ... of the gaps between arrivals (1 for Poisson arrivals)
 
     @property
     def decode_context(self) -> int:
@@ -52,10 +55,11 @@ def workload(requests: str, rate: float | None, duration_s: float, percentile: i
     recorded = requests != "synthetic"
     source = open_source(requests, rate_per_s=rate, duration_s=None if (recorded and rate is None) else duration_s,
                          seed=seed)
-    prompt, output = [], []
+    prompt, output, arrival = [], [], []
     for request in source:
         prompt.append(request.prompt_tokens)
         output.append(request.output_tokens)
+        arrival.append(request.arrival_s)
         if len(prompt) >= MAX_REQUESTS:
             break
     if not prompt:
@@ -64,8 +68,11 @@ def workload(requests: str, rate: float | None, duration_s: float, percentile: i
         raise ConfigError(requests, "requests", f"no request arrives within {duration_s:g} s at this rate")
     p, o = np.asarray(prompt, dtype=np.int64), np.asarray(output, dtype=np.int64)
     rate_per_s = source.rate_per_s if source.rate_per_s and math.isfinite(source.rate_per_s) else None
+    gaps = np.diff(np.asarray(arrival, dtype=np.float64))
+    arrival_cv2 = float(gaps.var() / gaps.mean() ** 2) if len(gaps) > 1 and gaps.mean() > 0 else 1.0
     return Workload(requests, source.description, len(p), float(p.mean()), float(max(1.0, o.mean())),
-                    float(np.percentile(p, percentile)), int((p + o - 1).max()), rate_per_s)
+                    float(np.percentile(p, percentile)), int((p + o - 1).max()), rate_per_s,
+                    float(o.var() / o.mean() ** 2) if o.mean() > 0 else 1.0, arrival_cv2)
 
 
 __all__ = ["Workload", "workload"]
