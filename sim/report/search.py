@@ -51,7 +51,7 @@ def plot_front(rows: list[dict], front: list[dict], chosen: dict | None, data: d
     if front:
         pts = sorted(front, key=lambda r: r[X])
         xs, ys = [p[X] for p in pts], [p[Y] for p in pts]
-        ax.step(xs, ys, where="post", color="black", lw=1.2, zorder=4, label="Pareto front (confirmed by replay)")
+        ax.step(xs, ys, where="pre", color="black", lw=1.2, zorder=4, label="Pareto front (confirmed by replay)")
         for p in pts:
             marker, color = style[p["hardware"]]
             ax.scatter([p[X]], [p[Y]], marker=marker, s=70, color=color, edgecolor="black", zorder=5)
@@ -70,8 +70,9 @@ def plot_front(rows: list[dict], front: list[dict], chosen: dict | None, data: d
     ax.text(floor, 1.0, f"  TPOT {data['slo']['tpot_ms']:g} ms", transform=ax.get_xaxis_transform(), va="top",
             fontsize=8, color="0.3")
     for hw in hardware:
-        marker, color = style[hw]
-        ax.scatter([], [], marker=marker, s=60, color=color, edgecolor="black", label=f"front: {hw}")
+        if any(p["hardware"] == hw for p in front):
+            marker, color = style[hw]
+            ax.scatter([], [], marker=marker, s=60, color=color, edgecolor="black", label=f"front: {hw}")
     if any(_ok(r.get(Y)) for r in screened):
         ax.set_yscale("log")
     ax.set_xlabel("output tokens/s per user (1000 / TPOT)")
@@ -117,8 +118,9 @@ def write_report(data: dict, path: Path, *, command: str | None = None, notes: s
         lines += ["```", command, "```", ""]
     lines += [
         f"**SLO:** TTFT p{pct} <= {slo['ttft_ms']:g} ms and TPOT p{pct} <= {slo['tpot_ms']:g} ms. "
-        f"**Traffic:** {w['description']}; {rate}; each finalist replays the arrivals of {t['duration_s']:g} s or "
-        f"{t['replay_requests']} requests, whichever is shorter "
+        f"**Traffic:** {w['description']}; {rate}; each finalist replays the arrivals of "
+        f"{t['replay_lifetimes']:g} mean request lifetimes at its screened TPOT (at least {t['replay_requests']} requests, "
+        f"at most {t['duration_s']:g} s) "
         f"({t['policy']} prefill, KV blocks of {t['block_tokens']} tokens). Mean prompt {w['prompt_mean']:.0f} tokens, "
         f"mean output {w['output_mean']:.0f}, p{pct} prompt {w['prompt_pct']:.0f}, longest request {w['longest']:,}.",
         "",

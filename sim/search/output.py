@@ -65,9 +65,11 @@ def text(result: SearchResult) -> str:
         f"decodesim search: {space.model} on {hardware}; SLO TTFT p{pct} <= {spec.slo.ttft_ms:g} ms, "
         f"TPOT p{pct} <= {spec.slo.tpot_ms:g} ms",
         f"  traffic: {work.description}; {rate}; mean prompt {work.prompt_mean:.0f}, output {work.output_mean:.0f} "
-        f"tokens; each replay: {t.duration_s:g} s or {t.replay_requests} requests of arrivals, whichever is shorter",
+        f"tokens; each replay: arrivals of {t.replay_lifetimes:g} request lifetimes (>= {t.replay_requests} requests, "
+        f"<= {t.duration_s:g} s)",
         f"  {c['deployments']:,} deployments ({c['setups']} setups, {c['excluded']} excluded): "
         f"{c['does_not_fit']:,} do not fit, {c['invalid']:,} cannot run, {c['saturated']:,} cannot carry the rate, "
+        + (f"{c['errors']:,} FAILED (see the table's reason column), " if c["errors"] else "") +
         f"{c['screen_ok']:,} meet the SLOs on the screen; {c['replays']} replayed ({c['replays_failed']} missed), "
         f"{c['front']} on the front" + ("" if result.complete else " (INCOMPLETE: the replay budget ran out)"),
         "",

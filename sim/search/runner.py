@@ -71,7 +71,8 @@ def screen_task(task: dict, cache: SetupCache | None = None) -> list[dict]:
         d = Deployment(**fields)
         setup = cache.get(d, task["model"], task["overrides"], work, task["traffic"]["block_tokens"])
         try:
-            rows.append(screen(setup, d, rate=task["rate"], load=task["traffic"]["load"], slo=task["slo"]))
+            rows.append(screen(setup, d, rate=task["rate"], load=task["traffic"]["load"], slo=task["slo"],
+                              traffic=task["traffic"]))
         except Exception as err:  # a deployment that fails is recorded, the search goes on (as a study's points)
             rows.append({**d.as_dict(), "status": "error", "reason": f"{type(err).__name__}: {err}"})
     return rows
@@ -85,7 +86,7 @@ def verify_task(task: dict, cache: SetupCache | None = None) -> dict:
     setup = cache.get(d, task["model"], task["overrides"], work, task["traffic"]["block_tokens"])
     try:
         return verify(d, task["model"], task["overrides"], task["rate"], work, task["slo"], task["traffic"],
-                      step_model=setup.step_model)
+                      step_model=setup.step_model, tpot_ms=task["tpot_ms"])
     except Exception as err:  # recorded as a failed check: the point is not claimed
         return {"verdict": "error", "verdict_reason": f"{type(err).__name__}: {err}"}
 
@@ -231,7 +232,7 @@ def run_search(space: Space, *, executor: str = "local", jobs: int | None = None
         def confirm(batch: list[dict]) -> list[dict]:
             bar.total += len(batch)
             bar.refresh()
-            tasks = [{**base, "rate": r["rate_per_s"],
+            tasks = [{**base, "rate": r["rate_per_s"], "tpot_ms": r["est_tpot_ms"],
                       "deployment": {k: r[k] for k in Deployment.__dataclass_fields__}} for r in batch]
             return pool.map(verify_task, tasks, bar)
 

@@ -24,12 +24,15 @@ on) and all its ``(max_batch, max_tokens_per_step)`` pairs:
    KV pool holds at the mean context. No root: the deployment cannot carry ``R``
    (``saturated``). Without a rate the deployment runs at ``load x`` its capacity
    ``R_max = b_limit / (O T(b_limit))``.
-4. **Estimates.** TPOT = ``T(b*)``; TTFT = the SLO-percentile wait for one of the
-   ``b_limit`` sequence slots (Erlang C, ``queue_wait_ns``: ``b*`` of them busy, each for
-   mean output x TPOT, with the Allen-Cunneen factor for the traffic's variability of
-   arrival gaps and output lengths) + (steps to compute the SLO-percentile prompt at
-   ``max_tokens_per_step - b*`` tokens per step, plus one) x the step time with that chunk;
-   throughput per chip = ``R O / chips`` output tokens/s; per-user rate = 1000 / TPOT.
+4. **Estimates.** TPOT = ``T(b*)``, and its SLO percentile from the spread of the batch
+   and of the share of steps that carry a prompt chunk (``tpot_percentile_ns``). TTFT: the
+   requests a finalist's replay would see (``sim.search.workload.replay_window``: the same
+   window of the trace at the same rate, so its bursts and long requests count) admitted
+   first come first served to ``b_limit`` sequence slots, each prefilling its prompt in
+   chunks of ``max_tokens_per_step - b*`` tokens and then holding its slot for its output
+   at TPOT (``queue_ttft_ns``); the SLO percentile of wait + prefill. Throughput per chip =
+   ``R O / chips`` output tokens/s; per-user rate = 1000 / TPOT. A deployment passes the
+   screen when the TPOT and TTFT percentiles meet the targets.
 
 The estimates rank deployments and pick the finalists; the serving replay
 (sim.search.verify) decides whether a finalist meets its SLOs.
@@ -38,7 +41,10 @@ The estimates rank deployments and pick the finalists; the serving replay
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import math
+
+import numpy as np
 
 from sim import trace as traces
 from sim.config.setup import Setup
@@ -48,7 +54,7 @@ from sim.formats.base import check_widths
 from sim.run import capacity
 from sim.search.space import Deployment
 from sim.search.stepmodel import step_model_for
-from sim.search.workload import Workload
+from sim.search.workload import Workload, replay_window, window_requests
 from sim.serve.stepmodel import serve_resolved
 from sim.units import GB
 
@@ -59,6 +65,7 @@ MAX_ANCHOR = 1 << 20  # row anchors stop here (a guard; steps are far smaller in
 # except near the kink where compute starts to bind (<= 10% at 256 rows when 128 and 512
 # alone are used, hence every power of two from 64 to 2048).
 ANCHORS = (1, 2, 4, 16, 64, 128, 256, 512, 1024, 2048)
+CHUNK_GRAIN = 32  # prompt chunks are timed at sizes rounded up to this many tokens
 
 
 def _between(a: tuple, b: tuple, w: float) -> tuple[float, float, float]:
@@ -195,22 +202,40 @@ def steady_batch(T, rate: float, output_mean: float, limit: float, iterations: i
     return None
 
 
-def queue_wait_ns(busy: float, slots: int, service_ns: float, percentile: float, variability: float = 1.0) -> float:
-    """The ``percentile`` wait for a free sequence slot: Erlang C for ``slots`` servers
-    carrying ``busy`` of them on average (M/M/c: Poisson arrivals, exponential decode
-    durations of mean ``service_ns``; the wait is exponential beyond the chance of waiting),
-    times ``variability`` = (Ca^2 + Cs^2) / 2, the Allen-Cunneen correction for other
-    arrival and service variability (Ca, Cs: coefficients of variation)."""
-    if busy >= slots:
-        return math.inf
-    blocking = 1.0  # Erlang B by the stable recursion, then Erlang C
-    for k in range(1, slots + 1):
-        blocking = busy * blocking / (k + busy * blocking)
-    waiting = slots * blocking / (slots - busy * (1 - blocking))
-    tail = 1 - percentile / 100
-    if waiting <= tail:
-        return 0.0
-    return variability * service_ns / (slots - busy) * math.log(waiting / tail)
+Z = {50: 0.0, 90: 1.2816, 99: 2.3263}  # standard normal quantiles
+
+
+def tpot_percentile_ns(steady: SteadyStep, b: float, budget: int, limit: int, work: Workload, percentile: int) -> float:
+    """The SLO percentile of per-request TPOT, estimated from two sources of spread: the
+    batch (Poisson-like: ``b + z sqrt(b)``, at most the batch limit) and, for a short request
+    (the 10th percentile output), how many of its steps carry a prompt chunk (binomial over
+    its steps: a share ``f`` of steps take ``step(b, chunk)`` instead of ``step(b)``)."""
+    z = Z[percentile]
+    busy = min(float(limit), b + z * math.sqrt(b))
+    tokens = busy * steady.ratio
+    chunk = max(tokens, min(budget - busy, steady.prompt))
+    spread = 0.0
+    if chunk >= 1:
+        share = min(1.0, tokens / chunk)
+        spread = z * math.sqrt(share * (1 - share) / work.output_low) * (steady.step_ns(busy, chunk) -
+                                                                          steady.step_ns(busy))
+    return steady.mean_ns(busy, budget) + spread
+
+
+def queue_ttft_ns(arrivals_s, prompts, outputs, slots: int, prefill_ns, tpot_ns: float, percentile: float) -> float:
+    """The ``percentile`` TTFT of requests admitted first come first served to ``slots``
+    sequence slots: each waits for the earliest free slot, computes its prompt in
+    ``prefill_ns`` (an array, one per request) and holds the slot for ``output - 1`` more
+    steps of ``tpot_ns``; its TTFT is the wait plus its prefill."""
+    free = [0.0] * max(1, slots)  # when each slot is next free (a heap), ns
+    ttft = np.empty(len(arrivals_s))
+    hold = prefill_ns + (np.maximum(outputs, 1) - 1) * tpot_ns
+    for i, (t, pre, busy) in enumerate(zip((arrivals_s * 1e9).tolist(), prefill_ns.tolist(), hold.tolist(),
+                                           strict=True)):
+        start = max(t, heapq.heappop(free))
+        heapq.heappush(free, start + busy)
+        ttft[i] = start - t + pre
+    return float(np.percentile(ttft, percentile)) if len(ttft) else 0.0
 
 
 class SetupScreen:
@@ -266,7 +291,7 @@ class SetupScreen:
         return self._steady
 
 
-def screen(setup: SetupScreen, d: Deployment, *, rate: float | None, load: float, slo: dict) -> dict:
+def screen(setup: SetupScreen, d: Deployment, *, rate: float | None, load: float, slo: dict, traffic: dict) -> dict:
     """The screening row of deployment ``d`` of ``setup`` (module docstring)."""
     row: dict = {**d.as_dict(), "status": setup.status, "reason": setup.problem}
     if setup.status != "screened":
@@ -308,14 +333,20 @@ def screen(setup: SetupScreen, d: Deployment, *, rate: float | None, load: float
                    f"(batch limit {b_limit} set by {bound})")
         return row
     tpot_ns = T(b)
-    chunk = max(1.0, min(work.prompt_pct, budget - b))
-    prefill_ns = math.ceil(work.prompt_pct / chunk) * steady.step_ns(b, chunk) + tpot_ns
-    wait_ns = queue_wait_ns(b, b_limit, work.output_mean * tpot_ns, slo["percentile"],
-                            (work.arrival_cv2 + work.output_cv2) / 2)
-    ttft_ns = prefill_ns + wait_ns
-    row.update(est_batch=b, est_tpot_ms=tpot_ns / 1e6, est_ttft_ms=ttft_ns / 1e6, est_wait_ms=wait_ns / 1e6,
+    tpot_pct_ns = tpot_percentile_ns(steady, b, budget, b_limit, work, slo["percentile"])
+    chunk = max(1, int(budget - b))
+    window = replay_window(traffic, operating, work, tpot_ns / 1e6)
+    arrivals, prompts, outputs = window_requests(traffic, window)
+    # a prompt takes ceil(prompt / chunk) steps, each carrying a chunk of up to `chunk` tokens
+    # (timed at the chunk size rounded up to CHUNK_GRAIN tokens: a few hundred distinct steps at most)
+    sizes = np.minimum(-(-np.minimum(prompts, chunk) // CHUNK_GRAIN) * CHUNK_GRAIN, chunk).astype(np.int64)
+    times = {int(n): steady.step_ns(b, int(n)) for n in np.unique(sizes)}
+    prefill_ns = np.ceil(prompts / chunk) * np.array([times[int(n)] for n in sizes]) + tpot_ns
+    ttft_ns = queue_ttft_ns(arrivals, prompts, outputs, b_limit, prefill_ns, tpot_ns, slo["percentile"])
+    row.update(est_batch=b, est_tpot_ms=tpot_ns / 1e6, est_tpot_pct_ms=tpot_pct_ns / 1e6, est_ttft_ms=ttft_ns / 1e6,
+               est_requests=len(arrivals),
                tokens_per_s_per_chip=operating * work.output_mean / d.chips, tokens_per_s_per_user=1e9 / tpot_ns)
-    row["screen_ok"] = bool(row["est_tpot_ms"] <= slo["tpot_ms"] and row["est_ttft_ms"] <= slo["ttft_ms"])
+    row["screen_ok"] = bool(row["est_tpot_pct_ms"] <= slo["tpot_ms"] and row["est_ttft_ms"] <= slo["ttft_ms"])
     return row
 
 

@@ -12,8 +12,9 @@ and the scheduler's ``max_batch`` (vLLM ``max_num_seqs``) and ``max_tokens_per_s
     traffic:
       requests: azure-conv                 # azure-conv | azure-code | synthetic | a request file
       rate: 4                              # requests/s; omitted: each deployment at `load` x its capacity
-      duration_s: 60                       # arrivals replayed for each finalist ...
-      replay_requests: 400                 # ... but no more than about this many (duration = min(duration_s, n / rate))
+      replay_lifetimes: 6                  # each finalist replays the arrivals of 6 mean request lifetimes
+      replay_requests: 200                 # (mean output x screened TPOT), or of 200 requests if longer,
+      duration_s: 120                      # and at most 120 s
       load: 0.9
     overrides: {hardware.hbm.channel_bandwidth_GBps: {scale: 1.5}}   # as a study's, on every deployment
     space:                                 # a study's sweep syntax: lists or {from, to, steps, spacing, integer}
@@ -84,8 +85,9 @@ class Traffic(Strict):
 
     requests: str = "azure-conv"
     rate: float | None = Field(default=None, gt=0, le=1e6)
-    duration_s: float = Field(default=60.0, gt=0, le=86_400)
-    replay_requests: int = Field(default=400, ge=10, le=10_000_000)  # a replay stops arrivals after about this many
+    duration_s: float = Field(default=120.0, gt=0, le=86_400)  # the most seconds of arrivals a replay runs
+    replay_lifetimes: float = Field(default=6.0, gt=0, le=1000)  # ... else this many mean request lifetimes
+    replay_requests: int = Field(default=200, ge=10, le=10_000_000)  # ... but at least this many arrivals
     load: float = Field(default=0.9, gt=0, le=1)
     policy: Literal["chunked", "separate"] = "chunked"
     block_tokens: int = Field(default=16, ge=1, le=4096)

@@ -1,7 +1,7 @@
 """Confirming a finalist: the serving replay at its operating rate, and a DES step.
 
-The replay (sim.serve.replay.serve) runs the traffic's arrivals for ``duration_s`` (or the
-time ``replay_requests`` take to arrive, if shorter) at the
+The replay (sim.serve.replay.serve) runs the traffic's first arrivals (``replay_window``:
+several request lifetimes, so that the batch reaches its steady state) at the
 finalist's operating rate (the search's rate, or ``load`` x the deployment's screened
 capacity) through the vLLM-like scheduler with the deployment's ``max_batch`` and chunk
 budget, on the same step model the screen used (shared in-process, so the rows it learned
@@ -27,19 +27,19 @@ from sim.errors import ConfigError, SimulationError
 from sim.run import simulate
 from sim.search.screen import run_spec
 from sim.search.space import Deployment
-from sim.search.workload import Workload
+from sim.search.workload import Workload, replay_window
 from sim.serve.replay import serve
 from sim.serve.spec import ServeSpec, build
 
 
 def verify(d: Deployment, model: str, overrides: tuple, rate: float, work: Workload, slo: dict, traffic: dict,
-           step_model=None) -> dict:
+           step_model=None, tpot_ms: float = 0.0) -> dict:
     """The replay and DES figures of finalist ``d`` at ``rate`` req/s, and its verdict."""
     wall = time.perf_counter()
     pct = slo["percentile"]
     spec = ServeSpec(hardware=d.hardware, model=model, weights=d.weights, kv=d.kv, software=d.software, tp=d.tp,
-                     pp=d.pp, chips=d.chips, overrides=overrides, requests=traffic["requests"], rate=rate,
-                     duration_s=min(traffic["duration_s"], traffic["replay_requests"] / rate), seed=traffic["seed"],
+                     pp=d.pp, chips=d.chips, overrides=overrides, requests=traffic["requests"],
+                     **replay_window(traffic, rate, work, tpot_ms), seed=traffic["seed"],
                      max_batch=d.max_batch,
                      block_tokens=traffic["block_tokens"], max_tokens_per_step=d.max_tokens_per_step,
                      policy=traffic["policy"], target_ms=slo["tpot_ms"])
@@ -56,7 +56,7 @@ def verify(d: Deployment, model: str, overrides: tuple, rate: float, work: Workl
     ratio = des.summary["per_token_ms_p50"] / ana.summary["per_token_ms_p50"]
     ttft, tpot = summary[f"ttft_ms_p{pct}"], summary[f"tpot_ms_p{pct}"]
     row = {
-        "replay_rate_per_s": summary["rate_per_s"], "replay_requests": summary["requests_done"],
+        "replay_duration_s": spec.duration_s, "replay_rate_per_s": rate, "replay_requests": summary["requests_done"],
         "replay_rejected": summary["requests_rejected"], "replay_steps": summary["steps"],
         f"ttft_ms_p{pct}": ttft, f"tpot_ms_p{pct}": tpot, "tpot_ms_mean": summary["tpot_ms_mean"],
         "ttft_ms_mean": summary["ttft_ms_mean"], "replay_mean_batch": summary["mean_batch_busy"],
