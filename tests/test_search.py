@@ -16,7 +16,9 @@ from hypothesis import strategies as st
 
 from sim.search import load_space, run_search
 from sim.search.front import X, Y, confirmed_front, dominates, pareto
-from sim.search.screen import queue_wait_ns, steady_batch
+import numpy as np
+
+from sim.search.screen import queue_ttft_ns, steady_batch
 from tests.conftest import ROOT, run_cli
 
 TINY = ROOT / "tests" / "fixtures" / "search" / "tiny.yaml"
@@ -147,10 +149,19 @@ def test_steady_batch_solves_littles_law(rate, output, limit, base_ns, slope_ns)
         assert 1 <= b <= limit and (b == 1 or rate * output * T(b) / 1e9 <= b * (1 + 1e-6))
 
 
-def test_queue_wait_grows_with_load_and_vanishes_when_light():
-    waits = [queue_wait_ns(busy, 16, 1e9, 99) for busy in (2, 8, 12, 14, 15.5)]
-    assert waits[0] == 0 and waits == sorted(waits) and waits[-1] > waits[-2] > 0
-    assert queue_wait_ns(16, 16, 1e9, 99) == float("inf")
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 10), st.integers(1, 4000), st.integers(1, 400)), min_size=1, max_size=60),
+       st.integers(1, 16))
+def test_queue_ttft_needs_more_slots_never_longer(requests, slots):
+    arrivals = np.sort(np.array([a for a, _, _ in requests]))
+    prompts = np.array([p for _, p, _ in requests])
+    outputs = np.array([o for _, _, o in requests])
+    prefill = prompts * 1e4  # ns
+    fewer = queue_ttft_ns(arrivals, prompts, outputs, slots, prefill, 2e7, 99)
+    more = queue_ttft_ns(arrivals, prompts, outputs, slots + 1, prefill, 2e7, 99)
+    alone = float(np.percentile(prefill, 99))  # enough slots: nobody waits
+    assert more <= fewer + 1e-6
+    assert queue_ttft_ns(arrivals, prompts, outputs, len(requests), prefill, 2e7, 99) == pytest.approx(alone)
 
 
 # -- the command line ----------------------------------------------------------------------------
