@@ -27,7 +27,8 @@ COMMANDS = {
     "solve": ("solve", "--vary", "batch", "--range", "1:4", *SMALL_RUN, "--json"),
     "profiles": ("profiles", "--json"),
     "profile sources": ("profiles", "--sources", "h200-sxm", "--json"),
-    "search": ("search", "--space", str(ROOT / "tests" / "fixtures" / "search" / "tiny.yaml"), "--jobs", "1", "--quiet", "--json"),
+    "search": ("search", "--space", str(ROOT / "tests" / "fixtures" / "search" / "tiny.yaml"), "--jobs", "1", "--quiet",
+               "--json"),
 }
 # names the schema retired: each thing has one name everywhere
 RETIRED = {"p99_ms", "p50_ms", "per_token_ms", "format"}

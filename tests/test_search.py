@@ -205,7 +205,8 @@ BAD = {
 def test_bad_search_yaml_is_one_line_and_exit_2(tmp_path, case):
     body, key, expected = BAD[case]
     path = tmp_path / "bad.yaml"
-    head = "model: llama-3.2-1b\n" + ("" if "slo" in body or case == "missing slo" else "slo: {ttft_ms: 9, tpot_ms: 9}\n")
+    slo = "" if "slo" in body or case == "missing slo" else "slo: {ttft_ms: 9, tpot_ms: 9}\n"
+    head = "model: llama-3.2-1b\n" + slo
     path.write_text(head + textwrap.dedent(body) + "\n")
     code, out, err = run_cli("search", "--space", str(path), "--quiet")
     assert code == 2, (out, err)

@@ -10,7 +10,6 @@ the options given here override the file. See docs/search.md.
 
 from __future__ import annotations
 
-import argparse
 import shlex
 import sys
 

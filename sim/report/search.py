@@ -1,7 +1,8 @@
 """Rendering a deployment search: the front plot and the Markdown report (sim.search).
 
 ``plot_front`` draws every screened deployment at its steady-state estimate (output tokens/s
-per user on x, tokens/s per chip on y, log scale), the deployments the replay refuted, the
+per user on x, tokens/s per chip on y, log scale; those that miss on the screen by TPOT or
+only by TTFT in two greys), the deployments the replay refuted, the
 confirmed Pareto front (one marker per hardware profile, joined as a staircase), where the
 replay measured each front point (hollow, joined to its estimate) and the chosen point (a
 star), with the TPOT target as a floor on the per-user rate. ``write_report`` renders the
@@ -36,9 +37,14 @@ def plot_front(rows: list[dict], front: list[dict], chosen: dict | None, data: d
     style = {hw: (MARKERS[i % len(MARKERS)], COLORS[i % len(COLORS)]) for i, hw in enumerate(hardware)}
     fig, ax = plt.subplots(figsize=(9.5, 6.2))
     screened = [r for r in rows if r.get("status") == "screened" and _ok(r.get(X)) and _ok(r.get(Y))]
+    slo = data["slo"]
     miss = [r for r in screened if not r.get("screen_ok")]
-    ax.scatter([r[X] for r in miss], [r[Y] for r in miss], s=6, color="#d0d0d0", label="misses the SLOs on the screen",
-               zorder=1)
+    slow = [r for r in miss if (r.get("est_tpot_pct_ms") or 0) > slo["tpot_ms"]]
+    late = [r for r in miss if (r.get("est_tpot_pct_ms") or 0) <= slo["tpot_ms"]]
+    ax.scatter([r[X] for r in slow], [r[Y] for r in slow], s=6, color="#b8b8b8", zorder=1,
+               label=f"screen: TPOT p{slo['percentile']} misses")
+    ax.scatter([r[X] for r in late], [r[Y] for r in late], s=6, color="#e6d3b3", zorder=1,
+               label=f"screen: TPOT meets, TTFT p{slo['percentile']} misses")
     for hw in hardware:
         ok = [r for r in screened if r.get("screen_ok") and r["hardware"] == hw]
         if ok:
@@ -63,7 +69,7 @@ def plot_front(rows: list[dict], front: list[dict], chosen: dict | None, data: d
     if chosen is not None:
         ax.scatter([chosen[X]], [chosen[Y]], marker="*", s=420, color="gold", edgecolor="black", zorder=6,
                    label="chosen: most tokens/s per chip")
-        ax.annotate(_short(chosen), (chosen[X], chosen[Y]), xytext=(12, 10), textcoords="offset points", fontsize=8,
+        ax.annotate(_short(chosen), (chosen[X], chosen[Y]), xytext=(16, -52), textcoords="offset points", fontsize=8,
                     bbox={"boxstyle": "round", "fc": "white", "ec": "0.6"}, zorder=7)
     floor = 1e3 / data["slo"]["tpot_ms"]
     ax.axvline(floor, color="0.4", ls="--", lw=1)
@@ -75,9 +81,10 @@ def plot_front(rows: list[dict], front: list[dict], chosen: dict | None, data: d
             ax.scatter([], [], marker=marker, s=60, color=color, edgecolor="black", label=f"front: {hw}")
     if any(_ok(r.get(Y)) for r in screened):
         ax.set_yscale("log")
+        top = max(r[Y] for r in screened if _ok(r.get(Y)))
+        ax.set_ylim(top=top * 1.8)
     ax.set_xlabel("output tokens/s per user (1000 / TPOT)")
     ax.set_ylabel("output tokens/s per chip")
-    slo = data["slo"]
     traffic = data["traffic"]
     load = (f"{traffic['rate']:g} req/s" if traffic.get("rate") is not None else
             f"each deployment at {traffic['load']:.0%} of its capacity")
@@ -119,7 +126,8 @@ def write_report(data: dict, path: Path, *, command: str | None = None, notes: s
     lines += [
         f"**SLO:** TTFT p{pct} <= {slo['ttft_ms']:g} ms and TPOT p{pct} <= {slo['tpot_ms']:g} ms. "
         f"**Traffic:** {w['description']}; {rate}; each finalist replays the arrivals of "
-        f"{t['replay_lifetimes']:g} mean request lifetimes at its screened TPOT (at least {t['replay_requests']} requests, "
+        f"{t['replay_lifetimes']:g} mean request lifetimes at its screened TPOT (at least {t['replay_requests']} "
+        f"requests, "
         f"at most {t['duration_s']:g} s) "
         f"({t['policy']} prefill, KV blocks of {t['block_tokens']} tokens). Mean prompt {w['prompt_mean']:.0f} tokens, "
         f"mean output {w['output_mean']:.0f}, p{pct} prompt {w['prompt_pct']:.0f}, longest request {w['longest']:,}.",
@@ -132,20 +140,23 @@ def write_report(data: dict, path: Path, *, command: str | None = None, notes: s
         f"(weights + activations + the longest request's KV cache per chip), {c['invalid']:,} cannot run, "
         f"{c['saturated']:,} cannot carry the rate -> {c['screen_ok']:,} meet the SLOs on the analytic screen -> "
         f"{c['replays']} serving replays in {c['rounds']} rounds ({c['replays_failed']} missed the SLOs) -> "
-        f"**{c['front']} on the confirmed front**" + ("" if data["complete"] else " (incomplete: replay budget spent)") +
+        f"**{c['front']} on the confirmed front**" +
+        ("" if data["complete"] else " (incomplete: replay budget spent)") +
         f". Wall time {data['timing']['wall_s']:.1f} s (screen {data['timing']['screen_s']:.1f} s, replays "
         f"{data['timing']['confirm_s']:.1f} s).",
         "",
         f"![front]({plot})",
         "",
-        f"| | deployment | req/s | tok/s/chip (screen) | tok/s/user (screen) | tok/s/chip (replay) | TTFT p{pct} (ms) | "
+        f"| | deployment | req/s | tok/s/chip (screen) | tok/s/user (screen) | tok/s/chip (replay) | "
+        f"TTFT p{pct} (ms) | "
         f"TPOT p{pct} (ms) | DES/analytic | bound | verdict |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     chosen = data.get("chosen") or {}
     for p in data["front"]:
         mark = "**chosen**" if p["index"] == chosen.get("index") else ""
-        lines.append(f"| {mark} | {p['label']} | {_f(p['rate_per_s'], '.3g')} | {_f(p['tokens_per_s_per_chip'], ',.0f')} "
+        lines.append(f"| {mark} | {p['label']} | {_f(p['rate_per_s'], '.3g')} | "
+                     f"{_f(p['tokens_per_s_per_chip'], ',.0f')} "
                      f"| {_f(p['tokens_per_s_per_user'], '.1f')} | {_f(p['replay_tokens_per_s_per_chip'], ',.0f')} | "
                      f"{_f(p.get(f'ttft_ms_p{pct}'), ',.0f')} | {_f(p.get(f'tpot_ms_p{pct}'), '.2f')} | "
                      f"{_f(p['des_over_analytic'], '.3f')} | {p.get('bound') or '-'} | {p['verdict']} |")

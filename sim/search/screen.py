@@ -306,7 +306,8 @@ def screen(setup: SetupScreen, d: Deployment, *, rate: float | None, load: float
                 f"the KV pool ({pool / GB:.2f} GB) cannot hold the longest request ({work.longest:,} tokens, "
                 f"{longest / GB:.2f} GB)")
         row.update(status="does-not-fit", reason=f"{what}: weights {cap['weights_bytes'] / GB:.1f} GB + "
-                   f"activations {cap['activation_bytes'] / GB:.2f} GB of {cap['available_bytes'] / GB:.1f} GB per chip")
+                   f"activations {cap['activation_bytes'] / GB:.2f} GB of {cap['available_bytes'] / GB:.1f} GB "
+                   "per chip")
         return row
     limits = {"max_batch": d.max_batch,
               "chunk": math.floor(d.max_tokens_per_step / (1 + work.prefill_per_decode)),
