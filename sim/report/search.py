@@ -7,7 +7,8 @@ confirmed Pareto front (one marker per hardware profile, joined as a staircase),
 replay measured each front point (hollow, joined to its estimate) and the chosen point (a
 star), with the TPOT target as a floor on the per-user rate. ``write_report`` renders the
 search's JSON payload (sim.search.output.payload) as Markdown, with the file's ``notes``.
-Both only read what they are given.
+Both only read what they are given; ``python -m sim.report.search DIR`` redraws both from a
+search folder's files.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def plot_front(rows: list[dict], front: list[dict], chosen: dict | None, data: d
     """The front figure (module docstring), written atomically to ``path`` (PNG)."""
     hardware = list(data["axes"]["hardware"])
     style = {hw: (MARKERS[i % len(MARKERS)], COLORS[i % len(COLORS)]) for i, hw in enumerate(hardware)}
-    fig, ax = plt.subplots(figsize=(9.5, 6.2))
+    fig, ax = plt.subplots(figsize=(12, 6.2))
     screened = [r for r in rows if r.get("status") == "screened" and _ok(r.get(X)) and _ok(r.get(Y))]
     slo = data["slo"]
     miss = [r for r in screened if not r.get("screen_ok")]
@@ -43,12 +44,12 @@ def plot_front(rows: list[dict], front: list[dict], chosen: dict | None, data: d
     late = [r for r in miss if (r.get("est_tpot_pct_ms") or 0) <= slo["tpot_ms"]]
     ax.scatter([r[X] for r in slow], [r[Y] for r in slow], s=6, color="#b8b8b8", zorder=1,
                label=f"screen: TPOT p{slo['percentile']} misses")
-    ax.scatter([r[X] for r in late], [r[Y] for r in late], s=6, color="#e6d3b3", zorder=1,
+    ax.scatter([r[X] for r in late], [r[Y] for r in late], s=6, color="#f4cccc", zorder=1,
                label=f"screen: TPOT meets, TTFT p{slo['percentile']} misses")
     for hw in hardware:
         ok = [r for r in screened if r.get("screen_ok") and r["hardware"] == hw]
         if ok:
-            ax.scatter([r[X] for r in ok], [r[Y] for r in ok], s=8, color=style[hw][1], alpha=0.25, zorder=2,
+            ax.scatter([r[X] for r in ok], [r[Y] for r in ok], s=12, color=style[hw][1], alpha=0.6, zorder=2,
                        label=f"{hw}: meets the SLOs on the screen")
     refuted = [r for r in rows if r.get("checked") and r.get("verdict") != "meets-slo"]
     if refuted:
@@ -69,8 +70,10 @@ def plot_front(rows: list[dict], front: list[dict], chosen: dict | None, data: d
     if chosen is not None:
         ax.scatter([chosen[X]], [chosen[Y]], marker="*", s=420, color="gold", edgecolor="black", zorder=6,
                    label="chosen: most tokens/s per chip")
-        ax.annotate(_short(chosen), (chosen[X], chosen[Y]), xytext=(16, -52), textcoords="offset points", fontsize=8,
-                    bbox={"boxstyle": "round", "fc": "white", "ec": "0.6"}, zorder=7)
+        ax.annotate("chosen: " + _short(chosen), (chosen[X], chosen[Y]), xytext=(0.98, 0.97),
+                    textcoords="axes fraction", ha="right", va="top", fontsize=8, zorder=7,
+                    bbox={"boxstyle": "round", "fc": "white", "ec": "0.6"},
+                    arrowprops={"arrowstyle": "->", "color": "0.4", "lw": 0.8})
     floor = 1e3 / data["slo"]["tpot_ms"]
     ax.axvline(floor, color="0.4", ls="--", lw=1)
     ax.text(floor, 1.0, f"  TPOT {data['slo']['tpot_ms']:g} ms", transform=ax.get_xaxis_transform(), va="top",
@@ -92,7 +95,7 @@ def plot_front(rows: list[dict], front: list[dict], chosen: dict | None, data: d
                  f"TPOT p{slo['percentile']} <= {slo['tpot_ms']:g} ms\n{data['workload']['requests']}, {load}; "
                  f"{data['counts']['deployments']:,} deployments, {data['counts']['front']} on the front", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, loc="best", framealpha=0.9)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), framealpha=0.9)
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -178,4 +181,29 @@ def write_report(data: dict, path: Path, *, command: str | None = None, notes: s
     return Path(path)
 
 
-__all__ = ["plot_front", "write_report"]
+def rerender(folder: Path) -> list[Path]:
+    """Redraw ``front.png`` and ``report.md`` of a search folder from its ``search.json`` and
+    ``deployments.parquet`` (no simulation)."""
+    import json
+
+    import pandas as pd
+
+    folder = Path(folder)
+    data = json.loads((folder / "search.json").read_text())
+    table = pd.read_parquet(folder / "deployments.parquet")
+    rows = [{k: (None if isinstance(v, float) and v != v else v) for k, v in r.items()}
+            for r in table.to_dict("records")]
+    png = plot_front(rows, data["front"], data.get("chosen"), data, folder / "front.png")
+    md = write_report(data, folder / "report.md", command=data.get("command"), notes=data.get("notes", ""))
+    return [png, md]
+
+
+if __name__ == "__main__":
+    import sys
+
+    for arg in sys.argv[1:]:
+        for written in rerender(Path(arg)):
+            print(written)
+
+
+__all__ = ["plot_front", "rerender", "write_report"]

@@ -32,7 +32,7 @@ def point(row: dict, percentile: int) -> dict:
     return out
 
 
-def payload(result: SearchResult, files: list[str] | None = None) -> dict:
+def payload(result: SearchResult, files: list[str] | None = None, command: str | None = None) -> dict:
     """The ``--json`` payload (kind ``search`` in sim/schema/output.schema.json)."""
     space, spec = result.space, result.space.spec
     pct = spec.slo.percentile
@@ -44,7 +44,7 @@ def payload(result: SearchResult, files: list[str] | None = None) -> dict:
         "counts": result.counts, "complete": result.complete,
         "front": [point(r, pct) for r in result.front],
         "chosen": point(result.chosen, pct) if result.chosen else None,
-        "timing": result.timing, "files": files or [],
+        "timing": result.timing, "files": files or [], "command": command, "notes": spec.notes,
     }
 
 
@@ -109,7 +109,7 @@ def write_outputs(result: SearchResult, out: Path, command: str | None = None) -
             table[column] = [None if v is None else str(v) for v in table[column]]
     write_frame(table, out / "deployments")
     files = ["deployments.parquet", "deployments.csv", "search.json", "front.png", "report.md"]
-    data = payload(result, files)
+    data = payload(result, files, command)
     plot_front(result.rows, result.front, result.chosen, data, out / "front.png")
     write_report(data, out / "report.md", command=command, notes=result.space.spec.notes)
     write_atomic(out / "search.json", to_json(data))
