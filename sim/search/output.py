@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from sim.paths import display_path
 from sim.search.runner import SearchResult
 from sim.search.space import Deployment
 
@@ -37,7 +38,7 @@ def payload(result: SearchResult, files: list[str] | None = None, command: str |
     space, spec = result.space, result.space.spec
     pct = spec.slo.percentile
     return {
-        "name": spec.name, "model": space.model, "file": space.file, "slo": spec.slo.model_dump(),
+        "name": spec.name, "model": space.model, "file": display_path(space.file), "slo": spec.slo.model_dump(),
         "traffic": spec.traffic.model_dump(), "mode": "rate" if spec.traffic.rate is not None else "load",
         "workload": result.workload.as_dict(), "axes": {k: v for k, v in space.axes.items() if v is not None},
         "excluded": [{"where": rule.where, "reason": rule.reason, "deployments": n} for rule, n in space.excluded],

@@ -34,7 +34,7 @@ Axes (``AXES``) left out take ``DEFAULTS``; ``chips`` defaults to every power of
 profile's own chip count, ``tp`` and ``pp`` to every split with ``tp x pp = chips`` (one
 stage per layer at most). A combination whose split does not multiply out is no deployment
 and is not counted. ``ep`` (expert parallelism) is accepted only as ``[1]``: the serving
-replay the search confirms its front with models dense models only (sim.serve.stepmodel).
+replay that confirms the front models dense models only (sim.serve.stepmodel).
 
 Everything is checked before anything is simulated: unknown axes, wrong types, unknown
 hardware, format or stack names, and ``exclude`` rules that name no swept value are one

@@ -3,8 +3,9 @@
 The screen (sim.search.screen) needs the mean prompt and output lengths (they set the mix of
 prefill and decode tokens in a steady-state step), the ``percentile`` prompt (time to first
 token) and the longest request (every request must fit the KV pool alone, or the replay
-rejects it) and how variable output lengths and arrival gaps are (the screen's queueing
-estimate). They are read from the same source the finalists replay
+rejects it), the 10th percentile output (the TPOT tail) and, for the record, how variable
+output lengths and arrival gaps are. ``replay_window`` / ``window_requests`` give the
+requests a finalist's replay sees, which the screen's TTFT queue also uses. They are read from the same source the finalists replay
 (sim.serve.requests.open_source): at ``rate`` over ``duration_s`` when a rate is given,
 else the whole source (a recorded trace) or ``duration_s`` of it (synthetic arrivals).
 """
