@@ -33,7 +33,8 @@ def register(sub) -> None:
                    help="requests per second (default: each deployment at --load of its own capacity)")
     p.add_argument("--requests", default=None,
                    help="azure-conv (default), azure-code, synthetic, or a request file (.jsonl/.csv/.parquet)")
-    p.add_argument("--duration-s", type=float, default=None, help="seconds of arrivals each replay runs (default 60)")
+    p.add_argument("--duration-s", type=float, default=None,
+                   help="at most this many seconds of arrivals per replay (default 120)")
     p.add_argument("--load", type=float, default=None, help="without --rate: fraction of capacity (default 0.9)")
     p.add_argument("--max-replays", type=int, default=None, help="most serving replays spent on the front (default 48)")
     p.add_argument("--out", type=output_dir, default=None, metavar="DIR",
