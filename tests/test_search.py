@@ -219,3 +219,10 @@ def test_bad_command_line_values_exit_2():
     for argv in (("--model", "no-such-model"), ("--tpot-ms", "-3"), ("--hardware", ",")):
         code, out, err = run_cli("search", "--space", str(TINY), "--quiet", *argv)
         assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, (argv, err)
+
+
+def test_dask_executor_gives_the_local_result(tiny):
+    distributed = pytest.importorskip("dask.distributed")
+    with distributed.Client(processes=False, n_workers=1, threads_per_worker=2, dashboard_address=None) as client:
+        result = run_search(load_space(TINY), executor="dask", address=client, progress=False)
+    assert _stable(result.rows) == _stable(tiny.rows)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from collections import Counter, OrderedDict
 from dataclasses import asdict, dataclass, field
@@ -51,15 +52,17 @@ class SetupCache:
 
 
 class _Worker:
-    """The cache of the process a task runs in (a worker process or Dask worker builds one)."""
+    """The cache of the worker a task runs in: one per thread of a worker process or Dask
+    worker (a step model's memo is not shared between threads)."""
 
-    cache: SetupCache | None = None
+    local = threading.local()
 
     @classmethod
     def get(cls) -> SetupCache:
-        if cls.cache is None:
-            cls.cache = SetupCache()
-        return cls.cache
+        cache = getattr(cls.local, "cache", None)
+        if cache is None:
+            cache = cls.local.cache = SetupCache()
+        return cache
 
 
 def screen_task(task: dict, cache: SetupCache | None = None) -> list[dict]:
