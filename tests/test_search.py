@@ -182,6 +182,11 @@ def test_cli_json_is_the_versioned_envelope(tiny, tmp_path):
     for name in ("deployments.parquet", "deployments.csv", "search.json", "front.png", "report.md"):
         assert (tmp_path / "out" / name).is_file(), name
     assert "chosen" in (tmp_path / "out" / "report.md").read_text()
+    from sim.report.search import rerender  # redraws from the folder's files alone
+
+    before = (tmp_path / "out" / "report.md").read_text()
+    rerender(tmp_path / "out")
+    assert (tmp_path / "out" / "report.md").read_text() == before
 
 
 BAD = {

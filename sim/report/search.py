@@ -171,8 +171,9 @@ def write_report(data: dict, path: Path, *, command: str | None = None, notes: s
         "output tokens/s per chip = rate x mean output / chips, per user = 1000 / TPOT. A point is on the front only "
         "if no other deployment that also passes is at least as good on both axes, and the serving replay "
         f"(sim.serve) confirmed its TTFT and TPOT p{pct}; TPOT is scaled by the DES/analytic ratio of one decode step "
-        "at the replay's mean batch (1.000: the DES saw no contention). The replayed throughput per chip counts the "
-        "whole replay window, drain included, so it sits below the steady-state figure.",
+        "at the replay's mean batch (1.000: the DES saw no contention). The replayed throughput per chip is the "
+        "replay's own: its window's requests (their lengths are not the trace's means) from the first arrival to "
+        "the last finish, warm-up and drain included, so it differs from the steady-state figure.",
         "",
     ]
     if notes.strip():
