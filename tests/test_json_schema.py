@@ -12,7 +12,7 @@ import pytest
 
 from sim.commands.common import envelope
 from sim.schema import SCHEMA_FILE, SCHEMA_VERSION, output_schema
-from tests.conftest import run_cli
+from tests.conftest import ROOT, run_cli
 
 SMALL_RUN = ("--steps", "1", "--context", "1024")
 COMMANDS = {
@@ -27,6 +27,8 @@ COMMANDS = {
     "solve": ("solve", "--vary", "batch", "--range", "1:4", *SMALL_RUN, "--json"),
     "profiles": ("profiles", "--json"),
     "profile sources": ("profiles", "--sources", "h200-sxm", "--json"),
+    "search": ("search", "--space", str(ROOT / "tests" / "fixtures" / "search" / "tiny.yaml"), "--jobs", "1", "--quiet",
+               "--json"),
 }
 # names the schema retired: each thing has one name everywhere
 RETIRED = {"p99_ms", "p50_ms", "per_token_ms", "format"}

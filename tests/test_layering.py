@@ -28,7 +28,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("sim.engine", "sim.analytic"),
     ("sim.results", "sim.energy"),
     ("sim.run",),
-    ("sim.study", "sim.report", "sim.serve", "sim.explore.html", "sim.explore.figures",
+    ("sim.study", "sim.report", "sim.serve", "sim.search", "sim.explore.html", "sim.explore.figures",
      "sim.explore.compute"),
     ("sim.commands", "sim.cli", "sim.__main__", "sim.__api__", "sim", "sim.explore"),
 ]

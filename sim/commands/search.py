@@ -1,0 +1,94 @@
+"""``decodesim search``: the best deployment under latency targets, as a Pareto front.
+
+``decodesim search --model llama-3-70b --hardware h200-sxm-x8,b200 --ttft-ms 2000 --tpot-ms 50``
+enumerates deployments (chips, tp x pp, weight and KV formats, software stack, max batch,
+chunk budget), prunes what does not fit, screens the rest on the analytic step model and
+confirms the Pareto front of tokens/s per chip against tokens/s per user with serving
+replays. ``--space FILE`` reads the search space and constraints from YAML (sim.search.space);
+the options given here override the file. See docs/search.md.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+
+from sim.commands.common import emit_json, output_dir
+
+
+def register(sub) -> None:
+    p = sub.add_parser("search", help="the best deployments under TTFT/TPOT targets, as a Pareto front",
+                       description="Enumerate deployments (chips, tp x pp, weights, KV format, software stack, "
+                                   "max batch, chunk budget), prune what does not fit, screen the rest on the analytic "
+                                   "step model and confirm the Pareto front of output tokens/s per chip against "
+                                   "tokens/s per user with serving replays (and a DES step). See docs/search.md.")
+    p.add_argument("--space", default=None, metavar="FILE", help="search file (YAML): space, SLO, traffic")
+    p.add_argument("--model", default=None, help="model name or YAML path (overrides the file's)")
+    p.add_argument("--hardware", default=None, metavar="H[,H...]", help="hardware profiles to search (comma list)")
+    p.add_argument("--ttft-ms", type=float, default=None, help="time-to-first-token target (ms)")
+    p.add_argument("--tpot-ms", type=float, default=None, help="time-per-output-token target (ms)")
+    p.add_argument("--percentile", type=int, choices=[50, 90, 99], default=None,
+                   help="the percentile the targets hold for (default 99)")
+    p.add_argument("--rate", type=float, default=None,
+                   help="requests per second (default: each deployment at --load of its own capacity)")
+    p.add_argument("--requests", default=None,
+                   help="azure-conv (default), azure-code, synthetic, or a request file (.jsonl/.csv/.parquet)")
+    p.add_argument("--duration-s", type=float, default=None,
+                   help="at most this many seconds of arrivals per replay (default 120)")
+    p.add_argument("--load", type=float, default=None, help="without --rate: fraction of capacity (default 0.9)")
+    p.add_argument("--max-replays", type=int, default=None, help="most serving replays spent on the front (default 48)")
+    p.add_argument("--out", type=output_dir, default=None, metavar="DIR",
+                   help="write deployments.parquet/.csv, search.json, front.png and report.md here")
+    p.add_argument("--executor", choices=["local", "dask"], default="local",
+                   help="local processes (default) or a Dask cluster (--address)")
+    p.add_argument("--jobs", type=int, default=None, help="local worker processes (default: cores)")
+    p.add_argument("--address", default=None, help="Dask scheduler address (with --executor dask)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars on stderr")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(handler=handle)
+
+
+def _changes(args) -> dict:
+    from sim.errors import ConfigError
+
+    changes = {}
+    if args.model is not None:
+        changes["model"] = args.model
+    if args.hardware is not None:
+        names = [h.strip() for h in args.hardware.split(",") if h.strip()]
+        if not names:
+            raise ConfigError("--hardware", "hardware", "expected a comma list of profiles", args.hardware)
+        changes["space.grid.hardware"] = names
+    for flag, key in (("ttft_ms", "slo.ttft_ms"), ("tpot_ms", "slo.tpot_ms"), ("percentile", "slo.percentile"),
+                      ("rate", "traffic.rate"), ("requests", "traffic.requests"),
+                      ("duration_s", "traffic.duration_s"), ("load", "traffic.load"), ("max_replays", "max_replays")):
+        value = getattr(args, flag)
+        if value is not None:
+            changes[key] = value
+    return changes
+
+
+def handle(args) -> int:
+    from sim.errors import ConfigError
+    from sim.search import load_space, run_search
+    from sim.search.output import payload, text, write_outputs
+
+    if args.jobs is not None and args.jobs < 1:
+        raise ConfigError("--jobs", "jobs", "must be >= 1", args.jobs)
+    if args.executor == "dask" and not args.address:
+        raise ConfigError("--address", "address", "--executor dask needs a scheduler address (host:port)")
+    space = load_space(args.space, _changes(args))
+    result = run_search(space, executor=args.executor, jobs=args.jobs, address=args.address,
+                        progress=not args.quiet)
+    files = []
+    if args.out is not None:
+        command = "decodesim search " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if sys.argv[1:2] == ["search"] \
+            else None
+        files = [str(args.out / f) for f in write_outputs(result, args.out, command=command)]
+    if args.json:
+        emit_json("search", payload(result, files))
+    else:
+        print(text(result))
+        if files:
+            print(f"  wrote {', '.join(files)}")
+    return 0 if result.front else 1

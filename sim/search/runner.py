@@ -1,0 +1,270 @@
+"""The search: enumerate, prune, screen, confirm the front, write the results.
+
+``run_search(space, ...)``: reads the traffic's statistics (sim.search.workload), screens
+every deployment one setup at a time (sim.search.screen: each task resolves one setup,
+prunes what does not fit and times the rest on that setup's memoised step model), keeps the
+deployments whose estimates meet the SLOs, and confirms their Pareto front with serving
+replays and a DES step (sim.search.front, sim.search.verify). Tasks run in this process
+(``jobs=1``), on local worker processes, or on a Dask cluster (``executor="dask"``, a
+scheduler ``address`` or a ``Client``), as studies do; progress goes to stderr (tqdm).
+
+Determinism: the deployments, the screening and the replays depend only on the inputs, and
+results are put back in enumeration order whatever order the workers finish in.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from collections import Counter, OrderedDict
+from dataclasses import asdict, dataclass, field
+
+from sim.errors import ConfigError
+from sim.search.front import Confirmed, chosen, confirmed_front
+from sim.search.screen import SetupScreen, screen
+from sim.search.space import Deployment, Space
+from sim.search.verify import verify
+from sim.search.workload import Workload, workload
+
+CACHE_SETUPS = 64  # setups (resolved + step model) a process keeps for the replays
+
+
+class SetupCache:
+    """Screened setups of one process, most recent last (bounded): the replays of a
+    finalist reuse the step model its screening learned."""
+
+    def __init__(self, size: int = CACHE_SETUPS):
+        self.size = size
+        self._items: OrderedDict[tuple, SetupScreen] = OrderedDict()
+
+    def get(self, d: Deployment, model: str, overrides: tuple, work: Workload, block_tokens: int) -> SetupScreen:
+        key = (d.setup_key, model, repr(overrides), work, block_tokens)
+        item = self._items.get(key)
+        if item is None:
+            item = self._items[key] = SetupScreen(d, model, overrides, work, block_tokens)
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+        else:
+            self._items.move_to_end(key)
+        return item
+
+
+class _Worker:
+    """The cache of the worker a task runs in: one per thread of a worker process or Dask
+    worker (a step model's memo is not shared between threads)."""
+
+    local = threading.local()
+
+    @classmethod
+    def get(cls) -> SetupCache:
+        cache = getattr(cls.local, "cache", None)
+        if cache is None:
+            cache = cls.local.cache = SetupCache()
+        return cache
+
+
+def screen_task(task: dict, cache: SetupCache | None = None) -> list[dict]:
+    """Screen the deployments of one setup (picklable: runs in workers)."""
+    cache = cache or _Worker.get()
+    work = Workload(**task["workload"])
+    rows = []
+    for fields in task["deployments"]:
+        d = Deployment(**fields)
+        setup = cache.get(d, task["model"], task["overrides"], work, task["traffic"]["block_tokens"])
+        try:
+            rows.append(screen(setup, d, rate=task["rate"], load=task["traffic"]["load"], slo=task["slo"],
+                              traffic=task["traffic"]))
+        except Exception as err:  # a deployment that fails is recorded, the search goes on (as a study's points)
+            rows.append({**d.as_dict(), "status": "error", "reason": f"{type(err).__name__}: {err}"})
+    return rows
+
+
+def verify_task(task: dict, cache: SetupCache | None = None) -> dict:
+    """Replay one finalist (picklable)."""
+    cache = cache or _Worker.get()
+    work = Workload(**task["workload"])
+    d = Deployment(**task["deployment"])
+    setup = cache.get(d, task["model"], task["overrides"], work, task["traffic"]["block_tokens"])
+    try:
+        return verify(d, task["model"], task["overrides"], task["rate"], work, task["slo"], task["traffic"],
+                      step_model=setup.step_model, tpot_ms=task["tpot_ms"])
+    except Exception as err:  # recorded as a failed check: the point is not claimed
+        return {"verdict": "error", "verdict_reason": f"{type(err).__name__}: {err}"}
+
+
+# -- executors --------------------------------------------------------------------------------
+
+
+class Executor:
+    """Maps a task function over payloads: here, on local processes, or on Dask."""
+
+    def __init__(self, kind: str = "local", jobs: int | None = None, address=None):
+        if kind not in ("local", "dask"):
+            raise ConfigError("--executor", "executor", "must be local or dask", kind)
+        self.kind, self.jobs, self.address = kind, jobs or os.cpu_count() or 1, address
+        self.cache = SetupCache()
+        self._pool = self._client = None
+        self._own_client = False
+
+    def map(self, fn, payloads: list, bar=None) -> list:
+        if not payloads:
+            return []
+        if self.kind == "dask":
+            return self._map_dask(fn, payloads, bar)
+        if self.jobs == 1 or len(payloads) == 1:
+            out = []
+            for p in payloads:
+                out.append(fn(p, self.cache))
+                if bar is not None:
+                    bar.update()
+            return out
+        return self._map_pool(fn, payloads, bar)
+
+    def _map_pool(self, fn, payloads, bar):
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        from sim.study.runner import worker_init
+
+        if self._pool is None:
+            ctx = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
+            self._pool = ProcessPoolExecutor(max_workers=self.jobs, mp_context=ctx, initializer=worker_init,
+                                             initargs=(os.getpid(),))
+        futures = {self._pool.submit(fn, p): i for i, p in enumerate(payloads)}
+        out: list = [None] * len(payloads)
+        for future in as_completed(futures):
+            out[futures[future]] = future.result()
+            if bar is not None:
+                bar.update()
+        return out
+
+    def _map_dask(self, fn, payloads, bar):
+        from dask.distributed import Client
+        from dask.distributed import as_completed as dask_completed
+
+        if self._client is None:
+            if isinstance(self.address, Client):
+                self._client = self.address
+            else:
+                try:
+                    self._client = Client(self.address, timeout="15s")
+                except (OSError, TimeoutError, ValueError) as err:
+                    raise ConfigError("--address", "address", "cannot reach a Dask scheduler there "
+                                      f"({type(err).__name__})", self.address) from None
+                self._own_client = True
+        futures = self._client.map(fn, payloads, pure=False)
+        where = {f.key: i for i, f in enumerate(futures)}
+        out: list = [None] * len(payloads)
+        for future in dask_completed(futures):
+            out[where[future.key]] = future.result()
+            if bar is not None:
+                bar.update()
+        return out
+
+    def close(self) -> None:
+        if self._pool is not None:
+            from sim.study.runner import stop_pool
+
+            stop_pool(self._pool)
+            self._pool = None
+        if self._client is not None and self._own_client:
+            self._client.close()
+        self._client = None
+
+
+# -- the search ------------------------------------------------------------------------------
+
+
+@dataclass
+class SearchResult:
+    """Every deployment's row (screen figures, and the replay's for those checked), the
+    confirmed front and the chosen point, with the counts and timings."""
+
+    space: Space
+    workload: Workload
+    rows: list[dict]
+    front: list[dict]
+    chosen: dict | None
+    complete: bool
+    counts: dict
+    timing: dict = field(default_factory=dict)
+
+    def table(self):
+        import pandas as pd
+
+        return pd.DataFrame(self.rows)
+
+
+def _bar(total: int, desc: str, unit: str, progress: bool):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit=unit, disable=not progress, file=sys.stderr, dynamic_ncols=True,
+                mininterval=0.5)
+
+
+def run_search(space: Space, *, executor: str = "local", jobs: int | None = None, address=None,
+               progress: bool = True) -> SearchResult:
+    """Screen every deployment of ``space`` and confirm the front (module docstring)."""
+    spec = space.spec
+    slo, traffic = spec.slo.model_dump(), spec.traffic.model_dump()
+    overrides = tuple(spec.overrides.items())
+    t0 = time.perf_counter()
+    work = workload(traffic["requests"], traffic["rate"], traffic["duration_s"], slo["percentile"], traffic["seed"])
+    base = {"model": space.model, "overrides": overrides, "workload": asdict(work), "slo": slo, "traffic": traffic,
+            "rate": traffic["rate"]}
+    groups = list(space.setups.values())
+    pool = Executor(executor, jobs, address)
+    try:
+        t1 = time.perf_counter()
+        bar = _bar(len(groups), f"screen {len(space.deployments):,} deployments", "setup", progress)
+        try:
+            screened = pool.map(screen_task, [{**base, "deployments": [d.as_dict() for d in g]} for g in groups], bar)
+        finally:
+            bar.close()
+        rows = [row for group in screened for row in group]
+        order = {d: i for i, d in enumerate(space.deployments)}
+        rows.sort(key=lambda r: order[Deployment(**{k: r[k] for k in Deployment.__dataclass_fields__})])
+        for i, row in enumerate(rows):
+            row["index"] = i
+        t2 = time.perf_counter()
+        candidates = [r for r in rows if r.get("screen_ok")]
+        bar = _bar(0, "confirm the front", "replay", progress)
+
+        def confirm(batch: list[dict]) -> list[dict]:
+            bar.total += len(batch)
+            bar.refresh()
+            tasks = [{**base, "rate": r["rate_per_s"], "tpot_ms": r["est_tpot_ms"],
+                      "deployment": {k: r[k] for k in Deployment.__dataclass_fields__}} for r in batch]
+            return pool.map(verify_task, tasks, bar)
+
+        try:
+            confirmed: Confirmed = confirmed_front(candidates, confirm, spec.max_replays,
+                                                   lambda row: row["verdict"] == "meets-slo")
+        finally:
+            bar.close()
+    finally:
+        pool.close()
+    t3 = time.perf_counter()
+    for index, check in confirmed.checked.items():
+        rows[index].update(check, checked=True)
+    front = [rows[p["index"]] for p in confirmed.front]
+    for row in rows:
+        row["on_front"] = False
+    for row in front:
+        row["on_front"] = True
+    pick = chosen(front)
+    status = Counter(r["status"] for r in rows)
+    counts = {"deployments": len(rows), "setups": len(groups), "excluded": sum(n for _, n in space.excluded),
+              "errors": status["error"],
+              "invalid": status["invalid"], "does_not_fit": status["does-not-fit"], "saturated": status["saturated"],
+              "screened": status["screened"], "screen_ok": len(candidates), "replays": len(confirmed.checked),
+              "replays_failed": sum(1 for c in confirmed.checked.values() if c["verdict"] != "meets-slo"),
+              "rounds": confirmed.rounds, "front": len(front)}
+    timing = {"workload_s": t1 - t0, "screen_s": t2 - t1, "confirm_s": t3 - t2, "wall_s": t3 - t0,
+              "executor": executor, "jobs": pool.jobs if executor == "local" else None}
+    return SearchResult(space, work, rows, front, pick, confirmed.complete, counts, timing)
+
+
+__all__ = ["Executor", "SearchResult", "SetupCache", "run_search", "screen_task", "verify_task"]

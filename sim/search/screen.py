@@ -1,0 +1,354 @@
+"""Screening: fit, then the steady state of every deployment on the analytic step model.
+
+For one setup (hardware, chips, tp x pp, formats, stack: everything the step model depends
+on) and all its ``(max_batch, max_tokens_per_step)`` pairs:
+
+1. **Fit, before anything is timed.** The KV pool of a chip is the backing store's capacity
+   minus the weights and the activations of the largest step (``max(max_tokens_per_step,
+   max_batch)`` rows), as ``sim.serve.spec.build`` sizes it from ``sim.run.capacity``. A
+   deployment fits when the pool holds the longest request of the traffic alone (else the
+   replay would reject it); formats whose groups do not divide a row width do not run at
+   this split (``sim.formats.base.check_widths``).
+2. **The steady-state step** ``T(b)`` (``SteadyStep``): the mean step of ``b`` decodes at
+   the traffic's mean decode context when they need ``b x mean prompt / mean output``
+   prompt tokens per step, which arrive as chunks of ``min(budget - b, mean prompt)`` tokens
+   in a share of the steps. Step times come from the serving step model's decomposition
+   (fixed + body(rows) + tail(logit rows) + attention; sim.search.stepmodel.ChainStepModel,
+   which checks it against full lowerings): body and tail exact at the ``ANCHORS`` row counts
+   (memoised per setup: one full lowering per anchor, shared by every pair) and linear
+   between and beyond, attention exact.
+3. **The operating point.** At arrival rate ``R`` (req/s) and mean output ``O``, Little's
+   law for the decoding sequences gives ``b = R x O x T(b)``: the smallest root in
+   ``[1, b_limit]`` is the steady batch, where ``b_limit`` is the least of ``max_batch``,
+   the chunk budget (``b (1 + prompt/output) <= max_tokens_per_step``) and the sequences the
+   KV pool holds at the mean context. No root: the deployment cannot carry ``R``
+   (``saturated``). Without a rate the deployment runs at ``load x`` its capacity
+   ``R_max = b_limit / (O T(b_limit))``.
+4. **Estimates.** TPOT = ``T(b*)``, and its SLO percentile from the spread of the batch
+   and of the share of steps that carry a prompt chunk (``tpot_percentile_ns``). TTFT: the
+   requests a finalist's replay would see (``sim.search.workload.replay_window``: the same
+   window of the trace at the same rate, so its bursts and long requests count) admitted
+   first come first served to ``b_limit`` sequence slots, each prefilling its prompt in
+   chunks of ``max_tokens_per_step - b*`` tokens and then holding its slot for its output
+   at TPOT (``queue_ttft_ns``); the SLO percentile of wait + prefill. Throughput per chip =
+   ``R O / chips`` output tokens/s; per-user rate = 1000 / TPOT. A deployment passes the
+   screen when the TPOT and TTFT percentiles meet the targets.
+
+The estimates rank deployments and pick the finalists; the serving replay
+(sim.search.verify) decides whether a finalist meets its SLOs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import math
+
+import numpy as np
+
+from sim import trace as traces
+from sim.config.setup import Setup
+from sim.config.spec import RunSpec
+from sim.errors import ConfigError, SimulationError
+from sim.formats.base import check_widths
+from sim.run import capacity
+from sim.search.space import Deployment
+from sim.search.stepmodel import step_model_for
+from sim.search.workload import Workload, replay_window, window_requests
+from sim.serve.stepmodel import serve_resolved
+from sim.units import GB
+
+MAX_ANCHOR = 1 << 20  # row anchors stop here (a guard; steps are far smaller in practice)
+# Row counts at which a setup's step parts are evaluated exactly. Below 64 rows a step is flat
+# (weights dominate), so 8 and 32 are skipped; measured for llama-3-70b on h200-sxm x8/x4 and
+# b200 (fp8, bf16, int4-g128): linear interpolation between these is within 0.1% of exact
+# except near the kink where compute starts to bind (<= 10% at 256 rows when 128 and 512
+# alone are used, hence every power of two from 64 to 2048).
+ANCHORS = (1, 2, 4, 16, 64, 128, 256, 512, 1024, 2048)
+CHUNK_GRAIN = 32  # prompt chunks are timed at sizes rounded up to this many tokens
+
+
+def _between(a: tuple, b: tuple, w: float) -> tuple[float, float, float]:
+    return a[0], a[1] + (b[1] - a[1]) * w, a[2] + (b[2] - a[2]) * w
+
+
+def _linear(x: float, y: float, z: float, tol: float = 0.02) -> bool:
+    """Whether x, y, z at rows n, 2n, 4n lie on one line (equal slopes within ``tol``)."""
+    first, second = (y - x), (z - y) / 2
+    return math.isclose(first, second, rel_tol=tol, abs_tol=1e-3 * max(abs(z), 1.0))
+
+
+def run_spec(d: Deployment, model: str, overrides: tuple, **fields) -> RunSpec:
+    """The RunSpec of a deployment's step model (analytic engine unless ``fields`` say)."""
+    data = dict(hardware=d.hardware, model=model, weights=d.weights, kv=d.kv, software=d.software, tp=d.tp,
+                pp=d.pp, chips=d.chips, overrides=overrides, engine="analytic", batch=1, context=1, steps=1)
+    data.update(fields)
+    return RunSpec.model_validate(data)
+
+
+class SteadyStep:
+    """Step times of a setup's steady state, in ns (module docstring, step 2).
+
+    ``step_ns(b, s)``: a step of ``b`` decodes at the mean decode context and one prompt chunk
+    of ``s`` tokens (after half the rest of a mean prompt): the step model's fixed part,
+    body and tail (sim.search.stepmodel.ChainStepModel: exact at row counts 1, 2, 4, ...,
+    linear between) plus its attention ops (exact, memoised by whole ``b`` and ``s``).
+    ``mean_ns(b, budget)``: the mean step when ``b`` decodes need ``b x prompt / output``
+    prompt tokens per step and a step carries at most ``budget`` tokens: a fraction of the
+    steps carries a chunk of ``min(budget - b, mean prompt)`` tokens (or all the prompt tokens
+    when they are more), the rest decode only; step time is convex in the rows (flat while
+    the weights dominate), so this mean is longer than the step of the mean mix. Where the
+    step is not a chain of ops (eager launches) whole steps are evaluated instead (slower)."""
+
+    def __init__(self, chain, work: Workload):
+        self.chain = chain
+        self.context = work.decode_context
+        self.ratio = work.prefill_per_decode
+        self.prompt = max(1.0, work.prompt_mean)
+        self._dec: dict[int, float] = {}
+        self._pre: dict[int, float] = {}
+        self._whole: dict[tuple[int, int], float] = {}
+
+    def _rows(self, rows: float) -> tuple[float, float, float]:
+        """(fixed, body, tail) at ``rows`` token rows: exact at the ``ANCHORS``, linear between,
+        and beyond the last anchor linear on the slope of the last two when that slope is the
+        one before it too (compute-bound: the ops grow in proportion to the rows), else exact
+        at doubling row counts."""
+        parts = self.chain.parts_ns
+        if rows <= 1:
+            return parts(1)
+        hi = next((a for a in ANCHORS if a >= rows), None)
+        if hi is not None:
+            lo = ANCHORS[ANCHORS.index(hi) - 1]
+            if hi == rows:
+                return parts(hi)
+            return _between(parts(lo), parts(hi), (rows - lo) / (hi - lo))
+        a, b, c = parts(ANCHORS[-3]), parts(ANCHORS[-2]), parts(ANCHORS[-1])
+        last = ANCHORS[-1]
+        if all(_linear(x, y, z) for x, y, z in zip(a[1:], b[1:], c[1:], strict=True)):
+            return _between(b, c, (rows - ANCHORS[-2]) / (last - ANCHORS[-2]))
+        lo = last
+        while lo * 2 < rows and lo < MAX_ANCHOR:
+            lo *= 2
+        return _between(parts(lo), parts(lo * 2), (rows - lo) / lo)
+
+    def _attention_dec(self, n: int) -> float:
+        t = self._dec.get(n)
+        if t is None:
+            t = self._dec[n] = self.chain.attention_ns((self.context,) * n) if n else 0.0
+        return t
+
+    def _attention_pre(self, n: int) -> float:
+        t = self._pre.get(n)
+        if t is None:
+            before = max(0, round((self.prompt - n) / 2))
+            t = self._pre[n] = self.chain.attention_ns((), ((n, before),)) if n else 0.0
+        return t
+
+    def step_ns(self, b: float, s: float = 0.0) -> float:
+        """One step: ``b`` decodes (>= 1) and a prompt chunk of ``s`` tokens."""
+        n, m = max(1, round(b)), round(s)
+        if self.chain.exact:
+            key = (n, m)
+            if key not in self._whole:
+                before = max(0, round((self.prompt - m) / 2))
+                self._whole[key] = self.chain.step_ns((self.context,) * n, ((m, before),) if m else ())
+            return self._whole[key]
+        fixed, body, _ = self._rows(b + s)
+        tail = self._rows(b + (1 if m else 0))[2]
+        lo = math.floor(b)
+        dec = self._attention_dec(max(1, lo))
+        if b > lo >= 1:
+            dec += (self._attention_dec(lo + 1) - dec) * (b - lo)
+        return fixed + body + tail + dec + self._attention_pre(m)
+
+    def mean_ns(self, b: float, budget: int) -> float:
+        """The mean steady step at ``b`` decodes under a ``budget`` of tokens per step."""
+        tokens = b * self.ratio
+        chunk = max(tokens, min(budget - b, self.prompt))
+        if chunk < 1:
+            return self.step_ns(b)
+        share = min(1.0, tokens / chunk)
+        return (1 - share) * self.step_ns(b) + share * self.step_ns(b, chunk)
+
+    @property
+    def evaluations(self) -> int:
+        return self.chain.stats["exact_evaluations"]
+
+
+def steady_batch(T, rate: float, output_mean: float, limit: float, iterations: int = 24) -> float | None:
+    """The smallest ``b`` in [1, limit] with ``rate x output x T(b) <= b`` (T in ns; the first
+    sign change over 1, 2, 4, ..., limit, then bisection), or None."""
+    def g(b: float) -> float:
+        return rate * output_mean * T(b) / 1e9 - b
+
+    if g(1.0) <= 0:
+        return 1.0
+    points = [1.0]
+    a = 2.0
+    while a < limit:
+        points.append(a)
+        a *= 2
+    points.append(float(limit))
+    for lo, hi in zip(points, points[1:], strict=False):
+        if g(hi) <= 0:
+            for _ in range(iterations):
+                mid = (lo + hi) / 2
+                if g(mid) <= 0:
+                    hi = mid
+                else:
+                    lo = mid
+            return hi
+    return None
+
+
+Z = {50: 0.0, 90: 1.2816, 99: 2.3263}  # standard normal quantiles
+
+
+def tpot_percentile_ns(steady: SteadyStep, b: float, budget: int, limit: int, work: Workload, percentile: int) -> float:
+    """The SLO percentile of per-request TPOT, estimated from two sources of spread: the
+    batch (Poisson-like: ``b + z sqrt(b)``, at most the batch limit) and, for a short request
+    (the 10th percentile output), how many of its steps carry a prompt chunk (binomial over
+    its steps: a share ``f`` of steps take ``step(b, chunk)`` instead of ``step(b)``)."""
+    z = Z[percentile]
+    busy = min(float(limit), b + z * math.sqrt(b))
+    tokens = busy * steady.ratio
+    chunk = max(tokens, min(budget - busy, steady.prompt))
+    spread = 0.0
+    if chunk >= 1:
+        share = min(1.0, tokens / chunk)
+        spread = z * math.sqrt(share * (1 - share) / work.output_low) * (steady.step_ns(busy, chunk) -
+                                                                          steady.step_ns(busy))
+    return steady.mean_ns(busy, budget) + spread
+
+
+def queue_ttft_ns(arrivals_s, prompts, outputs, slots: int, prefill_ns, tpot_ns: float, percentile: float) -> float:
+    """The ``percentile`` TTFT of requests admitted first come first served to ``slots``
+    sequence slots: each waits for the earliest free slot, computes its prompt in
+    ``prefill_ns`` (an array, one per request) and holds the slot for ``output - 1`` more
+    steps of ``tpot_ns``; its TTFT is the wait plus its prefill."""
+    free = [0.0] * max(1, slots)  # when each slot is next free (a heap), ns
+    ttft = np.empty(len(arrivals_s))
+    hold = prefill_ns + (np.maximum(outputs, 1) - 1) * tpot_ns
+    for i, (t, pre, busy) in enumerate(zip((arrivals_s * 1e9).tolist(), prefill_ns.tolist(), hold.tolist(),
+                                           strict=True)):
+        start = max(t, heapq.heappop(free))
+        heapq.heappush(free, start + busy)
+        ttft[i] = start - t + pre
+    return float(np.percentile(ttft, percentile)) if len(ttft) else 0.0
+
+
+class SetupScreen:
+    """One setup resolved, its fit figures and (lazily) its step model."""
+
+    def __init__(self, d: Deployment, model: str, overrides: tuple, work: Workload, block_tokens: int):
+        self.work = work
+        self.block_tokens = block_tokens
+        self.problem: str | None = None
+        self.status = "screened"
+        self._caps: dict[int, dict] = {}
+        self._steady: SteadyStep | None = None
+        self._step_model = None
+        try:
+            self.resolved: Setup | None = serve_resolved(run_spec(d, model, overrides))
+        except (ConfigError, SimulationError) as err:
+            self.resolved, self.status, self.problem = None, "invalid", str(err)
+            return
+        res, m = self.resolved, self.resolved.model
+        try:
+            check_widths(res.kv, res.weights, res.k_width, res.v_width, (m.hidden, res.q_width, -(-m.ffn // res.tp)))
+        except ConfigError as err:
+            self.status, self.problem = "invalid", f"formats do not fit the rows at tp {res.tp}: {err}"
+        if res.model.max_context < work.longest:
+            self.status = "does-not-fit"
+            self.problem = (f"the longest request holds {work.longest:,} tokens, beyond {m.name}'s max_context "
+                            f"{m.max_context:,}")
+
+    def footprint(self, tokens: int) -> int:
+        """KV bytes of one sequence of ``tokens`` tokens on the fullest chip, in whole blocks."""
+        res = self.resolved
+        blocks = -(-tokens // self.block_tokens)
+        return res.kv.kv_footprint(blocks * self.block_tokens, res.k_width, res.v_width) * res.layers_per_stage
+
+    def capacity(self, rows: int) -> dict:
+        cap = self._caps.get(rows)
+        if cap is None:
+            cap = self._caps[rows] = capacity(dataclasses.replace(self.resolved, steps=tuple(traces.fixed(rows, 1, 1))))
+        return cap
+
+    @property
+    def step_model(self):
+        if self._step_model is None:
+            self._step_model = step_model_for(self.resolved)
+        return self._step_model
+
+    @property
+    def steady(self) -> SteadyStep:
+        if self._steady is None:
+            from sim.search.stepmodel import ChainStepModel
+
+            self._steady = SteadyStep(ChainStepModel(self.resolved), self.work)
+        return self._steady
+
+
+def screen(setup: SetupScreen, d: Deployment, *, rate: float | None, load: float, slo: dict, traffic: dict) -> dict:
+    """The screening row of deployment ``d`` of ``setup`` (module docstring)."""
+    row: dict = {**d.as_dict(), "status": setup.status, "reason": setup.problem}
+    if setup.status != "screened":
+        return row
+    work = setup.work
+    cap = setup.capacity(max(d.max_tokens_per_step, d.max_batch))
+    pool = cap["available_bytes"] - cap["weights_bytes"] - cap["activation_bytes"]
+    row.update(weights_GB_per_chip=cap["weights_bytes"] / GB, kv_pool_GB_per_chip=max(0, pool) / GB)
+    longest = setup.footprint(work.longest)
+    if pool < longest:
+        what = ("no memory is left for the KV cache" if pool <= 0 else
+                f"the KV pool ({pool / GB:.2f} GB) cannot hold the longest request ({work.longest:,} tokens, "
+                f"{longest / GB:.2f} GB)")
+        row.update(status="does-not-fit", reason=f"{what}: weights {cap['weights_bytes'] / GB:.1f} GB + "
+                   f"activations {cap['activation_bytes'] / GB:.2f} GB of {cap['available_bytes'] / GB:.1f} GB "
+                   "per chip")
+        return row
+    limits = {"max_batch": d.max_batch,
+              "chunk": math.floor(d.max_tokens_per_step / (1 + work.prefill_per_decode)),
+              "kv": int(pool // setup.footprint(work.decode_context))}
+    bound = min(limits, key=lambda k: (limits[k], k))
+    b_limit = int(limits[bound])
+    row.update(batch_limit=int(b_limit), batch_limit_by=bound)
+    if b_limit < 1:
+        row.update(status="saturated", reason=f"the {bound} limit leaves no room for one decoding sequence "
+                   "with its share of prompt tokens")
+        return row
+    steady = setup.steady
+    budget = d.max_tokens_per_step
+
+    def T(b: float) -> float:
+        return steady.mean_ns(b, budget)
+
+    capacity_rate = b_limit * 1e9 / (work.output_mean * T(b_limit))
+    operating = rate if rate is not None else load * capacity_rate
+    row.update(capacity_rate_per_s=capacity_rate, rate_per_s=operating)
+    b = steady_batch(T, operating, work.output_mean, b_limit)
+    if b is None:
+        row.update(status="saturated", reason=f"cannot carry {operating:.3g} req/s: at most {capacity_rate:.3g} "
+                   f"(batch limit {b_limit} set by {bound})")
+        return row
+    tpot_ns = T(b)
+    tpot_pct_ns = tpot_percentile_ns(steady, b, budget, b_limit, work, slo["percentile"])
+    chunk = max(1, int(budget - b))
+    window = replay_window(traffic, operating, work, tpot_ns / 1e6)
+    arrivals, prompts, outputs = window_requests(traffic, window)
+    # a prompt takes ceil(prompt / chunk) steps, each carrying a chunk of up to `chunk` tokens
+    # (timed at the chunk size rounded up to CHUNK_GRAIN tokens: a few hundred distinct steps at most)
+    sizes = np.minimum(-(-np.minimum(prompts, chunk) // CHUNK_GRAIN) * CHUNK_GRAIN, chunk).astype(np.int64)
+    times = {int(n): steady.step_ns(b, int(n)) for n in np.unique(sizes)}
+    prefill_ns = np.ceil(prompts / chunk) * np.array([times[int(n)] for n in sizes]) + tpot_ns
+    ttft_ns = queue_ttft_ns(arrivals, prompts, outputs, b_limit, prefill_ns, tpot_ns, slo["percentile"])
+    row.update(est_batch=b, est_tpot_ms=tpot_ns / 1e6, est_tpot_pct_ms=tpot_pct_ns / 1e6, est_ttft_ms=ttft_ns / 1e6,
+               est_requests=len(arrivals),
+               tokens_per_s_per_chip=operating * work.output_mean / d.chips, tokens_per_s_per_user=1e9 / tpot_ns)
+    row["screen_ok"] = bool(row["est_tpot_pct_ms"] <= slo["tpot_ms"] and row["est_ttft_ms"] <= slo["ttft_ms"])
+    return row
+
+
+__all__ = ["SetupScreen", "SteadyStep", "run_spec", "screen", "steady_batch"]
