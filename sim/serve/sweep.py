@@ -53,7 +53,7 @@ GROUP = ["hardware", "model", "weights", "kv"]
 REPORT_COLUMNS = [("rate_per_s", "rate (req/s)", "{:.3g}"), ("tpot_ms_p50", "TPOT p50 (ms)", "{:.2f}"),
                   ("tpot_ms_p99", "TPOT p99 (ms)", "{:.2f}"), ("ttft_ms_p99", "TTFT p99 (ms)", "{:.0f}"),
                   ("step_ms_p50", "step p50 (ms)", "{:.2f}"), ("mean_batch_busy", "mean batch", "{:.1f}"),
-                  ("max_batch", "max batch", "{:.0f}"), ("mean_kv_occupancy", "mean KV occ.", "{:.1%}"),
+                  ("max_batch_seen", "largest batch", "{:.0f}"), ("mean_kv_occupancy", "mean KV occ.", "{:.1%}"),
                   ("preemptions", "preempt.", "{:.0f}"), ("throughput_tokens_per_s", "tok/s", "{:.0f}"),
                   ("verdict", "verdict", "{}")]
 
