@@ -21,10 +21,30 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
+def version() -> str:
+    """decodesim's version: the installed package's metadata, else (a checkout run with
+    ``python -m sim``) the ``version`` line of the pyproject.toml beside the package."""
+    from importlib import metadata
+    from pathlib import Path
+
+    try:
+        return metadata.version("decodesim")
+    except metadata.PackageNotFoundError:
+        pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+        try:
+            for line in pyproject.read_text().splitlines():
+                if line.startswith("version = "):
+                    return line.split("=", 1)[1].strip().strip('"') + " (not installed)"
+        except OSError:
+            pass
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     import sim.commands as commands
 
     parser = _Parser(prog="decodesim", description="LLM decode latency on accelerator memory hierarchies")
+    parser.add_argument("--version", action="version", version=f"decodesim {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
         module = importlib.import_module(f"sim.commands.{info.name}")

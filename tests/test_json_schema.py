@@ -27,6 +27,10 @@ COMMANDS = {
     "solve": ("solve", "--vary", "batch", "--range", "1:4", *SMALL_RUN, "--json"),
     "profiles": ("profiles", "--json"),
     "profile sources": ("profiles", "--sources", "h200-sxm", "--json"),
+    "serve": ("serve", "--requests", "synthetic", "--rate", "20", "--duration-s", "1", "--prompt-median", "100",
+              "--output-median", "8", "--json"),
+    "serve (sweep)": ("serve", "--requests", "synthetic", "--rates", "10,20", "--duration-s", "1", "--prompt-median",
+                      "100", "--output-median", "8", "--jobs", "1", "--json"),
 }
 # names the schema retired: each thing has one name everywhere
 RETIRED = {"p99_ms", "p50_ms", "per_token_ms", "format"}

@@ -345,7 +345,9 @@ def test_cli_one_replay_and_a_sweep(cli, tmp_path):
                          "--duration-s", "2", "--prompt-median", "200", "--output-median", "20", "--jobs", "1",
                          "--json", "--out", str(tmp_path / "sweep"))
     assert code == 0, err
-    rows = json.loads(out)
+    data = json.loads(out)
+    assert data["kind"] == "serve" and data["mode"] == "sweep" and data["schema_version"]
+    rows = data["rows"]
     assert len(rows) == 4 and {r["kv"] for r in rows} == {"fp16", "kivi-2"}
     for name in ("table.csv", "table.parquet", "latency-vs-rate.png", "report.md"):
         assert (tmp_path / "sweep" / name).is_file()

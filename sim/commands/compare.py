@@ -33,9 +33,8 @@ def handle(args) -> int:
     from sim.errors import ConfigError
     from sim.report.compare import compare_rows
 
-    names = [n.strip() for n in args.kv.split(",") if n.strip()]
-    if not names:
-        raise ConfigError("--kv", "kv", "expected one or more comma-separated formats", args.kv)
+    names = _names(args.kv, "--kv", "formats")
+    stacks = _names(args.kernels, "--kernels", "stacks") if args.kernels else []
     if args.fidelity_tokens <= 0:
         raise ConfigError("--fidelity-tokens", "fidelity_tokens", "must be > 0", args.fidelity_tokens)
     spec = spec_from_args(args)
@@ -44,7 +43,7 @@ def handle(args) -> int:
     if args.kernels:
         from sim.report.compare import attention_rows
 
-        kernels = attention_rows(spec, names, [s.strip() for s in args.kernels.split(",") if s.strip()])
+        kernels = attention_rows(spec, names, stacks)
     if args.json:
         setup = {k: v for k, v in spec.model_dump().items() if k != "kv"}
         emit_json("compare", {"spec": setup, "kv_formats": names, "rows": rows, "kernels": kernels})
@@ -53,6 +52,24 @@ def handle(args) -> int:
     if kernels:
         print(render_kernels(kernels))
     return 0
+
+
+MAX_FORMATS = 64  # KV formats (and stacks) per compare: each is a simulated run and a fidelity measurement
+
+
+def _names(text: str, flag: str, what: str) -> list[str]:
+    """A comma list of names, checked before any work: no empty item, at most MAX_FORMATS."""
+    from sim.errors import ConfigError
+
+    items = [n.strip() for n in text.split(",")]
+    if not text.strip():
+        raise ConfigError("command line", flag, f"expected one or more comma-separated {what}", text)
+    if len(items) > MAX_FORMATS:
+        raise ConfigError("command line", flag, f"expected at most {MAX_FORMATS} comma-separated {what} (each is a "
+                          f"simulated run), got {len(items):,}")
+    if "" in items:
+        raise ConfigError("command line", flag, f"item {items.index('') + 1} of the comma list is empty", text)
+    return items
 
 
 def render_kernels(rows: list[dict]) -> str:

@@ -279,7 +279,7 @@ def _single(spec, args) -> int:
     if args.json:
         from sim.commands.common import emit_json
 
-        emit_json("serve", {"summary": summary, "spec": spec.model_dump(mode="json")})
+        emit_json("serve", {"mode": "replay", "summary": summary, "spec": spec.model_dump(mode="json")})
     else:
         print(render(summary))
     return interrupt.exit_code
@@ -328,7 +328,9 @@ def _sweep(points, args, *, title: str, command: str, description: str = "", que
         write_text(out / "report.md", render_report(table, title=title, target_ms=target, description=description,
                                                     question=question, notes=notes, command=command))
     if args.json:
-        print(table.to_json(orient="records", indent=2))
+        from sim.commands.common import emit_json
+
+        emit_json("serve", {"mode": "sweep", "rows": table.to_dict(orient="records")})
     else:
         print(render_table(table, target))
     return 0

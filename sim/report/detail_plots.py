@@ -124,7 +124,7 @@ def roofline(detail: Path, folder: Path) -> list[str]:
         return []
     ops = pd.read_parquet(detail / "ops.parquet")
     work = ops["flops"].fillna(0) + ops.get("vector_ops", 0)
-    dur = (ops["end_ns"] - ops["start_ns"]).clip(lower=1e-9)
+    dur = (ops["t_end_ns"] - ops["t_start_ns"]).clip(lower=1e-9)
     rate = work / dur / 1e3  # T operations per second
     levels = [lv for lv in meta["levels"] if lv in meta["peaks_GBps"]]
     points = {}
