@@ -8,6 +8,7 @@ input (``ConfigError``) becomes one line on stderr and exit status 2, never a tr
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import pkgutil
 import sys
@@ -53,9 +54,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@functools.lru_cache(maxsize=1)
+def _parser() -> argparse.ArgumentParser:
+    """The parser, built once per process (12 ms; parse_args leaves it unchanged, so calls of
+    ``main`` in one process, as the tests make, can share it)."""
+    return build_parser()
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = build_parser()
+    parser = _parser()
     args = parser.parse_args(argv or ["run"])
     if not getattr(args, "handler", None):
         parser.print_help()

@@ -9,6 +9,7 @@ docs/serving.md.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -29,8 +30,8 @@ def _decimal(text: str) -> float:
 def _whole(text: str) -> int:
     """An argparse type: a plain decimal whole number (``-1`` passes here; ranges are checked later)."""
     stripped = text.strip()
-    if not stripped.lstrip("+-").isdigit() or not stripped.lstrip("+-").isascii() or len(stripped) > 30:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}")
+    if not re.fullmatch(r"[+-]?(0|[1-9][0-9]{0,29})", stripped):
+        raise argparse.ArgumentTypeError(f"expected a whole number in plain decimal, got {text!r}")
     return int(stripped)
 
 
@@ -114,8 +115,21 @@ def handle(args) -> int:
 
         points = grid(base, hardware=lists["hardware"], models=[(m, args.weights) for m in lists["model"]],
                       kv=lists["kv"], rates=rates, rate_scales=scales)
+        _check_sources(points)
         return _sweep(points, args, title="Serving sweep", command=_command(args))
     return _single(base, args)
+
+
+def _check_sources(points) -> None:
+    """Open the request source of the sweep's busiest point (highest rate or scale) before any
+    replay: a bad combination (a scale for synthetic arrivals) or too much work is one error
+    now, not a row of errors after the others ran."""
+    from sim.serve.requests import open_source
+
+    busiest = max(points, key=lambda p: (p.rate or 0.0, p.rate_scale or 0.0))
+    open_source(busiest.requests, rate_scale=busiest.rate_scale, rate_per_s=busiest.rate,
+                duration_s=busiest.duration_s, seed=busiest.seed, prompt_median=busiest.prompt_median,
+                output_median=busiest.output_median)
 
 
 def _command(args) -> str:
@@ -354,6 +368,7 @@ def _study(args) -> int:
 
     study, path = load_study(args.study)
     points = study_points(study, path)
+    _check_sources(points)
     out = args.out or Path("reports") / study.name
     return _sweep(points, args, title=f"{study.name}: serving latency against request rate and KV format",
                   command=f"decodesim serve --study {args.study}", description=study.description,

@@ -268,6 +268,13 @@ def _checked(arrival, prompt, output, path: Path, names, sorted_file: bool = Fal
         raise ConfigError(str(path), None, "no requests")
     columns = []
     for name, values, kind in zip(names, (arrival, prompt, output), (float, int, int), strict=True):
+        raw = np.asarray(values)
+        if raw.dtype == bool or raw.dtype.kind in "OUS":
+            odd = [(i, v) for i, v in enumerate(raw.tolist()) if isinstance(v, (bool, str, bytes)) or v is None]
+            if raw.dtype == bool or odd:
+                row, got = odd[0] if odd else (0, bool(raw[0]))
+                raise ConfigError(str(path), f"{name} (row {row + 1})", "must be numbers (not text, booleans or "
+                                  "empty cells)", got)
         try:
             array = np.asarray(values, dtype=np.float64)
         except (TypeError, ValueError):

@@ -129,12 +129,12 @@ def upgrade_names(table):
 
 def build(spec: ServeSpec) -> Setup:
     """Resolve ``spec``: the run, the KV pool and the request source (ConfigError if bad)."""
+    source = open_source(spec.requests, rate_scale=spec.rate_scale, rate_per_s=spec.rate,  # bad input first
+                         duration_s=spec.duration_s, seed=spec.seed, prompt_median=spec.prompt_median,
+                         output_median=spec.output_median)
     res = serve_resolved(spec.run_spec())
     cap = capacity(dataclasses.replace(res, steps=traces.fixed(spec.activation_rows, 1, 1)))
     pool_bytes = int(cap["available_bytes"] - cap["weights_bytes"] - cap["activation_bytes"])
-    source = open_source(spec.requests, rate_scale=spec.rate_scale, rate_per_s=spec.rate,
-                         duration_s=spec.duration_s, seed=spec.seed, prompt_median=spec.prompt_median,
-                         output_median=spec.output_median)
     return Setup(spec, res, cap, pool_bytes, source)
 
 

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import pandas as pd
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from sim.config.loader import load_yaml, validate
 from sim.config.quantity import Strict
@@ -64,6 +64,10 @@ class ModelEntry(Strict):
 
 
 class ServeStudySpec(Strict):
+    """A serving study file (strictly typed: ``"1"`` is not a rate)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
     kind: Literal["serve"]
     name: str = Field(min_length=1)
     description: str = ""
@@ -75,6 +79,14 @@ class ServeStudySpec(Strict):
     rate_scales: list[float] | None = None
     base: dict[str, Any] = Field(default_factory=dict)
     notes: str = ""
+
+    @model_validator(mode="after")
+    def _base_sets_no_axis(self):
+        taken = sorted(set(self.base) & {"hardware", "model", "weights", "kv", "rate", "rate_scale"})
+        if taken:
+            raise ValueError(f"base may not set {taken[0]!r}: the study's hardware, models, kv and rates (or "
+                             "rate_scales) lists set it for every point")
+        return self
 
     @model_validator(mode="after")
     def _one_rate_axis(self):
