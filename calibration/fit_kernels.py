@@ -327,7 +327,8 @@ def write_profile(fit: dict) -> None:
     text = PROFILE.read_text()
     marker = "# >>> kernels"
     head = text.split(marker)[0].rstrip("\n") + "\n"
-    PROFILE.write_text(head + profile_block(fit))
+    energy = text[text.index("# >>> energy"):] if "# >>> energy" in text else ""  # calibration/energy/fit.py's block
+    PROFILE.write_text(head + profile_block(fit) + energy)
 
 
 def write_stacks(fit: dict) -> list[str]:

@@ -36,7 +36,7 @@ from sim.lowering.kernels import DEFAULT_CLASS
 COMPUTE = "compute"
 MEMO_LIMIT = 8192  # distinct works a CostModel keeps (a step graph has tens; more means works that do not recur)
 CATEGORY_ROW = {"weights": "weights", "kv": "kv", "act": "activations", "outliers": "outliers",
-                "expert": "expert_weights", "link": "links", "pcie": "host_link", "noc": "activations"}
+                "expert": "expert_weights", "staged": "staged_weights", "link": "links", "pcie": "host_link", "noc": "activations"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +156,8 @@ class CostModel:
         self.capacity["noc"] = hw.noc.bandwidth_GBps.value
         self.capacity["pcie"] = hw.host.pcie_bandwidth_GBps.value
         self.capacity["link"] = links.bandwidth_GBps.value if links else 1.0
+        scaleout = hw.system.scaleout
+        self.capacity["scaleout"] = scaleout.bandwidth_GBps.value if scaleout else self.capacity["link"]
         self.kernel_gap = hw.host.kernel_gap_ns.value
         self.noc_latency = hw.noc.latency_ns.value
         self.pcie_latency = hw.host.pcie_latency_ns.value
@@ -219,7 +221,7 @@ class CostModel:
         return Flow(name, access.bytes, 1.0 / eff, cap, access.category, access.write, tile_cap)
 
     def _link_bytes(self, op: Work, access) -> int:
-        if op.collective is None or access.level != "link":
+        if op.collective is None or access.level not in ("link", "scaleout"):
             return access.bytes
         kind, size, n = op.collective
         if kind == "allreduce":
@@ -229,10 +231,18 @@ class CostModel:
         return size  # p2p
 
     def collective_latency_ns(self, op: Work) -> float:
+        """Latency steps of a collective: per step one hop, by the topology's algorithm; over the
+        scale-out links (a group that spans nodes or wafers) a ring of the groups' hops."""
         links = self.hw.system.links
         kind, _size, n = op.collective
         if links is None or n <= 1:
             return 0.0
+        scaleout = self.hw.system.scaleout
+        if scaleout is not None and any(a.level == "scaleout" for a in op.accesses):
+            groups = max(2, math.ceil(n / scaleout.chips_per_group.value))
+            steps = 1 if kind == "p2p" else (2 * (groups - 1) if kind == "allreduce" else groups - 1)
+            inner = 0.0 if kind == "p2p" else links.latency_ns.value * (2 if kind == "allreduce" else 1)
+            return scaleout.per_message_overhead_ns.value + steps * scaleout.latency_ns.value + inner
         if links.topology == "mesh":
             steps = 2 if kind == "allreduce" else 1
         elif links.topology == "torus2d":

@@ -34,7 +34,7 @@ from sim.lowering.graph import Op, OpGraph
 
 BOUND_OF = {
     "weights": "memory", "kv": "memory", "activations": "memory", "outliers": "memory",
-    "expert_weights": "memory", "temp": "memory", "compute": "compute", "expert_compute": "compute", "router": "compute",
+    "expert_weights": "memory", "staged_weights": "memory", "temp": "memory", "compute": "compute", "expert_compute": "compute", "router": "compute",
     "dequant": "dequant", "launch_sync": "overhead", "latency": "overhead", "links": "links",
     "host_link": "links", "contention": "contention", "dispatch": "overhead", "combine": "memory",
     "kernel_startup": "kernels",

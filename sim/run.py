@@ -13,19 +13,23 @@ table and the event log.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 
 from sim.analytic import analyse
+from sim.config.hardware import kernel_costs_origin
 from sim.config.loader import validate
 from sim.config.setup import Setup, resolve
 from sim.config.spec import RUN_FIELDS, RunSpec, apply_run_overrides
 from sim.costs import CostModel
 from sim.engine.records import LOG_COLUMNS, Span
+from sim.energy import EnergyModel, summarize
 from sim.engine.simulation import Simulation
 from sim.lowering.cache import GraphCache
-from sim.lowering.decode import weight_bytes_per_chip
+from sim.lowering.decode import largest_staged_reads, weight_bytes_by_unit, weight_bytes_per_chip
+from sim.lowering.placement import staging_limit
 from sim.results import Ledger, bound_of, op_key, percentile
 from sim.units import GB, ns_to_ms
 
@@ -36,19 +40,66 @@ __all__ = ["RunSpec", "RunResult", "RUN_FIELDS", "simulate", "resolve", "capacit
 
 
 def capacity(setup: Setup) -> dict:
-    """Bytes one chip must hold (the fullest stage) against its backing store."""
-    model = setup.model
-    weights = max(weight_bytes_per_chip(setup, s) for s in range(setup.pp))
+    """Bytes one chip must hold in each tier, for the fullest stage, against what the tier
+    offers: weights, MoE expert weights and the KV cache where the placement puts them
+    (streamed weights: the whole copy in the tier they come from, two staging buffers of the
+    largest op's weights in the on-chip buffer), activations in the home tier. ``fits`` when every
+    tier does; ``needed_bytes`` / ``available_bytes`` are those of the tier that overflows most
+    (the home tier when all fit)."""
+    model, hw = setup.model, setup.hardware
     footprint = setup.kv.kv_footprint
     per_layer_kv = max(sum(n * footprint(c, setup.k_width, setup.v_width) for c, n in Counter(step.contexts).items())
                        for step in setup.steps)
-    kv = per_layer_kv * setup.layers_per_stage
     batch = max(step.batch for step in setup.steps)
     activations = batch * (4 * model.hidden + 2 * model.ffn // setup.tp + setup.vocab) * 4
-    needed = weights + kv + activations
-    available = setup.hardware.store.capacity_bytes
-    return {"weights_bytes": weights, "kv_bytes": kv, "activation_bytes": activations,
-            "needed_bytes": needed, "available_bytes": available, "fits": needed <= available}
+    weights_place, experts_place, kv_place = hw.place("weights"), hw.place("experts"), hw.place("kv")
+    tiers: dict[str, dict] = {}
+    worst_stage: dict[str, int] = {}
+    for stage in range(setup.pp):
+        dense = weight_bytes_by_unit(setup, stage, experts=False)
+        experts = weight_bytes_by_unit(setup, stage, experts=True)
+        attn_units = sum(1 for _, part in setup.stage_units(stage) if part == "attn")
+        need: dict[str, dict[str, int]] = {}
+
+        def hold(tier: str, what: str, size: int) -> None:
+            if size:
+                need.setdefault(tier, {})[what] = need.get(tier, {}).get(what, 0) + size
+
+        hold(weights_place.tier, "weights", sum(dense.values()))
+        if weights_place.mode == "streamed":
+            staged = [size for size in largest_staged_reads(setup, stage) if size <= staging_limit(setup)]
+            hold(weights_place.buffer, "weight staging buffers", 2 * max(staged, default=0))
+        hold(experts_place.tier, "expert weights", sum(experts.values()))
+        if experts_place.mode == "streamed" and setup.moe is not None:
+            moe = model.moe
+            active = min(moe.experts, batch * moe.top_k)
+            per_layer = max(experts.values(), default=0)
+            hold(experts_place.buffer, "expert staging buffers", 2 * math.ceil(per_layer * active / moe.experts))
+        hold(kv_place.tier, "kv cache", per_layer_kv * attn_units)
+        hold(setup.store, "activations", activations)
+        for tier, parts in need.items():
+            total = sum(parts.values())
+            if tier not in tiers or total > tiers[tier]["needed_bytes"]:
+                tiers[tier] = {"needed_bytes": total, "available_bytes": _available(hw, tier), "holds": parts}
+                worst_stage[tier] = stage
+    for tier, row in tiers.items():
+        row["fits"] = row["needed_bytes"] <= row["available_bytes"]
+        row["stage"] = worst_stage[tier]
+    over = sorted((t for t in tiers.values() if not t["fits"]), key=lambda t: t["available_bytes"] - t["needed_bytes"])
+    worst = over[0] if over else tiers.get(setup.store, {"needed_bytes": 0, "available_bytes": _available(hw, setup.store)})
+    weights = max(weight_bytes_per_chip(setup, s) for s in range(setup.pp))
+    return {"weights_bytes": weights, "kv_bytes": per_layer_kv * setup.layers_per_stage,
+            "activation_bytes": activations, "needed_bytes": worst["needed_bytes"],
+            "available_bytes": worst["available_bytes"], "fits": not over, "tiers": tiers}
+
+
+def _available(hw, tier: str) -> float:
+    """What a tier offers one chip: the whole of an off-chip tier or of the home tier, the
+    resident share of an on-chip SRAM level."""
+    level = hw.level(tier)
+    if level is hw.store or not hasattr(level, "resident_bytes"):
+        return level.capacity_bytes
+    return level.resident_bytes
 
 
 # -- simulation ------------------------------------------------------------------------------
@@ -101,6 +152,8 @@ def simulate(spec: RunSpec | dict | None = None, *, keep_ops: bool = False, keep
     des = setup.spec.engine == "des"
     step_rows, op_rows, log = [], [], []
     events = 0
+    joules = EnergyModel(setup.hardware, setup.tp, setup.pp) if setup.hardware.energy is not None else None
+    step_joules = []
     state: _Step | None = None
     for position, step in enumerate(setup.steps):
         graph = cache.lower(step.contexts, step.index, position)
@@ -113,11 +166,16 @@ def simulate(spec: RunSpec | dict | None = None, *, keep_ops: bool = False, keep
         sums = ledger.graph_sums_from(state.keys, state.costs)
         breakdown = ledger.step_breakdown(sums, outcome)
         step_rows.append(_step_row(setup, step, graph, outcome, sums, breakdown))
+        if joules is not None:
+            step_joules.append(joules.step(state.keys, state.costs, breakdown, outcome.time_ns, step.batch))
+            step_rows[-1]["energy_J"] = step_joules[-1].total_J
         if keep_ops:
             op_rows.extend(ledger.op_table(graph, state.costs, outcome))
         if keep_log:
             log.extend(outcome.log)
     base.update(_summary(setup, step_rows, events, time.perf_counter() - wall))
+    if joules is not None:
+        base["energy"] = summarize(step_joules, joules.power_limit_W)
     return RunResult(base, step_rows, op_rows, log, setup)
 
 
@@ -176,13 +234,21 @@ def _step_row(setup: Setup, step, graph, outcome, sums, breakdown) -> dict:
 
 def _does_not_fit(setup: Setup, cap: dict) -> dict:
     floor_ms = ns_to_ms((cap["weights_bytes"] + cap["kv_bytes"]) / setup.hardware.store.peak_GBps)
+    over = [(name, t) for name, t in cap["tiers"].items() if not t["fits"]]
+    parts = []
+    for name, t in over:
+        holds = " + ".join(f"{what} {_size(size)}" for what, size in t["holds"].items())
+        stage = f" (pipeline stage {t['stage']})" if setup.pp > 1 else ""
+        parts.append(f"{name} overflows by {_size(t['needed_bytes'] - t['available_bytes'])} per chip{stage}: "
+                     f"needs {_size(t['needed_bytes'])} ({holds}), holds {_size(t['available_bytes'])}")
     return dict(verdict="does-not-fit", meets_target=False, bound="capacity", byte_floor_ms=floor_ms,
-                per_token_ms_p50=None, per_token_ms_p99=None,
-                reason=(f"needs {cap['needed_bytes'] / GB:.1f} GB per chip "
-                        f"(weights {cap['weights_bytes'] / GB:.1f} GB + KV {cap['kv_bytes'] / GB:.1f} GB "
-                        f"+ activations {cap['activation_bytes'] / GB:.2f} GB), "
-                        f"{setup.hardware.store.name} holds {cap['available_bytes'] / GB:.1f} GB; even if it fit, "
-                        f"reading weights and KV once at peak bandwidth takes {floor_ms:.1f} ms per step"))
+                per_token_ms_p50=None, per_token_ms_p99=None, overflowing_tiers=[name for name, _ in over],
+                reason="; ".join(parts) + f"; even if it fit, reading weights and KV once at peak bandwidth takes "
+                f"{floor_ms:.3g} ms per step")
+
+
+def _size(n: float) -> str:
+    return f"{n / GB:.2f} GB" if n >= GB else f"{n / 1e6:.1f} MB"
 
 
 def _identity(setup: Setup, cap: dict) -> dict:
@@ -191,9 +257,20 @@ def _identity(setup: Setup, cap: dict) -> dict:
         "hardware": setup.hardware.name, "model": setup.model.name, "weights": spec.weights, "kv": spec.kv,
         "batch": max(s.batch for s in setup.steps), "context": spec.context if not spec.trace else None,
         "trace": spec.trace, "steps": len(setup.steps), "engine": spec.engine, "graph": setup.graph,
-        "tp": setup.tp, "pp": setup.pp, "chips": setup.hardware.chips, "software": spec.software,
-        "target_ms": spec.target_ms, "capacity": cap,
+        "tp": setup.tp, "pp": setup.pp, "chips": setup.hardware.chips, "software": spec.software if "software" in spec.model_fields_set else setup.software,
+        "target_ms": spec.target_ms, "capacity": cap, "kernel_costs": kernel_costs_origin(setup.hardware),
+        "placement": {what: setup.hardware.place(what).model_dump() for what in ("weights", "experts", "kv")},
+        **_software_note(setup),
     }
+
+
+def _software_note(setup: Setup) -> dict:
+    """A note when the run's stack is not the one the profile says its machine runs."""
+    native = setup.hardware.software
+    if native is None or native == setup.software:
+        return {}
+    return {"software_note": f"{setup.hardware.name} runs {native} programs; the {setup.software} stack's kernels "
+                             f"are another machine's (pass --software {native})"}
 
 
 def _summary(setup: Setup, rows: list[dict], events: int, wall_s: float) -> dict:

@@ -19,16 +19,18 @@ LAYERS: list[tuple[str, ...]] = [
     ("sim.units", "sim.errors", "sim.io", "sim.version", "sim.schema", "sim.config.defaults"),
     ("sim.paths",),
     ("sim.config.quantity", "sim.config.loader"),
-    ("sim.config.hardware", "sim.config.model", "sim.config.spec", "sim.config.software", "sim.formats", "sim.trace"),
+    ("sim.config.hardware", "sim.config.model", "sim.config.spec", "sim.config.software", "sim.formats", "sim.trace",
+     "sim.config.energy"),
     ("sim.moe",),
     ("sim.config.setup", "sim.config"),
     ("sim.lowering",),
     ("sim.costs",),
     ("sim.engine", "sim.analytic"),
-    ("sim.results",),
+    ("sim.results", "sim.energy"),
     ("sim.run",),
-    ("sim.study", "sim.report", "sim.serve"),
-    ("sim.commands", "sim.cli", "sim.__main__", "sim.__api__", "sim"),
+    ("sim.study", "sim.report", "sim.serve", "sim.explore.html", "sim.explore.figures",
+     "sim.explore.compute"),
+    ("sim.commands", "sim.cli", "sim.__main__", "sim.__api__", "sim", "sim.explore"),
 ]
 
 

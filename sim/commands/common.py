@@ -61,10 +61,14 @@ def add_run_options(p: argparse.ArgumentParser, *, formats: bool = True) -> None
                    help="run the step as a captured graph or launch kernels one by one (default: the stack's)")
     p.add_argument("--tp", type=int, default=None, help="tensor-parallel chips (default: min(chips, 8))")
     p.add_argument("--pp", type=int, default=None, help="pipeline stages (default: chips / tp)")
-    p.add_argument("--software", default=d.software, metavar="STACK|PATH",
+    p.add_argument("--software", default=None, metavar="STACK|PATH",
                    help="software stack (workloads/software/: fused, fused-naive-kv, torch-graph, torch-graph-grouped, "
-                        "torch-graph-dense, torch-eager) or a stack YAML: which kernels run each op")
+                        "torch-graph-dense, torch-eager, static-schedule) or a stack YAML: which kernels run each op "
+                        f"(default: the profile's own stack where it names one, else {d.software})")
     p.add_argument("--chips", type=int, default=None, help="chip count (overrides the profile's system.chips)")
+    p.add_argument("--microbatches", type=int, default=1, metavar="M",
+                   help="split each step's sequences into M micro-batches in flight, each on its own streams: "
+                        "pipeline stages overlap, and one micro-batch's links overlap another's compute (default 1)")
     moe = p.add_argument_group("Mixture-of-Experts (models with a moe: section)")
     moe.add_argument("--dispatch", choices=["host_sync", "device", "sram_zero_copy"], default=d.dispatch,
                      help="expert dispatch path (default device)")
@@ -79,7 +83,7 @@ def add_run_options(p: argparse.ArgumentParser, *, formats: bool = True) -> None
 
 SPEC_ARGS = ("hardware", "model", "batch", "context", "trace", "weights", "kv", "steps", "target_ms", "engine",
              "graph", "tp", "pp", "software", "overrides", "chips", "dispatch", "placement", "routing",
-             "allow_long_context")
+             "allow_long_context", "microbatches")
 
 
 def spec_from_args(args, **changes):
@@ -88,6 +92,8 @@ def spec_from_args(args, **changes):
     from sim.config.spec import RunSpec
 
     data = {k: getattr(args, k) for k in SPEC_ARGS if hasattr(args, k)}
+    if data.get("software") is None:
+        data.pop("software", None)  # unnamed: the profile's own stack, else the default
     data.update(changes)
     return validate(RunSpec, data, "command line")
 

@@ -105,4 +105,10 @@ def render(spec, rows: list[dict]) -> str:
                  f"outliers) share of the bytes read from the backing store per step; dequant: ms per step "
                  f"on the vector units; attn err: attention-output relative error (KL: of the attention "
                  f"probabilities) on {rows[0]['fidelity_tokens']} tokens of synthetic KV")
+    if any(r.get("J_per_token") for r in rows):
+        lines.append("  energy per token: " + "; ".join(
+            f"{r['kv']} {r['J_per_token']:.3f} J" + (
+                f" ({abs(r['energy_cut_pct']):.1f}% {'less' if r['energy_cut_pct'] >= 0 else 'more'} than fp16)"
+                if r.get("energy_cut_pct") is not None and r["kv"] != "fp16" else "")
+            for r in rows if r.get("J_per_token")))
     return "\n".join(lines)

@@ -26,6 +26,9 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--trace-out", type=output_file, default=None,
                    help="write a Chrome/Perfetto trace JSON of the timeline (every step; see --trace-steps)")
+    p.add_argument("--html", type=output_file, default=None, metavar="FILE",
+                   help="also write the explorer's view (breakdown, roofline, latency against batch and context) "
+                        "as one self-contained HTML file that opens offline")
     p.add_argument("--trace-steps", default=None, metavar="A:B",
                    help="steps the trace keeps, A <= step < B (either end may be left out; default all)")
     p.set_defaults(handler=handle)
@@ -56,7 +59,8 @@ def handle(args) -> int:
     spec = spec_from_args(args)
     trace_steps = step_range(args.trace_steps, spec.steps)
     keep = args.out is not None or args.trace_out is not None
-    result = simulate(spec, keep_ops=keep, keep_log=keep)
+    html = getattr(args, "html", None)
+    result = simulate(spec, keep_ops=keep or html is not None, keep_log=keep)
     if args.out is not None and result.steps:
         steps, ops, log = result.tables()
         write_frame(steps, args.out / "steps")
@@ -67,6 +71,10 @@ def handle(args) -> int:
         from sim.report.trace import trace_of
 
         write_atomic(args.trace_out, trace_of(result, trace_steps))
+    if html is not None:
+        from sim.explore.compute import run_view
+
+        write_atomic(html, run_view(spec, result))
     if args.json:
         emit_json("run", result.summary)
     else:
@@ -84,6 +92,15 @@ def render(s: dict) -> str:
     lines.append(f"  memory per chip: {fmt_bytes(cap['needed_bytes'])} needed "
                  f"(weights {fmt_bytes(cap['weights_bytes'])}, KV {fmt_bytes(cap['kv_bytes'])}) "
                  f"of {fmt_bytes(cap['available_bytes'])}")
+    tiers = cap.get("tiers", {})
+    if len(tiers) > 1:
+        lines.append("  tiers per chip: " + ", ".join(f"{name} {fmt_bytes(t['needed_bytes'])} of "
+                                                      f"{fmt_bytes(t['available_bytes'])}" for name, t in tiers.items()))
+    if s.get("software_note"):
+        lines.append(f"  note: {s['software_note']}")
+    if s.get("kernel_costs", "").startswith("derived"):
+        lines.append("  kernel costs: derived from the profile's own figures (no measured kernels: section; "
+                     "`decodesim profiles --sources` states the rule)")
     if s["verdict"] == "does-not-fit":
         lines.append(f"  verdict: DOES NOT FIT: {s['reason']}")
         return "\n".join(lines)
@@ -109,6 +126,10 @@ def render(s: dict) -> str:
                      + (f" ({e['sram_level']}, {e['sram_slots']} slots)" if e["sram_level"] else " (none fits)")
                      + (f"; expert parallel over {e['expert_parallel']} chips" if e["expert_parallel"] > 1 else ""))
         lines.append(f"  SRAM hit rate: {100 * e['sram_hit_rate']:.1f}% of expert weight reads")
+    if s.get("energy"):
+        from sim.energy import render_lines
+
+        lines.extend(render_lines(s["energy"]))
     lines.append(f"  bound: {s['bound']}")
     word = "MEETS" if s["meets_target"] else "MISSES"
     lines.append(f"  verdict: {word} the {s['target_ms']:g} ms target (p99 {s['per_token_ms_p99']:.3f} ms, "

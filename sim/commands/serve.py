@@ -403,6 +403,10 @@ def render(s: dict) -> str:
     word = "MEETS" if s["meets_target"] else "MISSES"
     lines.append(f"  verdict: {word} the {s['target_ms']:g} ms target: p99 TPOT {s['tpot_ms_p99']:.2f} ms at "
                  f"{s['rate_per_s']:.3g} req/s offered" + (" (partial replay)" if s.get("partial") else ""))
+    if s.get("J_per_output_token") is not None:
+        lines.append(f"  energy: {s['J_per_output_token']:.3f} J per output token (chips alone "
+                     f"{s['chip_J_per_output_token']:.3f} J), average {s['energy_avg_W']:.0f} W; dynamic part from "
+                     f"{s['energy_sampled_steps']} exactly evaluated steps")
     lines.append(f"  replayed in {s['wall_s']:.1f} s wall")
     return "\n".join(lines)
 
@@ -418,5 +422,7 @@ def render_table(table, target_ms: float) -> str:
             continue
         lines.append(head + f"{r['rate_per_s']:>7.3g}{r['tpot_ms_p50']:>10.2f}{r['tpot_ms_p99']:>10.2f}"
                      f"{r['ttft_ms_p99']:>10.0f}{r['mean_batch_busy']:>7.1f}{100 * r['mean_kv_occupancy']:>7.1f}%"
-                     f"  {r['verdict']}")
+                     f"  {r['verdict']}" + (f"  {r['J_per_output_token']:.3f} J/token"
+                                            if r.get("J_per_output_token", None) == r.get("J_per_output_token", None)
+                                            and r.get("J_per_output_token", None) is not None else ""))
     return "\n".join(lines)

@@ -70,7 +70,7 @@ def handle(args) -> int:
                        progress=not args.no_progress and not args.json, report=not args.no_report)
     say(f"{result.simulated} simulated, {result.cached} cached, {result.failed} failed; "
         f"{result.wall_s:.1f} s, {result.points_per_s:.1f} points/s")
-    say(f"wrote {result.out_dir}/results.parquet, results.csv" + ("" if args.no_report else ", report.md, plots/"))
+    say(f"wrote {result.out_dir}/results.parquet, results.csv" + ("" if args.no_report else ", report.md, report.html, plots/"))
     trace = result.out_dir / "detail" / "trace.json"
     if args.trace_out is not None:
         if not trace.is_file():
@@ -91,7 +91,7 @@ def _emit(study, result, args) -> None:
     payload = {**plan(study), "ran": result is not None}
     if result is not None:
         out = result.out_dir
-        files = ["results.parquet", "results.csv"] + ([] if args.no_report else ["report.md"])
+        files = ["results.parquet", "results.csv"] + ([] if args.no_report else ["report.md", "report.html"])
         plots = sorted(p.name for p in (out / "plots").glob("*.png")) if not args.no_report else []
         payload.update(simulated=result.simulated, cached=result.cached, failed=result.failed, wall_s=result.wall_s,
                        points_per_s=result.points_per_s, out_dir=str(out),

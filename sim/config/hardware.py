@@ -1,11 +1,20 @@
 """Hardware profiles: one chip's memory hierarchy, compute, host and the links between chips.
 
-The memory hierarchy is an ordered list of typed levels, outermost first (``kind: hbm`` or
-``kind: sram``). The first level is the backing store that holds weights and KV cache: HBM
-on a GPU, on-chip SRAM on an SRAM-only chip such as a Groq LPU. Later levels are on-chip
-SRAM: per-tile scratchpads (``scope: tile``) and chip-wide SRAM or L2 (``scope: chip``).
-Every number is a sourced quantity (sim.config.quantity). Derived figures (peak bandwidth,
-peak FLOP/s) are properties, never YAML.
+The memory hierarchy is an ordered list of typed levels (tiers), outermost first. Off-chip
+tiers (``kind: hbm``, ``kind: ddr``) come before on-chip SRAM (``kind: sram``): per-tile
+scratchpads (``scope: tile``) and chip-wide SRAM or L2 (``scope: chip``). The first level is
+the home tier (``store``): where weights and the KV cache live unless ``placement`` says
+otherwise: HBM on a GPU, on-chip SRAM on an SRAM-only chip such as a Groq LPU.
+
+``placement`` says where weights, MoE experts and the KV cache are: ``resident`` in a tier
+(read from it by the op that uses them), or ``streamed`` from an off-chip tier into an on-chip
+staging buffer ahead of use (double-buffered: two buffers of the largest layer's bytes, counted
+against that SRAM). Without it everything is resident in the home tier.
+
+A system of several chips has ``links`` between the chips of a group (a node, a wafer's
+neighbours) and, where groups are joined by a slower network, ``scaleout`` links between
+groups (``chips_per_group`` chips each). Every number is a sourced quantity
+(sim.config.quantity). Derived figures (peak bandwidth, peak FLOP/s) are properties, never YAML.
 
 Units are in the key names: GBps = 1e9 bytes/s, GB = 1e9 bytes, MB = 1e6 bytes, ns.
 """
@@ -16,6 +25,7 @@ from typing import Annotated, Literal, Union
 
 from pydantic import Field, field_validator, model_validator
 
+from sim.config.energy import Energy, energy_tiers
 from sim.config.quantity import Count, Frac, Num, Pos, Share, Strict, Table
 from sim.units import GB, MB
 
@@ -114,7 +124,67 @@ class SRAM(Strict):
         return stream * self.gather_efficiency.at(granule_bytes)
 
 
-Level = Annotated[Union[HBM, SRAM], Field(discriminator="kind")]
+class DDR(Strict):
+    """Off-chip DDR DRAM behind or beside HBM (a capacity tier: SambaNova's 1.5 TB per socket):
+    ``channels`` of ``channel_bandwidth_GBps``; ``stream_efficiency`` is what a long stream
+    reaches; gathers of small pieces reach ``gather_efficiency`` of that (optional: a tier
+    that only streams staged weights never gathers)."""
+
+    kind: Literal["ddr"]
+    name: str
+    channels: Count
+    channel_bandwidth_GBps: Pos
+    capacity_GB: Pos
+    latency_ns: Num
+    stream_efficiency: Frac
+    gather_efficiency: Table | None = None
+
+    @property
+    def peak_GBps(self) -> float:
+        return self.channels.value * self.channel_bandwidth_GBps.value
+
+    @property
+    def capacity_bytes(self) -> float:
+        return self.capacity_GB.value * GB
+
+    @property
+    def sustained_GBps(self) -> float:
+        return self.peak_GBps * self.stream_efficiency.value
+
+    def efficiency(self, granule_bytes: float | None) -> float:
+        if granule_bytes is None or self.gather_efficiency is None:
+            return self.stream_efficiency.value
+        return self.stream_efficiency.value * self.gather_efficiency.at(granule_bytes)
+
+
+Level = Annotated[Union[HBM, DDR, SRAM], Field(discriminator="kind")]
+OFF_CHIP = (HBM, DDR)
+
+
+class Place(Strict):
+    """Where one kind of data lives: ``tier`` (a memory level's name), ``resident`` there or
+    ``streamed`` from it (an off-chip tier) into the on-chip ``buffer`` level (default: the
+    chip-wide SRAM, else the tile scratchpads)."""
+
+    tier: str
+    mode: Literal["resident", "streamed"] = "resident"
+    buffer: str | None = None
+
+
+class Placement(Strict):
+    """Placement of weights, MoE expert weights (default: as ``weights``) and the KV cache
+    (default: the home tier). ``source`` says why (the architecture's dataflow, a paper).
+    ``policy: fit`` chooses instead, per run (sim.config.setup.fit_placement): the KV cache and
+    activations in the home tier; dense weights resident in the fastest tier that holds them
+    beside what is already there, else streamed from the fastest off-chip tier that does; then
+    the experts the same way with what is left. (Which experts sit in SRAM inside a tier is the
+    MoE plan's placement: ``--placement static`` pins the hottest.)"""
+
+    policy: Literal["given", "fit"] = "given"
+    weights: Place | None = None
+    experts: Place | None = None
+    kv: Place | None = None
+    source: str = ""
 
 
 class Compute(Strict):
@@ -209,15 +279,44 @@ class Links(Strict):
     per_message_overhead_ns: Num
 
 
+class ScaleOut(Strict):
+    """Links between groups of chips (nodes, wafers, systems): ``chips_per_group`` chips share
+    the fast ``links``; traffic between groups crosses these, per chip per direction."""
+
+    chips_per_group: Count
+    bandwidth_GBps: Pos
+    latency_ns: Num
+    per_message_overhead_ns: Num
+
+
 class System(Strict):
+    """The chips of a deployment and how they are joined. ``partition`` is how layers are split
+    over pipeline stages: ``layers`` (whole layers, as evenly as possible, as GPU serving stacks
+    do) or ``balanced`` (contiguous half-layer units, attention or FFN, balanced by the bytes each
+    chip must hold, as spatial compilers place a model over many chips: a stage may hold a
+    fraction of a layer or many layers)."""
+
     chips: Count
     links: Links | None = None
+    scaleout: ScaleOut | None = None
+    partition: Literal["layers", "balanced"] = "layers"
+    tensor_parallel: Count | None = None  # the deployment's tp unless the run says (with its source)
 
     @model_validator(mode="after")
     def _links_when_many(self):
         if self.chips.value > 1 and self.links is None:
-            raise ValueError("a system of more than one chip needs links")
+            raise ValueError("a system of more than one chip needs links (system.links: topology, bandwidth_GBps, "
+                             "latency_ns, per_message_overhead_ns)")
+        if self.tensor_parallel is not None and self.chips.value % self.tensor_parallel.value:
+            raise ValueError(f"tensor_parallel ({self.tensor_parallel.value}) must divide chips ({self.chips.value})")
+        if self.scaleout is not None and self.chips.value % self.scaleout.chips_per_group.value:
+            raise ValueError(f"scaleout.chips_per_group ({self.scaleout.chips_per_group.value}) must divide "
+                             f"chips ({self.chips.value})")
         return self
+
+    def group_of(self, chip: int) -> int:
+        """The group (node, wafer) that chip number ``chip`` belongs to."""
+        return chip // self.scaleout.chips_per_group.value if self.scaleout is not None else 0
 
 
 class KernelClass(Strict):
@@ -257,12 +356,15 @@ class KernelCosts(Strict):
 class HardwareProfile(Strict):
     name: str
     description: str
+    software: str | None = None  # the stack this machine runs (a compiler's static schedule); runs say when another is used
     memory: list[Level]
     compute: Compute
     noc: NoC
     host: Host
     system: System
-    kernels: KernelCosts | None = None  # measured kernel-class costs; without it: the byte model's start-ups
+    placement: Placement | None = None  # where weights, experts and KV live; without it: the home tier
+    kernels: KernelCosts | None = None  # measured kernel-class costs; without it: derived (KERNEL_RULE)
+    energy: Energy | None = None  # pJ/bit per tier, pJ/FLOP, static W (sim.config.energy)
 
     @model_validator(mode="after")
     def _fractions(self):
@@ -279,9 +381,12 @@ class HardwareProfile(Strict):
         names = [level.name for level in self.memory]
         if len(set(names)) != len(names):
             raise ValueError(f"memory level names must be unique, got {names}")
-        for level in self.memory[1:]:
-            if isinstance(level, HBM):
-                raise ValueError("HBM can only be the first (outermost) memory level")
+        on_chip_seen = False
+        for level in self.memory:
+            if isinstance(level, OFF_CHIP) and on_chip_seen:
+                raise ValueError(f"off-chip tier {level.name!r} ({level.kind}) must come before the on-chip SRAM "
+                                 "levels (tiers are listed outermost first)")
+            on_chip_seen = on_chip_seen or isinstance(level, SRAM)
         store = self.memory[0]
         if isinstance(store, SRAM) and store.stream_efficiency is None:
             raise ValueError("an SRAM backing store needs stream_efficiency")
@@ -290,8 +395,46 @@ class HardwareProfile(Strict):
                 raise ValueError(f"tile-scope SRAM {level.name!r} count must equal compute.tiles")
         return self
 
+    @model_validator(mode="after")
+    def _placement(self):
+        if self.placement is None:
+            return self
+        names = {level.name: level for level in self.memory}
+        for what in ("weights", "experts", "kv"):
+            place = getattr(self.placement, what)
+            if place is None:
+                continue
+            if place.tier not in names:
+                raise ValueError(f"placement.{what}.tier {place.tier!r} is not a memory level; levels: "
+                                 f"{', '.join(names)}")
+            if place.mode == "streamed":
+                if what == "kv":
+                    raise ValueError("placement.kv.mode: the KV cache is read where it lives (resident); "
+                                     "streaming it through SRAM is not modelled")
+                if not isinstance(names[place.tier], OFF_CHIP):
+                    raise ValueError(f"placement.{what}: streamed data comes from an off-chip tier (hbm or ddr), "
+                                     f"not {place.tier!r} ({names[place.tier].kind})")
+                buffer = place.buffer or (self.shared_sram or self.tile_sram or _none()).name
+                if buffer not in names or not isinstance(names[buffer], SRAM):
+                    raise ValueError(f"placement.{what}.buffer {buffer!r} must be an on-chip SRAM level")
+        return self
+
+    def place(self, what: str) -> Place:
+        """Where ``what`` (weights, experts, kv) lives: the placement's, else resident in the home
+        tier (experts default to the weights' placement)."""
+        p = self.placement
+        chosen = getattr(p, what) if p is not None else None
+        if chosen is None and what == "experts" and p is not None:
+            chosen = p.weights
+        if chosen is None:
+            return Place(tier=self.store.name)
+        if chosen.mode == "streamed" and chosen.buffer is None:
+            return Place(tier=chosen.tier, mode="streamed",
+                         buffer=(self.shared_sram or self.tile_sram).name)
+        return chosen
+
     @property
-    def store(self) -> HBM | SRAM:
+    def store(self) -> HBM | DDR | SRAM:
         """The backing store: where weights and the KV cache live."""
         return self.memory[0]
 
@@ -332,6 +475,24 @@ class HardwareProfile(Strict):
             + (store.capacity_bytes / MB if isinstance(store, SRAM) else 0),
         }
 
+    check_energy_tiers = model_validator(mode="after")(energy_tiers)  # after the hierarchy's own checks
+
+
+def _none():
+    raise ValueError("placement: streamed data needs an on-chip SRAM level to stage into")
+
+
+KERNEL_RULE = ("derived from this profile's own figures (no kernels: section): each kernel starts after "
+               "host.kernel_gap_ns plus the first-byte latency of the level it reads, and streams at that "
+               "level's sustained rate (capacity x stream efficiency), capped by tiles x compute.tile_load_GBps")
+
+
+def kernel_costs_origin(profile: HardwareProfile) -> str:
+    """Where a profile's kernel costs come from: its measured ``kernels:`` section or the rule."""
+    if profile.kernels is not None:
+        return "measured: kernels: section (calibration/fit_kernels.py)"
+    return KERNEL_RULE
+
 
 def sources(profile: HardwareProfile) -> list[tuple[str, object, str, bool]]:
     """Every sourced number in a profile: (dotted path, value, source, estimate)."""
@@ -352,4 +513,6 @@ def sources(profile: HardwareProfile) -> list[tuple[str, object, str, bool]]:
                 walk(item, f"{path}.{getattr(item, 'name', '?')}")
 
     walk(profile, "")
+    if profile.kernels is None:
+        out.append(("kernels", "derived", KERNEL_RULE, True))
     return out

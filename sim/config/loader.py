@@ -167,7 +167,10 @@ def config_error(model, err: pydantic.ValidationError, file, prefix="", data=Non
     """The one-line ConfigError for the first problem of a pydantic ValidationError."""
     first = err.errors(include_url=False)[0]
     raw_loc = tuple(first["loc"])
-    loc = _named(tuple(part for part in raw_loc if not _is_union_tag(part)), data)
+    # a union's tag follows a list index (memory.0.hbm); a dict key of the same name stays (energy's hbm)
+    loc = _named(tuple(part for i, part in enumerate(raw_loc)
+                       if not (_is_union_tag(part) and (part.startswith("function-") or
+                                                        (i > 0 and isinstance(raw_loc[i - 1], int))))), data)
     path = ".".join(p for p in (prefix, dotted(loc)) if p)
     kind = first["type"]
     if kind == "extra_forbidden":

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from sim import trace as traces
-from sim.config.hardware import HardwareProfile
+from sim.config.hardware import OFF_CHIP, SRAM, HardwareProfile, Place
 from sim.config.loader import load_yaml, validate
 from sim.config.model import ModelSpec
 from sim.config.software import SoftwareStack, load_stack
@@ -53,14 +53,19 @@ class Setup:
     k_width: int
     v_width: int
     vocab: int
-    layers_per_stage: int  # the fullest pipeline stage
+    layers_per_stage: int  # the fullest pipeline stage (layers whose attention, hence KV, it holds)
     store: str  # the backing store level
     act_level: str  # where activations live between ops
+    # per stage, its units: (layer, "attn" | "ffn"), with (-1, "embed") and (-1, "head") at the ends
+    partition: tuple[tuple[tuple[int, str], ...], ...] = ()
+
+    def stage_units(self, stage: int) -> tuple[tuple[int, str], ...]:
+        return self.partition[stage]
 
     def stage_layers(self, stage: int) -> range:
-        """Layers of ``stage``: split as evenly as possible (sizes differ by at most one)."""
-        layers = self.model.layers
-        return range(stage * layers // self.pp, (stage + 1) * layers // self.pp)
+        """Layers of ``stage`` (whole or in part)."""
+        layers = sorted({layer for layer, _ in self.partition[stage] if layer >= 0})
+        return range(layers[0], layers[-1] + 1) if layers else range(0)
 
     def stage_of(self, layer: int) -> int:
         return next(s for s in range(self.pp) if layer in self.stage_layers(s))
@@ -77,7 +82,6 @@ def _raw(path: str) -> dict:
 def resolve(spec: RunSpec) -> Setup:
     """Resolve ``spec`` into a sealed Setup (ConfigError / SimulationError on bad input)."""
     spec = apply_run_overrides(spec)
-    stack = load_stack(spec.software)
     hw_path = str(resolve_path(spec.hardware, hardware_dir(), "hardware"))
     model_path = str(resolve_path(spec.model, models_dir(), "model"))
     hw_raw, model_raw = copy.deepcopy(_raw(hw_path)), copy.deepcopy(_raw(model_path))
@@ -86,6 +90,9 @@ def resolve(spec: RunSpec) -> Setup:
                                      HardwareProfile, ModelSpec)
     hardware = validate_overridden(HardwareProfile, hw_raw, hw_path, (*chips, *spec.overrides), "hardware.")
     model = validate_overridden(ModelSpec, model_raw, model_path, spec.overrides, "model.")
+    # a run that names no stack runs the one its machine runs (a compiler's static schedule), else the default
+    named = "software" in spec.model_fields_set
+    stack = load_stack(spec.software if named or hardware.software is None else hardware.software)
     weights, kv = get_format(spec.weights), get_format(spec.kv)
     tp, pp = parallelism(spec, hardware, model, hw_path)
     if spec.trace:
@@ -93,6 +100,9 @@ def resolve(spec: RunSpec) -> Setup:
     else:
         steps = traces.fixed(spec.batch, spec.context, spec.steps)
     check_context(spec, model, steps)
+    if spec.microbatches > 1 and model.moe is not None:
+        raise ConfigError("--microbatches", "microbatches", "micro-batches of a Mixture-of-Experts model are not "
+                          "modelled (the routing trace gives one step's expert counts); use 1", spec.microbatches)
     moe = None
     if model.moe is not None:
         from sim.moe.plan import build  # numpy and the placement: only for MoE models (start-up time)
@@ -101,17 +111,158 @@ def resolve(spec: RunSpec) -> Setup:
                     graph=stack.launch == "graph" if spec.graph is None else spec.graph)
     shared = hardware.shared_sram
     store = hardware.store.name
-    heads, kv_heads = max(1, model.heads // tp), max(1, model.kv_heads // tp)  # KV heads replicate when tp > kv_heads
+    # the fullest chip's heads (tp need not divide them on a spatial machine); KV heads replicate when tp > kv_heads
+    heads, kv_heads = max(1, math.ceil(model.heads / tp)), max(1, math.ceil(model.kv_heads / tp))
     per_head = model.kv_heads * model.head_dim
+    q_width = heads * model.head_dim
+    k_width = kv_heads * model.head_dim * model.k_width // per_head
+    v_width = kv_heads * model.head_dim * model.v_width // per_head
+    if hardware.system.partition == "balanced":
+        sizes = unit_bytes(model, weights, kv, tp, q_width, k_width, v_width, steps)
+        partition = balanced_partition(sizes, pp)
+    else:
+        partition = layer_partition(model.layers, pp)
+    if hardware.placement is not None and hardware.placement.policy == "fit":
+        hardware = fit_placement(hardware, partition, unit_bytes(model, weights, kv, tp, q_width, k_width, v_width,
+                                                                 steps, split_experts=True))
+    layers_per_stage = max(sum(1 for _, part in stage if part == "attn") for stage in partition)
     return Setup(
         spec=spec, hardware=hardware, model=model, weights=weights, kv=kv, tp=tp, pp=pp, software=stack.name,
         stack=stack, graph=stack.launch == "graph" if spec.graph is None else spec.graph,
         steps=tuple(steps), hardware_file=hw_path, model_file=model_path, moe=moe,
-        heads=heads, kv_heads=kv_heads, q_width=heads * model.head_dim,
-        k_width=kv_heads * model.head_dim * model.k_width // per_head,
-        v_width=kv_heads * model.head_dim * model.v_width // per_head,
-        vocab=math.ceil(model.vocab / tp), layers_per_stage=math.ceil(model.layers / pp),
-        store=store, act_level=shared.name if shared is not None else store)
+        heads=heads, kv_heads=kv_heads, q_width=q_width, k_width=k_width, v_width=v_width,
+        vocab=math.ceil(model.vocab / tp), layers_per_stage=layers_per_stage,
+        store=store, act_level=shared.name if shared is not None else store, partition=partition)
+
+
+# -- pipeline partitions ---------------------------------------------------------------------
+
+
+def layer_units(layers: int) -> list[tuple[int, str]]:
+    """The pipeline units of a model in program order: the embedding, each layer's attention
+    and FFN halves, the LM head."""
+    return [(-1, "embed"), *[(layer, part) for layer in range(layers) for part in ("attn", "ffn")], (-1, "head")]
+
+
+def layer_partition(layers: int, pp: int) -> tuple[tuple[tuple[int, str], ...], ...]:
+    """Whole layers split as evenly as possible (sizes differ by at most one); the embedding
+    on the first stage, the LM head on the last."""
+    stages = []
+    for s in range(pp):
+        units = [(layer, part) for layer in range(s * layers // pp, (s + 1) * layers // pp) for part in ("attn", "ffn")]
+        stages.append(([(-1, "embed")] if s == 0 else []) + units + ([(-1, "head")] if s == pp - 1 else []))
+    return tuple(tuple(stage) for stage in stages)
+
+
+def unit_bytes(model: ModelSpec, weights: Format, kv: Format, tp: int, q_width: int, k_width: int, v_width: int,
+               steps, split_experts: bool = False) -> list:
+    """Bytes one chip of a stage holds for each unit (weights, and the KV cache of the longest
+    step for attention units), from the model's shapes and the formats. ``split_experts``:
+    per unit (dense weights, expert weights, KV) instead of their sum."""
+    h = model.hidden
+    kv_layer = max(sum(kv.kv_footprint(c, k_width, v_width) for c in step.contexts) for step in steps)
+    attn = weights.weight_bytes(q_width + k_width + v_width, h) + weights.weight_bytes(h, q_width) + h * ACT_BYTES
+    ffn_local = math.ceil(model.ffn / tp)
+    dense = weights.weight_bytes((model.ffn_matrices - 1) * ffn_local, h) + weights.weight_bytes(h, ffn_local)
+    vocab = weights.weight_bytes(math.ceil(model.vocab / tp), h)
+    out: list = []
+    for unit in layer_units(model.layers):
+        layer, part = unit
+        experts = cache = 0
+        if part == "embed":
+            size = vocab
+        elif part == "head":
+            size = vocab + h * ACT_BYTES
+        elif part == "attn":
+            size, cache = attn, kv_layer
+        elif model.moe is None or model.moe.is_dense(layer):
+            size = dense + h * ACT_BYTES
+        else:
+            moe = model.moe
+            experts = moe.experts * (weights.weight_bytes((model.ffn_matrices - 1) * moe.expert_ffn, h)
+                                     + weights.weight_bytes(h, moe.expert_ffn))
+            shared = moe.shared_experts * (weights.weight_bytes((model.ffn_matrices - 1) * moe.shared_ffn, h)
+                                           + weights.weight_bytes(h, moe.shared_ffn))
+            size = math.ceil(shared / tp) + h * moe.experts * ACT_BYTES + h * ACT_BYTES
+            experts = math.ceil(experts / tp)
+        out.append((unit, (size, experts, cache)) if split_experts else (unit, size + experts + cache))
+    return out
+
+
+def fit_placement(hardware: HardwareProfile, partition, sizes) -> HardwareProfile:
+    """``hardware`` with its placement chosen by the ``fit`` policy for the fullest stage:
+    KV in the home tier; dense weights resident in the fastest tier that holds them beside
+    what is already there, else streamed from the fastest off-chip tier that does; then the
+    experts the same way. Where nothing holds them they stay in the home tier (the capacity
+    check then names the tier that overflows)."""
+    by_unit = dict(sizes)
+    stages = [[by_unit[u] for u in stage] for stage in partition]
+    dense = max(sum(s[0] for s in stage) for stage in stages)
+    experts = max(sum(s[1] for s in stage) for stage in stages)
+    kv = max(sum(s[2] for s in stage) for stage in stages)
+    store = hardware.store
+    free = {lv.name: (lv.resident_bytes if isinstance(lv, SRAM) and lv is not store else lv.capacity_bytes)
+            for lv in hardware.memory}
+    free[store.name] -= kv
+    fastest = sorted(hardware.memory, key=lambda lv: -lv.sustained_GBps)
+    buffer = (hardware.shared_sram or hardware.tile_sram)
+
+    def choose(size: int) -> Place:
+        for lv in fastest:
+            if size <= free[lv.name]:
+                free[lv.name] -= size
+                return Place(tier=lv.name)
+        return Place(tier=store.name)
+
+    weights = choose(dense)
+    if weights.tier not in (lv.name for lv in fastest[:1]) and buffer is not None and isinstance(
+            hardware.level(weights.tier), OFF_CHIP):
+        weights = Place(tier=weights.tier, mode="streamed", buffer=buffer.name)
+    chosen = {"weights": weights, "kv": Place(tier=store.name)}
+    if experts:
+        place = choose(experts)
+        if buffer is not None and isinstance(hardware.level(place.tier), OFF_CHIP):
+            place = Place(tier=place.tier, mode="streamed", buffer=buffer.name)
+        chosen["experts"] = place
+    placement = hardware.placement.model_copy(update={**chosen, "policy": "given",
+                                                      "source": f"chosen by the fit policy; {hardware.placement.source}"})
+    return hardware.model_copy(update={"placement": placement})
+
+
+def balanced_partition(sizes: list[tuple[tuple[int, str], int]], pp: int) -> tuple[tuple[tuple[int, str], ...], ...]:
+    """Contiguous units split into ``pp`` non-empty stages minimising the largest stage's bytes
+    (binary search over that bound, greedy fill; exact for contiguous partitions)."""
+    values = [size for _, size in sizes]
+    if pp > len(values):
+        raise ValueError(f"{pp} stages for {len(values)} units")
+
+    def stages_needed(bound: int) -> int:
+        count, filled = 1, 0
+        for v in values:
+            if filled + v > bound:
+                count, filled = count + 1, v
+            else:
+                filled += v
+        return count
+
+    lo, hi = max(values), sum(values)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if stages_needed(mid) <= pp:
+            hi = mid
+        else:
+            lo = mid + 1
+    groups: list[list[tuple[int, str]]] = [[]]
+    filled = 0
+    for i, (unit, size) in enumerate(sizes):
+        remaining_units, remaining_stages = len(sizes) - i, pp - len(groups)
+        must_split = groups[-1] and remaining_units <= remaining_stages  # every later stage needs a unit
+        if groups[-1] and (filled + size > lo or must_split):
+            groups.append([])
+            filled = 0
+        groups[-1].append(unit)
+        filled += size
+    return tuple(tuple(group) for group in groups)
 
 
 def check_context(spec: RunSpec, model: ModelSpec, steps) -> None:
@@ -130,16 +281,36 @@ def check_context(spec: RunSpec, model: ModelSpec, steps) -> None:
 
 
 def parallelism(spec: RunSpec, hardware: HardwareProfile, model: ModelSpec, hw_file: str = "hardware") -> tuple[int, int]:
-    """(tp, pp) for the run: as asked, or tp = min(chips, 8) and pp = chips / tp."""
+    """(tp, pp) for the run: as asked, or chosen. Stages hold whole layers (``partition:
+    layers``, at most one stage per layer) or half-layer units (``balanced``, at most two per
+    layer plus the embedding and the LM head). The default tensor-parallel degree is the
+    profile's ``system.tensor_parallel``, else the chips of a group (``scaleout.chips_per_group``)
+    or min(chips, 8); where that leaves more stages
+    than units, the smallest larger divisor of the chip count that fits (one that divides the
+    heads when there is one)."""
     chips = hardware.chips
-    tp = spec.tp or (min(chips, 8) if spec.pp is None else max(1, chips // spec.pp))
-    pp = spec.pp or max(1, chips // tp)
+    balanced = hardware.system.partition == "balanced"
+    units = 2 * model.layers + 2 if balanced else model.layers
+    what = "half-layer units (attention or FFN, plus the embedding and the LM head)" if balanced else "layers"
     where = ("--tp/--pp", "parallelism") if spec.tp or spec.pp else (hw_file, "system.chips.value")
-    if tp * pp != chips:
-        raise ConfigError(*where, f"tp x pp must equal the chip count {chips}", f"{tp} x {pp}")
-    if pp > model.layers:
-        raise ConfigError(*where, f"at most one pipeline stage per layer ({model.layers}); "
-                          f"{chips} chips at tp {tp} need {pp} stages", pp)
+    if spec.tp or spec.pp:
+        tp = spec.tp or max(1, chips // spec.pp)
+        pp = spec.pp or max(1, chips // tp)
+        if tp * pp != chips:
+            raise ConfigError(*where, f"tp x pp must equal the chip count {chips}", f"{tp} x {pp}")
+    else:
+        scaleout = hardware.system.scaleout
+        base = min(chips, scaleout.chips_per_group.value if scaleout is not None else 8)
+        if hardware.system.tensor_parallel is not None:
+            base = hardware.system.tensor_parallel.value
+        fits = [t for t in range(1, chips + 1) if chips % t == 0 and chips // t <= units]
+        even = [t for t in fits if model.heads % t == 0] or fits
+        tp = next((t for t in even if t >= base), next(t for t in fits if t >= base))
+        pp = chips // tp
+    if pp > units:
+        hint = "" if balanced else "; a profile with system.partition: balanced splits layers in half"
+        raise ConfigError(*where, f"at most one pipeline stage per unit: {model.name} has {units} {what}, and "
+                          f"{chips} chips at tp {tp} make {pp} stages; use tp >= {math.ceil(chips / units)}{hint}", pp)
     return tp, pp
 
 

@@ -79,6 +79,7 @@ class RunSpec(Strict):
     routing_locality: real(0, 1) = 0.0
     sram_experts: whole(0, MAX_COUNT, strict=False) | None = None  # experts to pin per chip (default: as many as fit)
     chips: whole(1, MAX_CHIPS, strict=False) | None = None  # overrides hardware.system.chips
+    microbatches: whole(1, 64, strict=False) = 1  # micro-batches in flight per step, each on its own streams
 
     @field_validator("overrides", mode="before")
     @classmethod
@@ -98,6 +99,12 @@ class RunSpec(Strict):
             else:
                 raise ValueError(f"each override must be DOTTED.PATH=VALUE text or a (path, value) pair, got {item!r}")
         return tuple(pairs)
+
+    @model_validator(mode="after")
+    def _microbatches(self):
+        if self.microbatches > 1 and self.trace is None and self.microbatches > self.batch:
+            raise ValueError(f"microbatches ({self.microbatches}) must be at most the batch ({self.batch})")
+        return self
 
     @model_validator(mode="after")
     def _bounded_work(self):

@@ -11,9 +11,9 @@ stream) that executes its ops in order, as a GPU stream does:
    runs; the op's tiles overlap loads with compute (double buffering);
 4. the drain (the last chunk's compute).
 
-When a stage has a single stream (``LoneStream``), nothing on its links can overlap: each
-op is one scheduled event of its uncontended time (gap + fill + body + drain), driven by
-callbacks rather than a generator, and no flow network is built. Where a stage has several
+When a stage has a single stream (``LoneStream``), nothing on its links can overlap: its ops
+are timed by a loop over their uncontended durations (gap + fill + body + drain), with events
+only where it waits for another stream or the host, and no flow network is built. Where a stage has several
 streams (``SharedStream``), their ops' bodies are flows that share bandwidth through the
 stage's flow network (weighted max-min, sim.engine.flows).
 
@@ -91,6 +91,9 @@ class Simulation:
                 self._publish()
                 if self.end[op.idx] is None:
                     yield self.wait_for(op.idx)
+                if self.end[op.idx] > env.now:  # a lone stream knows its ends ahead of simulated time
+                    self.events += 1
+                    yield env.timeout(self.end[op.idx] - env.now)
                 start = max(t, env.now)
                 t = start + host.sync_ns + self.op_costs[op.idx].host_ns
                 self.host_sync_ns += t - env.now
@@ -157,11 +160,15 @@ class Simulation:
 
 
 class LoneStream:
-    """A stream alone on its stage: each op is one scheduled event of its uncontended time.
+    """A stream alone on its stage: nothing it does shares a resource with another stream, so
+    its ops' times follow from their dependencies and issue times alone, and it is timed by a
+    tight loop over their precomputed durations, with no event per op.
 
-    Driven by callbacks: ``advance`` runs ops until one needs time to pass (it schedules that
-    op's end and returns), a dependency on another stream is not done, or the host has not
-    issued the next op (it waits on that event and returns)."""
+    ``advance`` runs ops until one depends on an op of another stream whose end is not known
+    yet, or the host has not issued it (it waits on that event and returns). An op's end is
+    recorded as soon as it is known, ahead of simulated time: whoever reads it (another
+    stream, the host) starts at the later of that end and its own clock, which is what it
+    would have done had it waited for the end to happen (the host advances to it first)."""
 
     def __init__(self, sim: Simulation, lane):
         self.sim = sim
@@ -169,8 +176,6 @@ class LoneStream:
         self.external = lane.external  # per op: its dependencies other than the op before it
         self.i = 0
         self.free = sim.env.now
-        self.pending = -1  # the op whose end event is scheduled (-1: none)
-        self.pending_end = 0.0
         self.callback = self.advance  # one bound method for every event
 
     def begin(self) -> None:
@@ -182,15 +187,8 @@ class LoneStream:
 
     def advance(self, _event) -> None:
         sim = self.sim
-        end_of = sim.end
-        pending = self.pending
-        if pending >= 0:
-            end_of[pending] = self.pending_end
-            if sim.watched[pending]:
-                sim.finish(pending, self.pending_end)
-            self.pending = -1
-        env = sim.env
-        now = env.now
+        end_of, watched = sim.end, sim.watched
+        now = sim.env.now
         ops, external, durations, issue_time = self.ops, self.external, sim.durations, sim.issue_time
         ready_of, start_of, log = sim.ready, sim.start, sim.log
         i, free, n = self.i, self.free, len(ops)
@@ -223,12 +221,10 @@ class LoneStream:
             end = start + durations[idx]
             i += 1
             free = end
-            if end > now:
-                self.i, self.free, self.pending, self.pending_end = i, free, idx, end
-                sim.events += 1
-                env.timeout(end - now).callbacks.append(self.callback)
-                return
-            sim.finish(idx, end)
+            if watched[idx]:
+                sim.finish(idx, end)
+            else:
+                end_of[idx] = end
         self.i, self.free = i, free
 
 

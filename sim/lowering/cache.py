@@ -28,7 +28,8 @@ class GraphCache:
     def lower(self, contexts: tuple[int, ...], step: int = 0, position: int = 0) -> OpGraph:
         contexts = tuple(contexts)
         previous = self._previous
-        if self.setup.moe is None and previous is not None and previous.batch == len(contexts):
+        if (self.setup.moe is None and self.setup.spec.microbatches == 1 and previous is not None
+                and previous.batch == len(contexts)):
             self.reused += 1
             graph = self._relower_attention(previous, contexts, step)
             self.changed = self._attention

@@ -7,8 +7,11 @@ residual add fused), an all-reduce when ``tp > 1``, FFN RMSNorm, the FFN block, 
 all-reduce. Before the layers: the embedding gather; after: the final norm, the LM head
 and the argmax, which the host waits for (it needs the step's tokens). Models with QK-norm
 (``qk_norm``) normalise the query and key projections before RoPE (``q_norm``, ``k_norm``).
-Layers are split evenly over ``pp`` pipeline stages; a point-to-point transfer over the chip
-links joins two stages.
+Layers are split over ``pp`` pipeline stages by the Setup's partition (whole layers, or
+half-layer units on a spatial machine: a stage may end after a layer's attention); a
+point-to-point transfer over the chip links joins two stages (over the scale-out links where
+the two stages sit in different groups). Placement (sim.lowering.placement) then moves each
+access to the tier its data lives in and adds the staging transfers of streamed weights.
 
 ``lower_step(setup, step, position)`` is pure: it reads the sealed Setup and the step, and
 returns a new graph. Bytes come from the formats (sim.formats); the FFN block of a layer is
@@ -26,6 +29,7 @@ from sim.config.setup import ACT_BYTES, Setup
 from sim.errors import SimulationError
 from sim.lowering.graph import Access, Builder, Op, OpGraph, make_graph
 from sim.lowering.moe import lower_moe, moe_weight_bytes_per_chip
+from sim.lowering.placement import place_ops
 from sim.lowering.ops import (
     VEC_OPS,
     attention,
@@ -43,18 +47,49 @@ from sim.lowering.ops import (
 
 
 def weight_bytes_per_chip(setup: Setup, stage: int) -> int:
-    """Weights one chip of ``stage`` holds: its layers, plus embeddings and LM head at the
-    ends of the pipeline."""
+    """Weights one chip of ``stage`` holds: its units (attention and FFN halves of layers),
+    plus embeddings and LM head at the ends of the pipeline."""
+    return sum(weight_bytes_by_unit(setup, stage).values())
+
+
+def weight_bytes_by_unit(setup: Setup, stage: int, experts: bool | None = None) -> dict[tuple[int, str], int]:
+    """Weight bytes one chip of ``stage`` holds per unit; ``experts`` True counts only MoE
+    expert weights, False everything else, None both."""
     from_moe = moe_weight_bytes_per_chip(setup) if setup.moe is not None else 0
-    total = 0
-    for layer in setup.stage_layers(stage):
-        total += attention_weight_bytes(setup) + 2 * norm_bytes(setup) + sum(qk_norm_bytes(setup))
-        total += from_moe if setup.is_moe_layer(layer) else dense_ffn_weight_bytes(setup)
-    if stage == 0:
-        total += vocab_bytes(setup)
-    if stage == setup.pp - 1:
-        total += norm_bytes(setup) + (0 if setup.model.tied_embeddings and setup.pp == 1 else vocab_bytes(setup))
-    return total
+    out: dict[tuple[int, str], int] = {}
+    dense = experts is not True
+    for layer, part in setup.stage_units(stage):
+        if part == "embed":
+            size = vocab_bytes(setup) if dense else 0
+        elif part == "head":
+            tied = setup.model.tied_embeddings and setup.pp == 1
+            size = norm_bytes(setup) + (0 if tied else vocab_bytes(setup)) if dense else 0
+        elif part == "attn":
+            size = attention_weight_bytes(setup) + norm_bytes(setup) + sum(qk_norm_bytes(setup)) if dense else 0
+        elif setup.is_moe_layer(layer):
+            size = (from_moe if experts is not False else 0) + (norm_bytes(setup) if dense else 0)
+        else:
+            size = dense_ffn_weight_bytes(setup) + norm_bytes(setup) if dense else 0
+        out[(layer, part)] = size
+    return out
+
+
+def largest_staged_reads(setup: Setup, stage: int) -> list[int]:
+    """The dense-weight bytes of each projection of ``stage`` (the LM head at the end of the
+    pipeline): what a staging buffer must hold for each."""
+    m, w = setup.model, setup.weights
+    sizes = []
+    for layer, part in setup.stage_units(stage):
+        if part == "head":
+            sizes.append(vocab_bytes(setup))
+        elif part == "attn":
+            sizes.append(w.weight_bytes(setup.q_width + setup.k_width + setup.v_width, m.hidden))
+            sizes.append(w.weight_bytes(m.hidden, setup.q_width))
+        elif part == "ffn" and not setup.is_moe_layer(layer):
+            ffn = math.ceil(m.ffn / setup.tp)
+            sizes.append(w.weight_bytes((m.ffn_matrices - 1) * ffn, m.hidden))
+            sizes.append(w.weight_bytes(m.hidden, ffn))
+    return sizes
 
 
 # -- the step ------------------------------------------------------------------------------
@@ -62,6 +97,59 @@ def weight_bytes_per_chip(setup: Setup, stage: int) -> int:
 
 def lower_step(setup: Setup, contexts: tuple[int, ...], step: int = 0, position: int = 0,
                prefill: tuple[tuple[int, int], ...] = ()) -> OpGraph:
+    """The op graph of one step (see ``lower_one``); with ``microbatches`` M > 1 the sequences
+    are split into M contiguous micro-batches, each lowered alone and run on its own streams
+    (``main``, ``mb1``, ...), interleaved unit by unit in program order: on a pipeline the
+    stages overlap (micro-batch 1 on stage 0 while micro-batch 0 is on stage 1), and on one
+    chip one micro-batch's collectives overlap another's compute; where they share a chip
+    they share its memory, links and tiles (each reads the weights itself)."""
+    m = setup.spec.microbatches
+    contexts = tuple(contexts)
+    if m == 1:
+        return lower_one(setup, contexts, step, position, prefill)
+    if setup.moe is not None or prefill:
+        raise SimulationError("micro-batches of Mixture-of-Experts models or of chunked-prefill steps are not "
+                              "modelled (the routing trace gives one step's expert counts)")
+    if m > len(contexts):
+        raise SimulationError(f"{m} micro-batches need at least {m} sequences in a step, got {len(contexts)}")
+    groups = [contexts[g * len(contexts) // m:(g + 1) * len(contexts) // m] for g in range(m)]
+    graphs = [lower_one(setup, group, step, position) for group in groups]
+    return make_graph(interleave([list(g.ops) for g in graphs]), step=step, contexts=contexts, stages=setup.pp)
+
+
+def interleave(programs: list[list[Op]]) -> list[Op]:
+    """One program from several of the same shape: their runs of ops of one (stage, layer)
+    taken in turn, program ``g``'s streams renamed ``<stream>`` (g = 0) or ``<stream>`` +
+    ``mb<g>`` suffix, indices and dependencies renumbered."""
+    chunks = []
+    for ops in programs:
+        runs, key = [], None
+        for op in ops:
+            if (op.stage, op.layer) != key:
+                runs.append([])
+                key = (op.stage, op.layer)
+            runs[-1].append(op)
+        chunks.append(runs)
+    if len({len(c) for c in chunks}) != 1:
+        raise SimulationError("micro-batch programs differ in shape")
+    new_of: list[dict[int, int]] = [{} for _ in programs]
+    order: list[tuple[int, Op]] = []
+    for c in range(len(chunks[0])):
+        for g, runs in enumerate(chunks):
+            for op in runs[c]:
+                new_of[g][op.idx] = len(order)
+                order.append((g, op))
+    out = []
+    for pos, (g, op) in enumerate(order):
+        stream = op.stream if g == 0 else ("mb" if op.stream == "main" else f"{op.stream}-mb") + str(g)
+        out.append(Op(idx=pos, name=op.name, layer=op.layer, work=op.work,
+                      deps=tuple(new_of[g][d] for d in op.deps), stream=stream, stage=op.stage,
+                      host_sync=op.host_sync, row=op.row, compute_row=op.compute_row, tags=op.tags))
+    return out
+
+
+def lower_one(setup: Setup, contexts: tuple[int, ...], step: int = 0, position: int = 0,
+              prefill: tuple[tuple[int, int], ...] = ()) -> OpGraph:
     """The op graph of one step that decodes a token for each sequence whose cache holds
     ``contexts`` tokens (after this step's token is appended) and, mixed in (chunked
     prefill), processes a prompt chunk for each ``(chunk tokens, tokens cached before the
@@ -82,17 +170,18 @@ def lower_step(setup: Setup, contexts: tuple[int, ...], step: int = 0, position:
     ops: list[Op] = []
     for stage in range(setup.pp):
         b = builder(setup, ops, stage)
-        if stage == 0:
+        units = setup.stage_units(stage)
+        if units[0][1] == "embed":
             row = setup.weights.weight_bytes(1, m.hidden)
             b.add("embed", -1, "vector", [
                 Access(setup.store, batch * row, "weights", granule=row, role="w"),
                 Access(setup.act_level, act_row, "act", write=True, role="y"),
             ], vector_ops=batch * m.hidden, parallelism=batch)
-        else:
-            b.add("recv_activations", -1, "p2p", [Access("link", act_row, "link", role="link")],
+        if stage > 0:
+            b.add("recv_activations", -1, "p2p", [Access(stage_link(setup, stage), act_row, "link", role="link")],
                   collective=("p2p", act_row, 2), deps=(ops[-1].idx,), parallelism=1)
-        lower_layers(setup, b, setup.stage_layers(stage), contexts, position, prefill)
-        if stage == setup.pp - 1:
+        lower_units(setup, b, [u for u in units if u[0] >= 0], contexts, position, prefill)
+        if units[-1][1] == "head":
             vector(setup, b, "final_norm", -1, reads=logit_row, weights=norm_bytes(setup), writes=logit_row,
                    ops=logits * m.hidden * VEC_OPS["rmsnorm"], rows=logits)
             matmul(setup, b, "lm_head", -1, logits, m.hidden, setup.vocab)
@@ -101,14 +190,40 @@ def lower_step(setup: Setup, contexts: tuple[int, ...], step: int = 0, position:
             gather = collective(setup, b, "gather_tokens", -1, "allgather", logits * 8, setup.tp)
             last = gather or tokens
             ops[last.idx] = _synced(last)
-    return make_graph(ops, step=step, contexts=contexts, stages=setup.pp)
+    return make_graph(place_ops(setup, ops), step=step, contexts=contexts, stages=setup.pp)
+
+
+def stage_link(setup: Setup, stage: int) -> str:
+    """The link that joins ``stage`` to the stage before it: the chip links inside a group,
+    the scale-out links between groups."""
+    system = setup.hardware.system
+    first = stage * setup.tp
+    return "scaleout" if system.group_of(first - 1) != system.group_of(first) else "link"
 
 
 def _synced(op: Op) -> Op:
     return replace(op, host_sync=True)
 
 
-def lower_layers(setup: Setup, b: Builder, layers: range, contexts: tuple[int, ...], position: int,
+def lower_units(setup: Setup, b: Builder, units: list[tuple[int, str]], contexts: tuple[int, ...], position: int,
+                prefill: tuple[tuple[int, int], ...] = ()) -> None:
+    """Lower a stage's layer units in order: whole layers through ``lower_layers``, a layer
+    cut by a stage boundary as its attention or FFN half alone."""
+    parts: dict[int, list[str]] = {}
+    for layer, part in units:
+        parts.setdefault(layer, []).append(part)
+    whole: list[int] = []
+    for layer, halves in parts.items():
+        if len(halves) == 2:
+            whole.append(layer)
+            continue
+        lower_layers(setup, b, whole, contexts, position, prefill)
+        whole = []
+        (lower_attention_half if halves == ["attn"] else lower_ffn_half)(setup, b, layer, contexts, position, prefill)
+    lower_layers(setup, b, whole, contexts, position, prefill)
+
+
+def lower_layers(setup: Setup, b: Builder, layers, contexts: tuple[int, ...], position: int,
                  prefill: tuple[tuple[int, int], ...] = ()) -> None:
     """Lower ``layers``. Layers whose FFN is dense lower to the same ops; after the first two
     dense layers have been lowered (and found equal), further dense layers are copies with
@@ -144,6 +259,14 @@ def _same_ops(first: list[Op], second: list[Op]) -> bool:
 
 def lower_layer(setup: Setup, b: Builder, layer: int, contexts: tuple[int, ...], position: int,
                 prefill: tuple[tuple[int, int], ...] = ()) -> None:
+    lower_attention_half(setup, b, layer, contexts, position, prefill)
+    lower_ffn_half(setup, b, layer, contexts, position, prefill)
+
+
+def lower_attention_half(setup: Setup, b: Builder, layer: int, contexts: tuple[int, ...], position: int,
+                         prefill: tuple[tuple[int, int], ...] = ()) -> None:
+    """The attention half of a layer: norm, QKV, RoPE and append, attention, O projection and
+    its all-reduce."""
     m = setup.model
     batch = len(contexts) + sum(chunk for chunk, _ in prefill)  # token rows
     act_row = batch * m.hidden * ACT_BYTES
@@ -170,6 +293,16 @@ def lower_layer(setup: Setup, b: Builder, layer: int, contexts: tuple[int, ...],
         prefill_attention(setup, b, layer, prefill)
     matmul(setup, b, "o_proj", layer, batch, setup.q_width, m.hidden, residual=True)
     collective(setup, b, "allreduce_attn", layer, "allreduce", act_row, setup.tp)
+
+
+def lower_ffn_half(setup: Setup, b: Builder, layer: int, contexts: tuple[int, ...], position: int,
+                   prefill: tuple[tuple[int, int], ...] = ()) -> None:
+    """The FFN half of a layer: norm, the dense or MoE FFN, its all-reduce."""
+    m = setup.model
+    batch = len(contexts) + sum(chunk for chunk, _ in prefill)  # token rows
+    act_row = batch * m.hidden * ACT_BYTES
+    norm = dict(reads=act_row, weights=norm_bytes(setup), writes=act_row, ops=batch * m.hidden * VEC_OPS["rmsnorm"],
+                rows=batch)
     vector(setup, b, "ffn_norm", layer, **norm)
     if setup.is_moe_layer(layer):
         lower_moe(setup, b, layer, batch, position)

@@ -48,6 +48,7 @@ def compare_rows(spec, kv_formats: list[str], fidelity_tokens: int = 2048) -> li
             "dequant_ms": breakdown.get("dequant", 0.0), "bound": s.get("bound"), "verdict": s.get("verdict"),
             "attn_output_rel_error": fid["output_rel_error"], "attn_kl": fid["attn_kl"],
             "score_rel_error": fid["score_rel_error"], "fidelity_tokens": sample.k_pre.shape[0],
+            "J_per_token": (s.get("energy") or {}).get("J_per_token"),
         })
     ref = base_kv
     base_ms = next((r["per_token_ms_p50"] for r in rows if r["kv"] == BASELINE), None)
@@ -55,7 +56,9 @@ def compare_rows(spec, kv_formats: list[str], fidelity_tokens: int = 2048) -> li
         res = resolve(spec.model_copy(update={"kv": BASELINE}))
         context = max(max(step.contexts) for step in res.steps)
         ref = res.model.layers * get_format(BASELINE).kv_footprint(context, res.k_width, res.v_width) / context
+    base_J = next((r["J_per_token"] for r in rows if r["kv"] == BASELINE), None)
     for r in rows:
+        r["energy_cut_pct"] = 100 * (1 - r["J_per_token"] / base_J) if base_J and r["J_per_token"] else None
         r["reduction_pct"] = 100 * (1 - r["kv_stored_bytes_per_token"] / ref)
         r["latency_cut_pct"] = (100 * (1 - r["per_token_ms_p50"] / base_ms)
                                 if base_ms and r["per_token_ms_p50"] is not None else None)

@@ -23,15 +23,16 @@ from sim.io import write_with  # noqa: E402
 from sim.report import labels  # noqa: E402
 
 # every breakdown row sim.results assigns time to, in the order bars stack them
-ROW_ORDER = ["weights", "expert_weights", "kv", "outliers", "activations", "temp", "combine", "compute",
-             "expert_compute", "router", "dequant", "dispatch", "links", "host_link", "latency", "kernel_startup",
-             "launch_sync", "contention"]
-# one colour per breakdown row in every figure (tab20 entries; a row not listed is grey)
+ROW_ORDER = ["weights", "expert_weights", "staged_weights", "kv", "outliers", "activations", "temp", "combine",
+             "compute", "expert_compute", "router", "dequant", "dispatch", "links", "host_link", "latency",
+             "kernel_startup", "launch_sync", "contention"]
+# one colour per breakdown row in every figure (tab20 entries, a new row appended so the others keep
+# theirs; a row not listed is grey)
 _TAB20 = plt.get_cmap("tab20").colors
 ROW_COLOURS = {row: _TAB20[i] for i, row in enumerate(
     ["weights", "expert_weights", "kv", "outliers", "activations", "temp", "combine", "compute", "expert_compute",
      "router", "dequant", "dispatch", "links", "host_link", "latency", "kernel_startup", "launch_sync",
-     "contention"])}
+     "contention", "staged_weights"])}
 FULL_PRECISION_KV = frozenset({"fp16", "bf16", "fp32"})
 
 

@@ -53,9 +53,9 @@ UNIT_SUFFIXES = (("_GBps", "GB/s"), ("_TBps", "TB/s"), ("_TFLOPs", "TFLOP/s"), (
                  ("_ns", "ns"), ("_us", "µs"), ("_ms", "ms"), ("_s", "s"), ("_percent", "%"))
 
 RESOURCES = {"hbm": "HBM", "l2": "L2", "smem": "SMEM", "sram": "SRAM", "noc": "on-chip network", "pcie": "PCIe",
-             "link": "chip-to-chip links", "compute": "compute", "host": "host", "kernels": "kernels"}
+             "link": "chip-to-chip links", "scaleout": "scale-out links", "ddr": "DDR", "pmu": "PMU SRAM", "compute": "compute", "host": "host", "kernels": "kernels"}
 
-ROWS = {"kv": "KV cache", "expert_weights": "expert weights", "expert_compute": "expert compute",
+ROWS = {"kv": "KV cache", "expert_weights": "expert weights", "staged_weights": "staged weights (SRAM buffer)", "expert_compute": "expert compute",
         "launch_sync": "launch + sync", "host_link": "host link", "latency": "access latency", "links": "chip links",
         "dequant": "dequantization"}
 

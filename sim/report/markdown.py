@@ -1,4 +1,5 @@
-"""The study report: ``<out>/report.md`` from the saved table, settings and plots.
+"""The study report: ``<out>/report.md`` (and ``report.html`` beside it, self-contained) from
+the saved table, settings and plots.
 
 Sections: the question and its answer in numbers (how many points meet the target, where
 the frontier lies along the first numeric axis for every other combination), the verdict
@@ -235,6 +236,9 @@ def write_report(out_dir: str | Path) -> Path:
     lines += _settings_section(settings, out_dir)
     path = out_dir / "report.md"
     _write(path, "\n".join(lines))
+    from sim.explore.html import write_study_html  # report.html beside it: the same report, plots inlined
+
+    write_study_html(out_dir)
     return path
 
 

@@ -37,6 +37,8 @@ class System:
     chips_source: str
     estimate: bool
     header: str
+    tensor_parallel: tuple[int, str] | None = None  # system.tensor_parallel: (default tp, its source)
+    scaleout: str = ""  # a system.scaleout block (YAML, indented two spaces) between groups of chips
 
 
 SYSTEMS = (
@@ -53,7 +55,46 @@ SYSTEMS = (
            "# A Groq LPU system of 576 chips, as reported for Llama-2-70B at 300 t/s/u (anchors.md C1:\n"
            "# \"576 chips (reported)\", S): 8 chips per 4U GroqNode (hardware_facts.md 5, Q2), 72 nodes.\n"
            "# Per-chip figures are groq-lpu.yaml's, copied by `python -m sim.report.multichip`.\n"
-           "# Default mapping: tensor parallel over the 8 chips of a node, a pipeline over the 72 nodes.\n"),
+           "# Default mapping: tensor parallel over the 8 chips of a node, a pipeline over the 72 nodes;\n"
+           "# stages hold half-layer units balanced by bytes (system.partition: balanced). Inside a node the\n"
+           "# 8 cards are fully connected; nodes are joined in a Dragonfly over 4 global ports per card.\n",
+           scaleout=("  scaleout:\n"
+                     '    chips_per_group: {value: 8, source: "8 GroqCards per GroqNode, fully connected by 7 cable pairs each (HC34 notes; hardware_facts.md 5, Q2)"}\n'
+                     '    bandwidth_GBps: {value: 56, source: "4 global (inter-node) ports per card (HC34 notes, Dragonfly) x ~14 GB/s per C2C link per direction (Linley Newsletter 2020-11-10: 4 lanes x 28 Gb/s cabled)", estimate: true}\n'
+                     '    latency_ns: {value: 1000, source: "one C2C hop, as inside the node; the ISCA 22 paper bounds the whole Dragonfly at < 3 us end to end", estimate: true}\n'
+                     '    per_message_overhead_ns: {value: 0, source: "statically scheduled transfers (Q3)", estimate: true}\n')),
+    System("cerebras-wse3-x4", "cerebras-wse3",
+           "4 Cerebras CS-3 systems (WSE-3 wafers) over 100 GbE; per wafer 44 GB SRAM at 21 PB/s",
+           4, "'70B models fit on as few as four systems' (Cerebras inference launch blog, Aug 2024; docs/spatial.md CB-MAP)",
+           False,
+           "# Four CS-3 systems, as Cerebras serves Llama-3.1-70B in 16-bit (docs/spatial.md, CB-MAP).\n"
+           "# Per-wafer figures are cerebras-wse3.yaml's, copied by `python -m sim.report.multichip`.\n"
+           "# Default mapping: a layer pipeline over the 4 wafers (tp 1), half-layer units balanced by bytes.\n",
+           tensor_parallel=(1, "a layer pipeline across wafers: 70B spans four systems (docs/spatial.md, CB-MAP); "
+                                 "tensor parallelism over 100 GbE would put two all-reduces per layer on it")),
+    System("sambanova-sn40l-8", "sambanova-sn40l",
+           "8 SambaNova SN40L RDUs (one SN40L-8 node); per socket 520 MB SRAM, 64 GB HBM, 1.5 TB DDR",
+           8, "an SN40L node of 8 RDUs (Prabhakar, SN40L seminar abstract, IISc; docs/spatial.md SN-IISC)", False,
+           "# Eight SN40L sockets of one node. Per-socket figures are sambanova-sn40l.yaml's, copied by\n"
+           "# `python -m sim.report.multichip`. Default mapping: tensor parallel over the 8 sockets.\n"),
+    System("sambanova-sn40l-16", "sambanova-sn40l",
+           "16 SambaNova SN40L RDUs (one SambaRack SN40L-16); per socket 520 MB SRAM, 64 GB HBM, 1.5 TB DDR",
+           16, "16 RDUs per SambaRack SN40L-16 (SambaNova docs, SambaRack overview; docs/spatial.md SN-DOCS)", False,
+           "# A SambaRack of 16 SN40L sockets. Per-socket figures are sambanova-sn40l.yaml's, copied by\n"
+           "# `python -m sim.report.multichip`. Default mapping: tensor parallel over all 16 sockets (the\n"
+           "# decoder spread over 16 RDUs, docs/spatial.md SN-MAP).\n",
+           tensor_parallel=(16, "a Llama decoder mapped across 16 RDUs with tensor parallelism (docs/spatial.md, SN-MAP; S)")),
+)
+
+SYSTEMS = SYSTEMS + (
+    System("tpu-v5e-16", "tpu-v5e",
+           "16 Google TPU v5e chips (a 4x4 pod slice, 2D torus ICI); per chip 16 GB HBM2e at 819 GB/s",
+           16, "a 4x4 v5e slice (Cloud TPU v5e docs: 2D torus, 8 chips per host, 256-chip pod; G1)", False,
+           "# A 4x4 slice of TPU v5e chips on the ICI 2D torus (Cloud TPU v5e documentation, G1). Per-chip\n"
+           "# figures are tpu-v5e.yaml's, copied by `python -m sim.report.multichip`. Two hosts of 8 chips;\n"
+           "# XLA shards the model tensor-parallel over the slice by default here.\n",
+           tensor_parallel=(16, "tensor parallel over the whole slice (a common JetStream/MaxText decode sharding); "
+                                "pass --tp/--pp for others")),
 )
 
 PER_CHIP = ("memory", "compute", "noc", "host")
@@ -66,6 +107,11 @@ def render(system: System, base_text: str | None = None) -> str:
     body = re.sub(r"^description: .*$", f'description: "{system.description}"', body, count=1, flags=re.M)
     chips = (f'  chips: {{value: {system.chips}, source: "{system.chips_source}"'
              + (", estimate: true}" if system.estimate else "}"))
+    if system.tensor_parallel is not None:
+        tp, source = system.tensor_parallel
+        chips += f'\n  tensor_parallel: {{value: {tp}, source: "{source}"}}'
+    if system.scaleout:
+        chips += "\n" + system.scaleout.rstrip("\n")
     body, n = re.subn(r"^  chips: \{.*\}$", chips, body, count=1, flags=re.M)
     if n != 1:
         raise ValueError(f"{system.base}.yaml: no one-line system.chips entry to replace")

@@ -34,6 +34,7 @@ from matplotlib.ticker import FuncFormatter
 from sim.report import labels
 from sim.report.claims import claim_plots
 from sim.report.detail_plots import bandwidth, roofline
+from sim.report.energy_plot import energy
 from sim.report.figures import (
     LATENCY,
     MAX_PANELS,
@@ -74,7 +75,8 @@ def make_plots(out_dir: str | Path) -> list[str]:
     for maker in (lambda: claim_plots(grid, settings, folder), lambda: breakdown(grid, settings, folder),
                   lambda: feasibility(grid, settings, folder),
                   lambda: tornado(table[table["group"] == "sensitivity"], settings, folder),
-                  lambda: bandwidth(out_dir / "detail", folder), lambda: roofline(out_dir / "detail", folder)):
+                  lambda: bandwidth(out_dir / "detail", folder), lambda: roofline(out_dir / "detail", folder),
+                  lambda: energy(grid, settings, folder)):
         written += maker() or []
     if folder.is_dir():
         for stale in list(folder.glob("*.png")) + list(folder.glob("*.svg")):

@@ -212,11 +212,18 @@ def serve(spec: ServeSpec | Setup, out_dir: str | Path | None = None, *, step_mo
     setup = spec if isinstance(spec, Setup) else build(spec)
     wall = time.perf_counter()
     model = step_model or SimulatorStepModel(setup.resolved)
+    metered = None
+    if setup.resolved.hardware.energy is not None and step_model is None:
+        from sim.energy import MeteredStepModel
+
+        metered = MeteredStepModel(model, setup.resolved)
     scheduler = Scheduler(setup.pool(), max_batch=setup.spec.max_batch,
                           max_tokens_per_step=setup.spec.max_tokens_per_step, policy=setup.spec.policy)
-    figures = replay(setup.source, model, scheduler, target_ms=setup.spec.target_ms,
+    figures = replay(setup.source, metered or model, scheduler, target_ms=setup.spec.target_ms,
                      max_context=setup.resolved.model.max_context, out_dir=out_dir,
                      window_s=setup.source.window_s, stop=stop, progress=progress)
+    if metered is not None:
+        figures.update(metered.summary(figures["simulated_s"], figures["output_tokens"]))
     summary = {**setup.describe(), **figures, "wall_s": time.perf_counter() - wall}
     if isinstance(model, SimulatorStepModel):
         summary["step_model"] = {**model.stats, "exact": model.exact, "fallback_reason": model.fallback_reason}

@@ -39,6 +39,7 @@ from sim.costs import CostModel
 from sim.errors import ConfigError
 from sim.lowering.decode import lower_step
 from sim.lowering.ops import attention, builder, prefill_attention
+from sim.lowering.placement import plan_of
 
 TAIL_OPS = frozenset({"final_norm", "lm_head", "argmax", "gather_tokens"})  # ops at M = logit rows
 ATTENTION_OPS = frozenset({"attention", "attention_prefill"})
@@ -82,6 +83,8 @@ class SimulatorStepModel:
             self._fall_back("eager launch: the host's issue times, not only the ops, decide the step time")
         if setup.pp > 1:
             self._fall_back("pipeline stages: the step is not one chain of ops")
+        if plan_of(setup).staged:
+            self._fall_back("weights staged into SRAM on a second stream: the step is not one chain of ops")
 
     # -- the protocol -------------------------------------------------------------------------
     def step_ns(self, decode_contexts: tuple[int, ...], prefill: tuple[tuple[int, int], ...] = ()) -> float:

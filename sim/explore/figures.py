@@ -1,0 +1,142 @@
+"""Plotly figure dicts for the explorer and its HTML exports (plain JSON, no plotly import).
+
+Each function takes views (``sim.explore.views``: a run's ``--json`` summary, its
+roofline points and its curves) and returns ``{"data": [...], "layout": {...}}``, the form
+``Plotly.newPlot`` takes. The page and an exported file draw the same dicts. Units: ms per
+decode step (= per token of each sequence), operations per byte, T operations per second,
+requests per second.
+"""
+
+from __future__ import annotations
+
+COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
+DASHES = ("solid", "dash")
+LEVEL_SYMBOLS = ("circle", "square", "triangle-up", "diamond", "triangle-down", "cross", "x")
+
+
+def _layout(title: str, **extra) -> dict:
+    base = {"title": {"text": title, "font": {"size": 14}, "x": 0.01, "xanchor": "left"}, "margin": {"l": 60, "r": 20, "t": 50, "b": 50},
+            "legend": {"orientation": "h", "y": -0.2}, "template": "plotly_white", "height": 360}
+    base.update(extra)
+    return base
+
+
+def _target_line(target_ms: float) -> dict:
+    return {"type": "line", "xref": "paper", "x0": 0, "x1": 1, "y0": target_ms, "y1": target_ms,
+            "line": {"color": "#444", "dash": "dot", "width": 1.5}}
+
+
+def _target_note(target_ms: float) -> dict:
+    return {"xref": "paper", "x": 1, "y": target_ms, "xanchor": "right", "yanchor": "bottom",
+            "text": f"{target_ms:g} ms target", "showarrow": False, "font": {"size": 11, "color": "#444"}}
+
+
+def breakdown_rows(views: list[dict]) -> list[str]:
+    """The breakdown rows any view spends time on (>= 0.1 us), largest first."""
+    rows: list[str] = []
+    for view in views:
+        for name, ms in sorted((view["summary"].get("breakdown_ms") or {}).items(), key=lambda kv: -kv[1]):
+            if ms >= 1e-4 and name not in rows:
+                rows.append(name)
+    return rows
+
+
+def breakdown(views: list[dict]) -> dict:
+    """The step breakdown (ms per step, by row) of each view, as grouped horizontal bars."""
+    rows = breakdown_rows(views)
+    data = []
+    for i, view in enumerate(views):
+        b = view["summary"].get("breakdown_ms") or {}
+        data.append({"type": "bar", "orientation": "h", "name": view["label"], "y": rows,
+                     "x": [b.get(r, 0.0) for r in rows], "marker": {"color": COLOURS[i % len(COLOURS)]},
+                     "hovertemplate": "%{y}: %{x:.4f} ms<extra>" + view["label"] + "</extra>"})
+    layout = _layout("Breakdown of one decode step (ms)", barmode="group",
+                     xaxis={"title": {"text": "ms per step"}},
+                     yaxis={"autorange": "reversed", "automargin": True},
+                     height=max(260, 60 + 26 * len(rows) * max(1, len(views))))
+    if not rows:
+        layout.update(xaxis={"visible": False}, yaxis={"visible": False}, annotations=[{
+            "text": "no breakdown: the setup does not fit", "showarrow": False, "xref": "paper", "yref": "paper",
+            "x": 0.5, "y": 0.5}])
+    return {"data": data, "layout": layout}
+
+
+def roofline(view: dict) -> dict:
+    """Every op of the view's first step, placed once per memory level it moved bytes at,
+    under that level's bandwidth roof, the matrix peak and the vector-unit ceiling."""
+    roof = view.get("roofline")
+    title = f"Roofline of one step: {view['label']}"
+    if not roof or not roof["points"]:
+        return {"data": [], "layout": _layout(title, xaxis={"visible": False}, yaxis={"visible": False}, annotations=[{
+            "text": "no roofline: the setup does not fit" if roof is None else "no op moved bytes",
+            "showarrow": False, "xref": "paper", "yref": "paper", "x": 0.5, "y": 0.5}])}
+    intensities = [p for level in roof["points"].values() for p in level["intensity"]]
+    lo, hi = min(intensities) / 4, max(intensities) * 4
+    lo, hi = min(lo, 0.01), max(hi, 1e4)
+    xs = [lo * (hi / lo) ** (k / 60) for k in range(61)]
+    matrix = roof["matrix_peak_TFLOPs"]
+    data = []
+    for i, (level, gbps) in enumerate(roof["peaks_GBps"].items()):
+        data.append({"type": "scatter", "mode": "lines", "x": xs, "y": [min(matrix, x * gbps / 1e3) for x in xs],
+                     "name": f"{level} roof ({gbps:,.0f} GB/s)",
+                     "line": {"color": COLOURS[i % len(COLOURS)], "width": 1.5}, "hoverinfo": "name"})
+    data.append({"type": "scatter", "mode": "lines", "x": [lo, hi], "y": [roof["vector_peak_Tops"]] * 2,
+                 "name": f"vector units ({roof['vector_peak_Tops']:,.1f} T ops/s)",
+                 "line": {"color": "#777", "dash": "dash", "width": 1}, "hoverinfo": "name"})
+    for i, (level, pts) in enumerate(roof["points"].items()):
+        colour = COLOURS[list(roof["peaks_GBps"]).index(level) % len(COLOURS)] if level in roof["peaks_GBps"] \
+            else "#555"
+        data.append({"type": "scatter", "mode": "markers", "x": pts["intensity"], "y": pts["rate"],
+                     "text": pts["name"], "name": f"ops, bytes at {level}",
+                     "marker": {"symbol": LEVEL_SYMBOLS[i % len(LEVEL_SYMBOLS)], "size": 7, "color": colour,
+                                "opacity": 0.7},
+                     "hovertemplate": "%{text}<br>%{x:.3g} ops/byte, %{y:.3g} T ops/s<extra>" + level + "</extra>"})
+    return {"data": data, "layout": _layout(
+        title, xaxis={"type": "log", "title": {"text": "arithmetic intensity (operations per byte at that level)"}},
+        yaxis={"type": "log", "title": {"text": "achieved work rate (T ops/s)"}}, height=420)}
+
+
+def curve(views: list[dict], axis: str) -> dict:
+    """p99 ms per token against ``axis`` (``batch`` or ``context``) for each view, with the
+    target line; points that do not fit are left out and counted in the legend."""
+    data, target = [], None
+    for i, view in enumerate(views):
+        points = (view.get("curves") or {}).get(axis) or []
+        target = view["summary"]["target_ms"] if target is None else target
+        ok = [p for p in points if p["ms_p99"] is not None]
+        lost = len(points) - len(ok)
+        name = view["label"] + (f" ({lost} point{'s do' if lost > 1 else ' does'} not fit)" if lost else "")
+        data.append({"type": "scatter", "mode": "lines+markers", "name": name, "x": [p["x"] for p in ok],
+                     "y": [p["ms_p99"] for p in ok], "text": [p["bound"] for p in ok],
+                     "line": {"color": COLOURS[i % len(COLOURS)]},
+                     "hovertemplate": axis + " %{x}: %{y:.3f} ms (p99), %{text}-bound<extra>" + view["label"]
+                                      + "</extra>"})
+    word = "sequences per step" if axis == "batch" else "tokens in each cache at the first step"
+    layout = _layout(f"Latency against {axis} (p99 ms per token)",
+                     xaxis={"type": "log", "title": {"text": f"{axis} ({word})"}},
+                     yaxis={"title": {"text": "p99 ms per token"}, "rangemode": "tozero"}, showlegend=True)
+    if target is not None:
+        layout["shapes"], layout["annotations"] = [_target_line(target)], [_target_note(target)]
+    return {"data": data, "layout": layout}
+
+
+def serving(rows: list[dict], target_ms: float, metric: str) -> dict:
+    """``metric`` (``tpot`` or ``ttft``) p50 and p99 against the offered request rate, from
+    the serve sweep's rows (those that ran)."""
+    ok = sorted((r for r in rows if r.get("status") == "ok"), key=lambda r: r["rate_per_s"])
+    data = []
+    for q, dash in (("p50", "dash"), ("p99", "solid")):
+        data.append({"type": "scatter", "mode": "lines+markers", "name": f"{metric.upper()} {q}",
+                     "x": [r["rate_per_s"] for r in ok], "y": [r[f"{metric}_ms_{q}"] for r in ok],
+                     "line": {"color": COLOURS[0 if metric == "tpot" else 1], "dash": dash},
+                     "hovertemplate": "%{x:.3g} req/s: %{y:.2f} ms<extra>" + f"{metric.upper()} {q}</extra>"})
+    name = "time per output token" if metric == "tpot" else "time to first token"
+    layout = _layout(f"{metric.upper()} ({name}) against request rate",
+                     xaxis={"title": {"text": "offered rate (requests per second)"}},
+                     yaxis={"title": {"text": f"{metric.upper()} (ms)"}, "rangemode": "tozero"})
+    if metric == "tpot":
+        layout["shapes"], layout["annotations"] = [_target_line(target_ms)], [_target_note(target_ms)]
+    return {"data": data, "layout": layout}
+
+
+__all__ = ["breakdown_rows", "breakdown", "roofline", "curve", "serving"]

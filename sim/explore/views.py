@@ -1,0 +1,311 @@
+"""From the page's form to the CLI's own answers: argument list, spec, run, views.
+
+A form is a dict of text fields (``hardware``, ``batch``, ``overrides``, ...). ``run_argv``
+turns it into the argument list of ``decodesim run`` (``--batch=16``, one ``--set=`` per
+override line), which the run command's own argparse options parse and ``spec_from_args``
+validates, exactly as the CLI does; ``sim.run.simulate`` then runs it. So the page's number
+is the CLI's figure for the same arguments, and bad input gets the CLI's one-line error
+(``FormError``, whose text is what ``decodesim`` prints on stderr).
+
+Names, never paths: every field that the CLI would accept as a file (hardware, model,
+formats, stack, routing; ``trace``) must be a name of the bundled lists, also when set
+through ``--set``; a name that is not bundled but could only be a name (letters, digits,
+``-``, ``_``) goes on to the CLI, which reports it as unknown with the bundled choices.
+
+Bounds the page adds to the CLI's (a local page should answer within seconds): at most
+``MAX_STEPS`` decode steps, ``MAX_FIELD_CHARS`` characters a field, ``MAX_OVERRIDES``
+overrides; a serving replay of at most ``MAX_SERVE_DURATION_S`` seconds of arrivals and
+``MAX_RATES`` rates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+from functools import lru_cache
+from pathlib import Path
+
+from sim.commands import run as run_command
+from sim.commands import serve as serve_command
+from sim.commands.common import spec_from_args
+from sim.errors import ConfigError, SimulationError
+from sim.explore.compute import MAX_STEPS, RUN_FLAGS, FormError, plain, curves_for, roofline_of
+
+MAX_FIELD_CHARS = 2000
+MAX_OVERRIDES = 50
+MAX_SERVE_DURATION_S = 120.0
+MAX_RATES = 8
+SERVE_REQUESTS = ("synthetic", "azure-conv", "azure-code")
+
+# form fields: RunSpec fields by their run option (sim.explore.compute.RUN_FLAGS), passed as
+# --flag=VALUE so text that starts with "-" stays a value
+OPTIONAL = frozenset({"tp", "pp", "chips"})  # empty: not given (the CLI's default)
+SERVE_FLAGS = {"hardware": "--hardware", "model": "--model", "weights": "--weights", "kv": "--kv",
+               "software": "--software", "tp": "--tp", "pp": "--pp", "chips": "--chips",
+               "target_ms": "--target-ms", "requests": "--requests", "duration_s": "--duration-s"}
+FORM_KEYS = frozenset(RUN_FLAGS) | {"graph", "overrides", "allow_long_context", "label"}
+SERVE_KEYS = FORM_KEYS | {"requests", "duration_s", "rates"}
+NAME_FIELDS = ("hardware", "model", "weights", "kv", "software", "routing")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
+
+
+class _Parser(argparse.ArgumentParser):
+    """The CLI's parser, raising instead of printing and exiting (same message text)."""
+
+    def error(self, message):
+        raise FormError(f"decodesim: {message}")
+
+    def exit(self, status=0, message=None):
+        raise FormError(f"decodesim: {(message or 'stopped').strip()}")
+
+
+@lru_cache(maxsize=1)
+def _parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
+    """The ``run`` and ``serve`` subcommands' own options (sim.commands.run / serve)."""
+    out = []
+    for command in (run_command, serve_command):
+        parser = _Parser(prog="decodesim")
+        command.register(parser.add_subparsers(dest="command", parser_class=_Parser))
+        out.append(parser)
+    return out[0], out[1]
+
+
+# -- the bundled lists ---------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=1)
+def options() -> dict:
+    """What the page's menus offer: the bundled names of each list, and the CLI's defaults."""
+    from sim.config.defaults import RUN_DEFAULTS
+    from sim.config.software import software_dir
+    from sim.formats.base import list_formats
+    from sim.paths import bundled, formats_dir, hardware_dir, models_dir
+
+    def stems(folder: Path) -> list[str]:
+        return sorted(p.stem for p in folder.glob("*.yaml"))
+
+    formats = stems(formats_dir())
+    return {
+        "hardware": stems(hardware_dir()), "model": stems(models_dir()), "formats": formats,
+        "weights": [f.name for f in list_formats("weights")], "kv": [f.name for f in list_formats("kv")],
+        "software": stems(software_dir()),
+        "routing": ["uniform", "zipf"] + sorted(p.stem for p in bundled("workloads", "routing").glob("*.jsonl")),
+        "dispatch": ["device", "host_sync", "sram_zero_copy"],
+        "placement": ["static", "all-hbm", "lru", "lfu", "spread"], "engine": ["des", "analytic"],
+        "graph": ["", "graph", "eager"], "requests": list(SERVE_REQUESTS),
+        "defaults": {**RUN_DEFAULTS, "requests": "synthetic", "duration_s": 30, "rates": "2, 4, 8, 16"},
+        "limits": {"steps": MAX_STEPS, "duration_s": MAX_SERVE_DURATION_S, "rates": MAX_RATES},
+    }
+
+
+def _allowed(field: str) -> list[str]:
+    o = options()
+    return o["formats"] if field in ("weights", "kv") else o[field]
+
+
+def check_name(field: str, value, where: str = "form") -> None:
+    """Raise FormError unless ``value`` is a bundled name of ``field``'s list, or text that can
+    only be a name (the CLI then says it is unknown); never a path."""
+    if value is None:
+        return
+    text = str(value)
+    if text in _allowed(field) and not Path(text).is_file():
+        return
+    if _NAME.fullmatch(text) and not Path(text).is_file():
+        return
+    raise FormError(f"decodesim: {where}: {field}: the explorer reads bundled names only, never a path; expected "
+                    f"one of: {', '.join(_allowed(field))}, got {text[:80]!r}")
+
+
+# -- form -> argument list -----------------------------------------------------------------------
+
+
+def _text(form: dict, key: str) -> str:
+    value = form.get(key, "")
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise FormError(f"decodesim: form: {key}: expected text, got {type(value).__name__}")
+    text = str(value)
+    if len(text) > MAX_FIELD_CHARS or "\x00" in text:
+        raise FormError(f"decodesim: form: {key}: expected at most {MAX_FIELD_CHARS} characters of text, "
+                        f"got {len(text)}")
+    return text.strip()
+
+
+def _check_form(form, keys: frozenset) -> dict:
+    if not isinstance(form, dict):
+        raise FormError(f"decodesim: form: expected an object of fields, got {type(form).__name__}")
+    unknown = sorted(str(k)[:40] for k in form if k not in keys)
+    if unknown:
+        raise FormError(f"decodesim: form: {unknown[0]}: unknown field; expected one of: {', '.join(sorted(keys))}")
+    return form
+
+
+def _overrides(form: dict) -> list[str]:
+    value = form.get("overrides", "")
+    lines = value if isinstance(value, list) else None
+    if lines is None:
+        lines = _text(form, "overrides").splitlines()
+    elif not all(isinstance(v, str) for v in lines):
+        raise FormError("decodesim: form: overrides: expected lines of DOTTED.PATH=VALUE text")
+    lines = [line.strip() for line in lines if line.strip()]
+    if len(lines) > MAX_OVERRIDES or any(len(line) > MAX_FIELD_CHARS for line in lines):
+        raise FormError(f"decodesim: form: overrides: expected at most {MAX_OVERRIDES} lines of at most "
+                        f"{MAX_FIELD_CHARS} characters")
+    return lines
+
+
+def _common_argv(form: dict, flags: dict) -> list[str]:
+    argv = []
+    for key, flag in flags.items():
+        if key not in form:
+            continue
+        text = _text(form, key)
+        if key in NAME_FIELDS:
+            check_name(key, text)
+        if text == "" and key in OPTIONAL:
+            continue
+        argv.append(f"{flag}={text}")
+    graph = _text(form, "graph") if "graph" in form else ""
+    if graph not in ("", "graph", "eager"):
+        raise FormError(f"decodesim: form: graph: expected '' (the stack's), 'graph' or 'eager', got {graph[:40]!r}")
+    if graph:
+        argv.append("--graph" if graph == "graph" else "--no-graph")
+    argv += [f"--set={line}" for line in _overrides(form)]
+    return argv
+
+
+def run_argv(form: dict) -> list[str]:
+    """The ``decodesim run`` arguments the form asks for (FormError if it cannot be one)."""
+    form = _check_form(form, FORM_KEYS)
+    argv = _common_argv(form, RUN_FLAGS)
+    flag = form.get("allow_long_context", False)
+    if flag not in (True, False, "", "on", "true", "false"):
+        raise FormError(f"decodesim: form: allow_long_context: expected true or false, got {str(flag)[:40]!r}")
+    if flag in (True, "on", "true"):
+        argv.append("--allow-long-context")
+    return argv
+
+
+def command_line(command: str, argv: list[str]) -> str:
+    """``decodesim COMMAND ...`` as a shell line (``--flag value``) to rerun a view."""
+    words = ["decodesim", command]
+    for arg in argv:
+        flag, sep, value = arg.partition("=")
+        words += [flag, value] if sep else [flag]
+    return shlex.join(words)
+
+
+def spec_of(argv: list[str]):
+    """The validated RunSpec of ``decodesim run ARGV``, names checked again after ``--set``."""
+    from sim.config.spec import apply_run_overrides
+
+    try:
+        args = _parsers()[0].parse_args(["run", *argv])
+        spec = spec_from_args(args)
+        effective = apply_run_overrides(spec)
+    except (ConfigError, SimulationError) as err:
+        raise FormError(f"decodesim: {err}") from None
+    for field in NAME_FIELDS:
+        check_name(field, getattr(effective, field), "--set")
+    if effective.trace is not None:
+        raise FormError("decodesim: --set: trace: the explorer replays no trace files (run `decodesim run --trace` "
+                        "for one)")
+    if effective.steps > MAX_STEPS:
+        raise FormError(f"decodesim: form: steps: the explorer simulates at most {MAX_STEPS} steps a run (use "
+                        f"`decodesim run` for more), got {effective.steps}")
+    return spec
+
+
+# -- views ---------------------------------------------------------------------------------------
+
+
+def label_of(form: dict, default: str) -> str:
+    """The form's ``label`` (at most 40 characters), else ``default``."""
+    label = form.get("label", default) if isinstance(form, dict) else default
+    return str(label)[:40] if isinstance(label, str) and label.strip() else default
+
+
+def config_view(form: dict, label: str = "A") -> dict:
+    """One configuration: its ``decodesim run --json`` summary, its roofline, its command line."""
+    from sim.run import simulate
+
+    label = label_of(form, label)
+    argv = run_argv(form)
+    spec = spec_of(argv)
+    try:
+        result = simulate(spec, keep_ops=True)
+        roof = roofline_of(result)
+    except (ConfigError, SimulationError) as err:
+        raise FormError(f"decodesim: {err}") from None
+    return {"label": label, "argv": argv, "command": command_line("run", argv), "summary": plain(result.summary),
+            "roofline": plain(roof)}
+
+
+def curves_of(form: dict, superseded=lambda: False, axes=("batch", "context")) -> dict:
+    """The curves (``curves_for``) of the form's configuration."""
+    return curves_for(spec_of(run_argv(form)), superseded, axes)
+
+
+# -- serving -------------------------------------------------------------------------------------
+
+
+def _rates(form: dict) -> list[float]:
+    text = _text(form, "rates") if "rates" in form else "2, 4, 8, 16"
+    try:
+        rates = [float(v) for v in text.replace(";", ",").split(",") if v.strip()]
+    except ValueError:
+        raise FormError(f"decodesim: command line: --rates: expected a comma list of numbers, got {text[:80]!r}") \
+            from None
+    if not rates or any(not 0 < r < 1e6 for r in rates) or len(rates) > MAX_RATES:
+        raise FormError(f"decodesim: command line: --rates: expected 1 to {MAX_RATES} numbers > 0 (requests per "
+                        f"second), got {text[:80]!r}")
+    return sorted(set(rates))
+
+
+def serve_points(form: dict) -> tuple[list, str]:
+    """The serving sweep's points (one ServeSpec per rate) as ``decodesim serve ... --rates``
+    builds them (sim.serve.sweep.grid), and its command line."""
+    from sim.config.loader import validate
+    from sim.serve.spec import ServeSpec
+    from sim.serve.sweep import grid
+
+    form = _check_form(form, SERVE_KEYS)
+    requests = _text(form, "requests") if "requests" in form else "synthetic"
+    if requests not in SERVE_REQUESTS:
+        raise FormError(f"decodesim: form: requests: the explorer replays bundled sources only; expected one of: "
+                        f"{', '.join(SERVE_REQUESTS)}, got {requests[:80]!r}")
+    serve_form = {k: v for k, v in form.items() if k in SERVE_FLAGS or k in ("graph", "overrides")}
+    serve_form.setdefault("duration_s", "30")
+    serve_form["requests"] = requests
+    argv = _common_argv(serve_form, SERVE_FLAGS)
+    rates = _rates(form)
+    try:
+        args = _parsers()[1].parse_args(["serve", *argv])
+        if args.duration_s is None or not 0 < args.duration_s <= MAX_SERVE_DURATION_S:
+            raise FormError(f"decodesim: form: duration_s: the explorer replays at most {MAX_SERVE_DURATION_S:g} s "
+                            f"of arrivals, got {args.duration_s}")
+        for path, value in (a.partition("=")[::2] for a in args.overrides):
+            if path.strip() in NAME_FIELDS + ("requests", "trace"):
+                raise FormError(f"decodesim: --set: {path.strip()}: set it with the form's menus")
+        base = validate(ServeSpec, {
+            "hardware": args.hardware, "model": args.model, "weights": args.weights, "kv": args.kv,
+            "software": args.software, "graph": args.graph, "tp": args.tp, "pp": args.pp, "chips": args.chips,
+            "overrides": args.overrides, "requests": args.requests, "rate": rates[0],
+            "duration_s": args.duration_s, "target_ms": args.target_ms}, "command line")
+        points = grid(base, rates=rates)
+    except (ConfigError, SimulationError) as err:
+        raise FormError(f"decodesim: {err}") from None
+    line = command_line("serve", argv) + " --rates " + ",".join(f"{r:g}" for r in rates)
+    return points, line
+
+
+def serve_row(point) -> dict:
+    """One replay of the sweep as ``decodesim serve --rates`` tabulates it (sim.serve.sweep.run_point)."""
+    from sim.serve.sweep import run_point
+
+    return plain(run_point(point.model_dump_json()))
+
+
+__all__ = ["FormError", "options", "check_name", "run_argv", "command_line", "spec_of", "config_view",
+           "curves_of", "label_of", "serve_points", "serve_row", "MAX_STEPS"]
