@@ -98,7 +98,8 @@ class _Terminal(io.StringIO):
 def test_progress_bar_only_on_a_terminal_and_not_with_no_progress(monkeypatch):
     from sim.commands.serve import _Progress
 
-    for stream, enabled, shown in ((io.StringIO(), True, False), (_Terminal(), False, False), (_Terminal(), True, True)):
+    cases = ((io.StringIO(), True, False), (_Terminal(), False, False), (_Terminal(), True, True))
+    for stream, enabled, shown in cases:
         monkeypatch.setattr(sys, "stderr", stream)
         bar = _Progress(100.0, enabled)
         if bar.bar is not None:

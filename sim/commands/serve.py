@@ -387,8 +387,8 @@ def render(s: dict) -> str:
               f"{window}), {s['requests_done']:,} done, {s['requests_rejected']:,} rejected; "
               f"{s['simulated_s']:.1f} s simulated in {s['steps']:,} steps",
               f"  scheduler: {s['policy']} prefill, <= {s['max_tokens_per_step']} tokens and <= {s['max_batch']} "
-              f"sequences per step, {s['block_tokens']}-token KV blocks; KV pool {s['kv_pool_bytes_per_chip'] / 1e9:.1f} "
-              f"GB per chip, room for {s['kv_pool_tokens']:,} cached tokens ({s['kv_pool_tokens'] // 4096:,} "
+              f"sequences per step, {s['block_tokens']}-token KV blocks; KV pool "
+              f"{s['kv_pool_bytes_per_chip'] / 1e9:.1f} GB per chip, room for {s['kv_pool_tokens']:,} cached tokens ({s['kv_pool_tokens'] // 4096:,} "
               f"sequences of 4,096 tokens)",
               f"  {'':<6}{'p50':>10}{'p90':>10}{'p99':>10}{'mean':>10}"]
     for key, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2e_ms", "E2E"), ("step_ms", "step")):
