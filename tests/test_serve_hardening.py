@@ -228,3 +228,32 @@ def test_old_sweep_tables_stay_readable():
 def test_version():
     code, out, _err = run_cli("--version")
     assert code == 0 and out.startswith("decodesim ") and out.split()[1][0].isdigit()
+
+
+def test_sigint_ends_a_sweep_keeping_the_replays_that_finished(tmp_path):
+    """Ctrl-C (SIGINT to the process group, as a terminal sends it) on a sweep: the workers
+    are stopped, the finished points are written as a table and a report marked partial."""
+    out = tmp_path / "sweep"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "sim", "serve", *SMALL, "--rates", "2,4,3000", "--duration-s",
+                             "100", "--jobs", "2", "--out", str(out)], cwd=tmp_path, env=env, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        seen, deadline = "", time.monotonic() + 90
+        while seen.count("req/s:") < 2:  # the two light points are done; the heavy one runs on
+            assert proc.poll() is None and time.monotonic() < deadline, seen
+            seen += proc.stderr.readline()
+        sent = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)
+        _stdout, stderr = proc.communicate(timeout=30)
+        elapsed = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, stderr
+    assert elapsed < 2.0, f"{elapsed:.2f} s from SIGINT to exit"
+    assert "2 of 3 replays finished" in stderr and "Traceback" not in stderr
+    table = pd.read_parquet(out / "table.parquet")
+    assert sorted(table["rate_request"]) == [2.0, 4.0]
+    assert "(partial: interrupted after 2 of 3 replays)" in (out / "report.md").read_text()
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]

@@ -331,23 +331,30 @@ def _sweep(points, args, *, title: str, command: str, description: str = "", que
         sys.stderr.flush()
 
     out = out or args.out
-    if args.replot:
-        table = _saved_table(out)
-    else:
-        table = run_sweep(points, args.jobs, progress=progress)
-    target = points[0].target_ms
-    if out is not None:
-        write_table(table, out)
-        latency_vs_rate(table, out / "latency-vs-rate.png", target_ms=target)
-        write_text(out / "report.md", render_report(table, title=title, target_ms=target, description=description,
-                                                    question=question, notes=notes, command=command))
+    with _Interrupt() as interrupt:
+        if args.replot:
+            table = _saved_table(out)
+        else:
+            table = run_sweep(points, args.jobs, progress=progress, stop=interrupt)
+        partial = interrupt.signal is not None and len(table) < len(points)
+        if partial:
+            sys.stderr.write(f"decodesim: interrupted; {len(table)} of {len(points)} replays finished and are "
+                             "kept (the report is marked partial)\n")
+            title += f" (partial: interrupted after {len(table)} of {len(points)} replays)"
+        target = points[0].target_ms
+        if out is not None and len(table):
+            write_table(table, out)
+            latency_vs_rate(table, out / "latency-vs-rate.png", target_ms=target)
+            write_text(out / "report.md", render_report(table, title=title, target_ms=target,
+                                                        description=description, question=question, notes=notes,
+                                                        command=command))
     if args.json:
         from sim.commands.common import emit_json
 
-        emit_json("serve", {"mode": "sweep", "rows": table.to_dict(orient="records")})
-    else:
+        emit_json("serve", {"mode": "sweep", "partial": partial, "rows": table.to_dict(orient="records")})
+    elif len(table):
         print(render_table(table, target))
-    return 0
+    return interrupt.exit_code
 
 
 def _saved_table(out: Path | None):

@@ -33,7 +33,6 @@ import itertools
 import math
 import os
 import tempfile
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
 
@@ -147,23 +146,56 @@ def run_point(spec_json: str) -> dict:
     return {**row, **summary, "status": "ok", "reason": ""}
 
 
-def run_sweep(points: list[ServeSpec], jobs: int | None = None, progress=None) -> pd.DataFrame:
-    """Replay every point (in ``jobs`` worker processes; 1 runs in this process)."""
+POLL_S = 0.2  # how often a sweep waiting on its workers checks ``stop``
+
+
+def run_sweep(points: list[ServeSpec], jobs: int | None = None, progress=None, stop=None) -> pd.DataFrame:
+    """Replay every point (in ``jobs`` worker processes; 1 runs in this process). ``stop`` (a
+    callable, checked between points and every ``POLL_S`` while waiting) ends the sweep early:
+    the workers are terminated and the table holds the points that finished, in order. Workers
+    ignore SIGINT, so a Ctrl-C reaches only this process, which decides."""
     payloads = [p.model_dump_json() for p in points]
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(payloads)))
     rows = []
     if jobs == 1:
         for payload in payloads:
+            if stop is not None and stop():
+                break
             rows.append(run_point(payload))
             if progress:
                 progress(rows[-1])
-    else:
-        with ProcessPoolExecutor(jobs) as pool:
-            for row in pool.map(run_point, payloads):
-                rows.append(row)
-                if progress:
-                    progress(row)
+        return pd.DataFrame(rows)
+    import multiprocessing
+
+    pool = multiprocessing.get_context("fork").Pool(jobs, initializer=_ignore_sigint)
+    try:
+        results = pool.imap(run_point, payloads)
+        while len(rows) < len(payloads):
+            if stop is not None and stop():
+                break
+            try:
+                row = results.next(timeout=POLL_S)
+            except multiprocessing.TimeoutError:
+                continue
+            rows.append(row)
+            if progress:
+                progress(row)
+    finally:
+        if len(rows) < len(payloads):
+            pool.terminate()
+        else:
+            pool.close()
+        pool.join()
     return pd.DataFrame(rows)
+
+
+def _ignore_sigint() -> None:
+    """Worker start: ignore SIGINT (the parent decides), and die on SIGTERM (a forked worker
+    inherits the parent's handlers, which would only set a flag there and keep it running)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def crossings(table: pd.DataFrame, target_ms: float) -> pd.DataFrame:
