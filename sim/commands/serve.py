@@ -256,18 +256,23 @@ class _Progress:
     def __init__(self, total_s: float, enabled: bool):
         self.bar = None
         if enabled and total_s > 0 and sys.stderr.isatty():
+            import shutil
+
             from tqdm import tqdm
 
             self.bar = tqdm(total=round(total_s, 1), unit="s", unit_scale=False, desc="decodesim serve",
-                            file=sys.stderr, delay=2.0, leave=False, dynamic_ncols=True,
+                            # a pty that reports no size (0 x 0) makes tqdm draw nothing: 80 x 24 then
+                            ncols=shutil.get_terminal_size().columns, nrows=shutil.get_terminal_size().lines,
+                            file=sys.stderr, delay=2.0, leave=False,
                             bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} simulated s "
                                        "[{elapsed}<{remaining}{postfix}]")
 
     def __call__(self, clock_s: float, done: int) -> None:
         if self.bar is not None:
-            self.bar.n = round(min(clock_s, self.bar.total), 1)
             self.bar.set_postfix_str(f"{done:,} requests done", refresh=False)
-            self.bar.refresh()
+            step = round(min(clock_s, self.bar.total), 1) - self.bar.n
+            if step > 0:
+                self.bar.update(step)  # tqdm draws after its delay, at most every mininterval
 
     def close(self) -> None:
         if self.bar is not None:
