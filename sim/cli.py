@@ -8,6 +8,7 @@ input (``ConfigError``) becomes one line on stderr and exit status 2, never a tr
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import pkgutil
 import sys
@@ -21,10 +22,30 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
+def version() -> str:
+    """decodesim's version: the installed package's metadata, else (a checkout run with
+    ``python -m sim``) the ``version`` line of the pyproject.toml beside the package."""
+    from importlib import metadata
+    from pathlib import Path
+
+    try:
+        return metadata.version("decodesim")
+    except metadata.PackageNotFoundError:
+        pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+        try:
+            for line in pyproject.read_text().splitlines():
+                if line.startswith("version = "):
+                    return line.split("=", 1)[1].strip().strip('"') + " (not installed)"
+        except OSError:
+            pass
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     import sim.commands as commands
 
     parser = _Parser(prog="decodesim", description="LLM decode latency on accelerator memory hierarchies")
+    parser.add_argument("--version", action="version", version=f"decodesim {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
         module = importlib.import_module(f"sim.commands.{info.name}")
@@ -33,9 +54,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@functools.lru_cache(maxsize=1)
+def _parser() -> argparse.ArgumentParser:
+    """The parser, built once per process (12 ms; parse_args leaves it unchanged, so calls of
+    ``main`` in one process, as the tests make, can share it)."""
+    return build_parser()
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = build_parser()
+    parser = _parser()
     args = parser.parse_args(argv or ["run"])
     if not getattr(args, "handler", None):
         parser.print_help()

@@ -128,7 +128,7 @@ class Ledger:
             rows = self.op_rows(op, cost, t, outcome.contended.get(op.idx, 0.0))
             record = {
                 "step": graph.step, "op": op.idx, "name": op.name, "layer": op.layer, "kind": op.kind,
-                "stage": op.stage, "stream": op.stream, "start_ns": t.start, "end_ns": t.end,
+                "stage": op.stage, "stream": op.stream, "t_start_ns": t.start, "t_end_ns": t.end,
                 "duration_ns": t.end - t.start, "wait_ns": t.start - t.ready, "flops": op.matrix_flops,
                 "vector_ops": op.vector_ops, "tiles": round(cost.tiles_share * self.costs.tiles),
                 "compute_ns": cost.compute_ns + cost.drain_ns, "bound": max(rows, key=rows.get) if rows else "none",

@@ -296,8 +296,8 @@ def _summary(setup: Setup, rows: list[dict], events: int, wall_s: float) -> dict
         "hbm_bytes_per_token": store_bytes / len(rows),  # per decode step: every sequence gets a token
         "weight_bytes_per_token": sum(r["weight_bytes"] for r in rows) / len(rows),
         "kv_bytes_per_token": sum(r["kv_bytes"] for r in rows) / len(rows),
-        "achieved_hbm_gbps": achieved, "hbm_peak_gbps": peak, "hbm_fraction_of_peak": achieved / peak,
-        "tokens_per_s": 1e3 * tokens / sum(times), "events": events, "wall_s": wall_s,
+        "hbm_achieved_GBps": achieved, "hbm_peak_GBps": peak, "hbm_fraction_of_peak": achieved / peak,
+        "throughput_tokens_per_s": 1e3 * tokens / sum(times), "events": events, "wall_s": wall_s,
         "byte_floor_ms": ns_to_ms(store_bytes / len(rows) / peak),
         "batch_over_time": [r["batch"] for r in rows] if setup.spec.trace else None,
         **_moe_summary(setup),

@@ -10,7 +10,7 @@ import pytest
 from sim import trace
 
 REQUIRED = {"per_token_ms_p50", "per_token_ms_p99", "meets_target", "verdict", "bound", "hbm_bytes_per_token",
-            "weight_bytes_per_token", "kv_bytes_per_token", "achieved_hbm_gbps", "breakdown_ms", "events", "wall_s"}
+            "weight_bytes_per_token", "kv_bytes_per_token", "hbm_achieved_GBps", "breakdown_ms", "events", "wall_s"}
 
 
 def test_default_run_prints_the_table(cli):

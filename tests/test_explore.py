@@ -187,7 +187,7 @@ def test_serving_rows_are_the_cli_sweep_rows():
     code, out, err = run_cli("serve", "--requests", "synthetic", "--duration-s", "10", "--rates", "4", "--json",
                              "--jobs", "1")
     assert code == 0, err
-    cli = json.loads(out)[0]
+    cli = json.loads(out)["rows"][0]  # the sweep in the --json envelope
     for key in ("tpot_ms_p50", "tpot_ms_p99", "ttft_ms_p99", "requests_done", "throughput_tokens_per_s"):
         assert row[key] == pytest.approx(cli[key], rel=1e-9), key  # the CLI's table JSON keeps 10 decimals
     with pytest.raises(FormError, match="at most 120"):

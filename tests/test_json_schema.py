@@ -29,6 +29,10 @@ COMMANDS = {
     "profile sources": ("profiles", "--sources", "h200-sxm", "--json"),
     "search": ("search", "--space", str(ROOT / "tests" / "fixtures" / "search" / "tiny.yaml"), "--jobs", "1", "--quiet",
                "--json"),
+    "serve": ("serve", "--requests", "synthetic", "--rate", "20", "--duration-s", "1", "--prompt-median", "100",
+              "--output-median", "8", "--json"),
+    "serve (sweep)": ("serve", "--requests", "synthetic", "--rates", "10,20", "--duration-s", "1", "--prompt-median",
+                      "100", "--output-median", "8", "--jobs", "1", "--json"),
 }
 # names the schema retired: each thing has one name everywhere
 RETIRED = {"p99_ms", "p50_ms", "per_token_ms", "format"}

@@ -17,7 +17,7 @@ from sim.engine.records import Span
 from sim.report.trace import Layout, chrome_trace, trace_events
 from tests.conftest import run_cli
 
-PHASES = {"X", "C", "M"}
+PHASES = {"X", "C", "M", "s", "f"}
 META = {"process_name", "thread_name", "process_sort_index", "thread_sort_index"}
 
 
@@ -43,6 +43,9 @@ def check_trace(doc: dict) -> list[dict]:
         elif e["ph"] == "C":
             assert _number(e.get("ts")) and e["args"], e
             assert all(_number(v) for v in e["args"].values()), e
+        elif e["ph"] in ("s", "f"):
+            assert isinstance(e.get("id"), int) and _number(e.get("ts")) and isinstance(e.get("cat"), str), e
+            assert e["ph"] == "s" or e.get("bp") == "e", e
         else:
             assert e["name"] in META, e
             if e["name"].endswith("_name"):
@@ -53,8 +56,13 @@ def check_trace(doc: dict) -> list[dict]:
                 named_pids.add(e["pid"])
             if e["name"] == "thread_name":
                 named_threads.add((e["pid"], e["tid"]))
+    starts = {e["id"]: e for e in events if e["ph"] == "s"}
+    finishes = {e["id"]: e for e in events if e["ph"] == "f"}
+    assert set(starts) == set(finishes), "every flow has one start and one finish"
+    for flow, start in starts.items():
+        assert finishes[flow]["ts"] >= start["ts"], (start, finishes[flow])
     for e in events:
-        if e["ph"] in ("X", "C"):
+        if e["ph"] in ("X", "C", "s", "f"):
             assert e["pid"] in named_pids, f"process {e['pid']} has no process_name"
         if e["ph"] == "X":
             assert (e["pid"], e["tid"]) in named_threads, f"thread {e['pid']}/{e['tid']} has no thread_name"
@@ -162,3 +170,42 @@ def test_thread_ids_are_stable_between_processes():
     log = [Span(0, 0, "a", name, "k", 0.0, 1.0, 1, 0) for name in ("zeta", "alpha", "hbm")]
     first = trace_events(log)
     assert trace_events(list(reversed(log))) == first
+
+
+def _enclosing(events, flow_event):
+    """The slice a flow event binds to: on its thread, containing its time."""
+    return [e for e in slices(events) if e["pid"] == flow_event["pid"] and e["tid"] == flow_event["tid"]
+            and e["ts"] <= flow_event["ts"] <= e["ts"] + e["dur"]]
+
+
+def test_flows_go_from_each_launch_to_the_device_work_it_starts():
+    """Issue 22: an arrow from every host launch or dispatch slice to its op's first device
+    slice (the kernel slice where the log has kernels), read back from the trace JSON."""
+    log = [Span(0, -1, "embed", "host", "host.graph_launch", 0.0, 500.0, 0, 0),
+           Span(0, -1, "embed", "hbm", "read:weights", 600.0, 700.0, 1024, 0),
+           Span(0, 0, "qkv", "host", "host.dispatch", 500.0, 800.0, 0, 0),
+           Span(0, 0, "qkv/sm90_gemm_bf16", "kernels", "gemm", 900.0, 1200.0, 4096, 1 << 20),
+           Span(0, 0, "qkv", "hbm", "read:weights", 900.0, 1200.0, 4096, 0),
+           Span(0, 0, "qkv", "host", "host.sync", 1200.0, 1300.0, 0, 0)]  # a sync starts nothing
+    events = check_trace(json.loads(chrome_trace(log, layout=Layout(step_times_ns={0: 1400.0}, levels=("hbm",)))))
+    starts = [e for e in events if e["ph"] == "s"]
+    finishes = {e["id"]: e for e in events if e["ph"] == "f"}
+    assert len(starts) == 2
+    for start in starts:
+        (source,) = _enclosing(events, start)
+        (target,) = _enclosing(events, finishes[start["id"]])
+        assert source["args"]["resource"] == "host" and source["args"]["kind"] != "host.sync"
+        assert target["args"]["op"] == source["args"]["op"] and target["pid"] != 0
+    targets = {_enclosing(events, f)[0]["name"] for f in finishes.values()}
+    assert targets == {"embed", "sm90_gemm_bf16"}  # qkv's arrow ends on its kernel, not its HBM read
+
+
+def test_a_real_run_has_launch_flows(tmp_path):
+    out = tmp_path / "t.json"
+    code, _out, err = run_cli("run", "--steps", "2", "--context", "512", "--trace-out", str(out))
+    assert code == 0, err
+    events = check_trace(json.loads(out.read_text()))
+    flows = [e for e in events if e["ph"] == "s"]
+    assert len(flows) >= 2  # one graph launch per step at least
+    for f in flows:
+        assert _enclosing(events, f)[0]["args"]["kind"] == "host.graph_launch"

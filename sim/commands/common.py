@@ -1,7 +1,7 @@
 """What the subcommands share: the run options (run, compare, solve, ...) and the ``--json``
 envelope.
 
-Every ``--json`` output is one JSON object: ``{"schema_version": "1.0", "kind": "<subcommand>",
+Every ``--json`` output is one JSON object: ``{"schema_version": "2.0", "kind": "<subcommand>",
 ...payload}``, described by the versioned JSON Schema ``sim/schema/output.schema.json``
 (draft 2020-12; ``sim.schema.output_schema()`` loads it). The same field names are used
 everywhere: ``per_token_ms_p50`` / ``per_token_ms_p99`` for latency, ``kv`` for a KV-cache

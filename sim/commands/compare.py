@@ -38,9 +38,8 @@ def handle(args) -> int:
     from sim.errors import ConfigError
     from sim.report.compare import compare_rows
 
-    names = [n.strip() for n in args.kv.split(",") if n.strip()]
-    if not names:
-        raise ConfigError("--kv", "kv", "expected one or more comma-separated formats", args.kv)
+    names = _names(args.kv, "--kv", "formats")
+    stacks = _names(args.kernels, "--kernels", "stacks") if args.kernels else []
     if args.fidelity_tokens <= 0:
         raise ConfigError("--fidelity-tokens", "fidelity_tokens", "must be > 0", args.fidelity_tokens)
     spec = spec_from_args(args)
@@ -55,7 +54,7 @@ def handle(args) -> int:
     if args.kernels:
         from sim.report.compare import attention_rows
 
-        kernels = attention_rows(spec, names, [s.strip() for s in args.kernels.split(",") if s.strip()])
+        kernels = attention_rows(spec, names, stacks)
     if args.json:
         setup = {k: v for k, v in spec.model_dump().items() if k != "kv"}
         emit_json("compare", {"spec": setup, "kv_formats": names, "rows": rows, "kernels": kernels,
@@ -107,6 +106,22 @@ def render_qualities(rows: list[dict], published) -> str:
                  "byte limit: the quantized bytes at the attention class's rate, dequantization free"
                  + (f"; published: {published[1]}" if published else ""))
     return "\n".join(lines)
+MAX_FORMATS = 64  # KV formats (and stacks) per compare: each is a simulated run and a fidelity measurement
+
+
+def _names(text: str, flag: str, what: str) -> list[str]:
+    """A comma list of names, checked before any work: no empty item, at most MAX_FORMATS."""
+    from sim.errors import ConfigError
+
+    items = [n.strip() for n in text.split(",")]
+    if not text.strip():
+        raise ConfigError("command line", flag, f"expected one or more comma-separated {what}", text)
+    if len(items) > MAX_FORMATS:
+        raise ConfigError("command line", flag, f"expected at most {MAX_FORMATS} comma-separated {what} (each is a "
+                          f"simulated run), got {len(items):,}")
+    if "" in items:
+        raise ConfigError("command line", flag, f"item {items.index('') + 1} of the comma list is empty", text)
+    return items
 
 
 def render_kernels(rows: list[dict]) -> str:

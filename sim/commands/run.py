@@ -113,8 +113,8 @@ def render(s: dict) -> str:
             lines.append(f"    {row:<16}{ms:9.3f}  {100 * ms / total:5.1f}%")
     lines.append(f"  bytes per step: {fmt_bytes(s['hbm_bytes_per_token'])} from the backing store "
                  f"(weights {fmt_bytes(s['weight_bytes_per_token'])}, KV {fmt_bytes(s['kv_bytes_per_token'])})")
-    lines.append(f"  achieved bandwidth: {s['achieved_hbm_gbps']:.0f} GB/s = "
-                 f"{100 * s['hbm_fraction_of_peak']:.1f}% of {s['hbm_peak_gbps']:.0f} GB/s peak")
+    lines.append(f"  achieved bandwidth: {s['hbm_achieved_GBps']:.0f} GB/s = "
+                 f"{100 * s['hbm_fraction_of_peak']:.1f}% of {s['hbm_peak_GBps']:.0f} GB/s peak")
     if s.get("batch_over_time"):
         b = s["batch_over_time"]
         lines.append(f"  batch over the trace: min {min(b)}, median {sorted(b)[len(b) // 2]}, max {max(b)}")

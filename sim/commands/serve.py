@@ -9,11 +9,30 @@ docs/serving.md.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
 from sim.commands.common import to_json, write_atomic
 from sim.serve.scheduler import DEFAULT_MAX_BATCH, DEFAULT_MAX_TOKENS_PER_STEP, VLLM_BLOCK_TOKENS
+
+
+def _decimal(text: str) -> float:
+    """An argparse type: a plain decimal number (no hex, underscores, inf, nan or subnormals)."""
+    from sim.config.loader import parse_number
+
+    try:
+        return parse_number(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _whole(text: str) -> int:
+    """An argparse type: a plain decimal whole number (``-1`` passes here; ranges are checked later)."""
+    stripped = text.strip()
+    if not re.fullmatch(r"[+-]?(0|[1-9][0-9]{0,29})", stripped):
+        raise argparse.ArgumentTypeError(f"expected a whole number in plain decimal, got {text!r}")
+    return int(stripped)
 
 
 def register(sub) -> None:
@@ -28,41 +47,43 @@ def register(sub) -> None:
                    help="software stack (workloads/software/) or a stack YAML (default fused)")
     p.add_argument("--graph", action=argparse.BooleanOptionalAction, default=None,
                    help="captured graphs or kernels launched one by one (default: the stack's; eager is slow to replay)")
-    p.add_argument("--tp", type=int, default=None, help="tensor-parallel chips (default: min(chips, 8))")
-    p.add_argument("--pp", type=int, default=None, help="pipeline stages (default: chips / tp)")
-    p.add_argument("--chips", type=int, default=None, help="chip count (overrides the profile's)")
+    p.add_argument("--tp", type=_whole, default=None, help="tensor-parallel chips (default: min(chips, 8))")
+    p.add_argument("--pp", type=_whole, default=None, help="pipeline stages (default: chips / tp)")
+    p.add_argument("--chips", type=_whole, default=None, help="chip count (overrides the profile's)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="DOTTED.PATH=VALUE",
                    help="override a profile or model field, as in `decodesim run --set`")
     p.add_argument("--requests", default="azure-conv",
                    help="azure-conv, azure-code (the full Azure 2023 hour), synthetic, or a request file "
                         "(.jsonl/.csv/.parquet with arrival_s, prompt_tokens, output_tokens)")
     rate = p.add_mutually_exclusive_group()
-    rate.add_argument("--rate-scale", type=float, default=None, help="replay a recorded trace at K x its rate")
-    rate.add_argument("--rate", type=float, default=None, help="requests per second (synthetic: the Poisson rate)")
+    rate.add_argument("--rate-scale", type=_decimal, default=None, help="replay a recorded trace at K x its rate")
+    rate.add_argument("--rate", type=_decimal, default=None, help="requests per second (synthetic: the Poisson rate)")
     rate.add_argument("--rates", default=None, help="sweep: comma list of requests per second")
     rate.add_argument("--rate-scales", default=None, help="sweep: comma list of rate scales")
-    p.add_argument("--duration-s", type=float, default=None,
+    p.add_argument("--duration-s", type=_decimal, default=None,
                    help="replay arrivals before this many seconds (synthetic default 600; traces: all)")
-    p.add_argument("--prompt-median", type=int, default=1024, help="synthetic: median prompt tokens")
-    p.add_argument("--output-median", type=int, default=256, help="synthetic: median output tokens")
-    p.add_argument("--seed", type=int, default=0, help="synthetic arrivals' seed")
-    p.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH,
+    p.add_argument("--prompt-median", type=_whole, default=1024, help="synthetic: median prompt tokens")
+    p.add_argument("--output-median", type=_whole, default=256, help="synthetic: median output tokens")
+    p.add_argument("--seed", type=_whole, default=0, help="synthetic arrivals' seed")
+    p.add_argument("--max-batch", type=_whole, default=DEFAULT_MAX_BATCH,
                    help=f"most sequences per step (vLLM max_num_seqs; default {DEFAULT_MAX_BATCH})")
-    p.add_argument("--block-tokens", type=int, default=VLLM_BLOCK_TOKENS,
+    p.add_argument("--block-tokens", type=_whole, default=VLLM_BLOCK_TOKENS,
                    help=f"tokens per KV block (default {VLLM_BLOCK_TOKENS}, vLLM's)")
-    p.add_argument("--max-tokens-per-step", type=int, default=DEFAULT_MAX_TOKENS_PER_STEP,
+    p.add_argument("--max-tokens-per-step", type=_whole, default=DEFAULT_MAX_TOKENS_PER_STEP,
                    help=f"token budget per step (vLLM max_num_batched_tokens; default {DEFAULT_MAX_TOKENS_PER_STEP})")
     p.add_argument("--policy", choices=["chunked", "separate"], default="chunked",
                    help="chunked prefill mixed into decode steps (default) or separate prefill steps")
-    p.add_argument("--target-ms", type=float, default=10.0, help="p99 TPOT target (default 10)")
+    p.add_argument("--target-ms", type=_decimal, default=10.0, help="p99 TPOT target (default 10)")
     p.add_argument("--study", default=None, help="run a serving study YAML (kind: serve)")
-    p.add_argument("--jobs", type=int, default=None, help="worker processes for sweeps (default: cores)")
+    p.add_argument("--jobs", type=_whole, default=None, help="worker processes for sweeps (default: cores)")
     p.add_argument("--out", type=Path, default=None,
                    help="one replay: steps/requests Parquet, summary.json, over-time plot; sweep: table, "
                         "latency-vs-rate plot, report.md")
     p.add_argument("--replot", action="store_true",
                    help="sweep or study: redraw the plot and report from DIR/table.parquet without replaying")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bar on stderr (it is shown only on a terminal, after 2 s)")
     p.set_defaults(handler=handle)
 
 
@@ -84,12 +105,31 @@ def handle(args) -> int:
         "max_tokens_per_step": args.max_tokens_per_step, "policy": args.policy, "target_ms": args.target_ms,
     }, "command line")
     if rates or scales or any(len(v) > 1 for v in lists.values()):
+        from sim.errors import ConfigError
         from sim.serve.sweep import grid
+
+        size = len(lists["hardware"]) * len(lists["model"]) * len(lists["kv"]) * len(rates or scales or [None])
+        if size > MAX_POINTS:
+            raise ConfigError("command line", "--hardware/--model/--kv/--rates", f"the sweep has {size:,} "
+                              f"replays; expected at most {MAX_POINTS:,}")
 
         points = grid(base, hardware=lists["hardware"], models=[(m, args.weights) for m in lists["model"]],
                       kv=lists["kv"], rates=rates, rate_scales=scales)
+        _check_sources(points)
         return _sweep(points, args, title="Serving sweep", command=_command(args))
     return _single(base, args)
+
+
+def _check_sources(points) -> None:
+    """Open the request source of the sweep's busiest point (highest rate or scale) before any
+    replay: a bad combination (a scale for synthetic arrivals) or too much work is one error
+    now, not a row of errors after the others ran."""
+    from sim.serve.requests import open_source
+
+    busiest = max(points, key=lambda p: (p.rate or 0.0, p.rate_scale or 0.0))
+    open_source(busiest.requests, rate_scale=busiest.rate_scale, rate_per_s=busiest.rate,
+                duration_s=busiest.duration_s, seed=busiest.seed, prompt_median=busiest.prompt_median,
+                output_median=busiest.output_median)
 
 
 def _command(args) -> str:
@@ -97,7 +137,8 @@ def _command(args) -> str:
     defaults = vars(build_defaults())
     words = ["decodesim", "serve"]
     for name, value in vars(args).items():
-        if name in ("command", "handler", "out", "json", "jobs", "replot", "study") or value == defaults.get(name):
+        if name in ("command", "handler", "out", "json", "jobs", "replot", "study", "no_progress") \
+                or value == defaults.get(name):
             continue
         flag = "--" + name.replace("_", "-")
         if name == "overrides":
@@ -118,47 +159,167 @@ def build_defaults():
     return parser.parse_args(["serve"])
 
 
+MAX_LIST = 1000  # items of one comma list (hardware, models, KV formats, rates)
+MAX_POINTS = 10_000  # replays of one sweep
+
+
 def _list(text: str, name: str) -> list[str]:
+    """A comma list of names; an empty item (``fp16,,int8``) is an error, not dropped."""
     from sim.errors import ConfigError
 
-    values = [v.strip() for v in text.split(",") if v.strip()]
-    if not values:
+    values = [v.strip() for v in text.split(",")]
+    if not text.strip():
         raise ConfigError("command line", f"--{name}", "expected a name or a comma list of names", text)
+    if len(values) > MAX_LIST:
+        raise ConfigError("command line", f"--{name}", f"expected at most {MAX_LIST} comma-separated names, "
+                          f"got {len(values):,}")
+    if "" in values:
+        raise ConfigError("command line", f"--{name}", f"item {values.index('') + 1} of the comma list is empty",
+                          text)
     return values
 
 
 def _numbers(text: str | None, flag: str) -> list[float] | None:
+    """A comma list of decimal numbers > 0 (rates); empty items, hex and the like are errors."""
+    from sim.config.loader import parse_number
     from sim.errors import ConfigError
 
     if text is None:
         return None
-    try:
-        values = [float(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise ConfigError("command line", flag, "expected a comma list of numbers", text) from None
-    if not values or any(not v > 0 for v in values):
-        raise ConfigError("command line", flag, "expected numbers > 0", text)
+    items = [v.strip() for v in text.split(",")]
+    if len(items) > MAX_LIST:
+        raise ConfigError("command line", flag, f"expected at most {MAX_LIST} comma-separated numbers, "
+                          f"got {len(items):,}")
+    values = []
+    for i, item in enumerate(items, 1):
+        if not item:
+            raise ConfigError("command line", flag, f"item {i} of the comma list is empty; expected a comma list "
+                              "of numbers", text)
+        try:
+            value = parse_number(item)
+        except ValueError:
+            raise ConfigError("command line", flag, f"item {i}: expected a comma list of numbers", item) from None
+        if not value > 0:
+            raise ConfigError("command line", flag, f"item {i}: expected numbers > 0", item)
+        values.append(value)
     return values
+
+
+class _Interrupt:
+    """SIGINT / SIGTERM during a replay: the first asks the replay to stop where it is (it
+    then writes what finished, marked partial); a second raises KeyboardInterrupt at once.
+    A signal the parent process ignores (a shell's background job) stays ignored."""
+
+    SIGNALS = ("SIGINT", "SIGTERM")
+
+    def __init__(self):
+        self.signal: int | None = None
+        self._previous: dict = {}
+
+    def __enter__(self):
+        import signal
+        import threading
+
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        for name in self.SIGNALS:
+            number = getattr(signal, name)
+            if signal.getsignal(number) is signal.SIG_IGN:
+                continue
+            self._previous[number] = signal.signal(number, self._handle)
+        return self
+
+    def _handle(self, number, frame):
+        if self.signal is not None:
+            raise KeyboardInterrupt
+        self.signal = number
+
+    def __call__(self) -> bool:
+        return self.signal is not None
+
+    def __exit__(self, *exc):
+        import signal
+
+        for number, previous in self._previous.items():
+            signal.signal(number, previous)
+        return False
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signal if self.signal is not None else 0
+
+
+class _Progress:
+    """A tqdm bar on stderr over the simulated arrival window (shown after 2 s of wall time;
+    off with --no-progress or when stderr is not a terminal)."""
+
+    def __init__(self, total_s: float, enabled: bool):
+        self.bar = None
+        if enabled and total_s > 0 and sys.stderr.isatty():
+            import shutil
+
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=round(total_s, 1), unit="s", unit_scale=False, desc="decodesim serve",
+                            # a pty that reports no size (0 x 0) makes tqdm draw nothing: 80 x 24 then
+                            ncols=shutil.get_terminal_size().columns, nrows=shutil.get_terminal_size().lines,
+                            file=sys.stderr, delay=2.0, leave=False,
+                            bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} simulated s "
+                                       "[{elapsed}<{remaining}{postfix}]")
+
+    def __call__(self, clock_s: float, done: int) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix_str(f"{done:,} requests done", refresh=False)
+            step = round(min(clock_s, self.bar.total), 1) - self.bar.n
+            if step > 0:
+                self.bar.update(step)  # tqdm draws after its delay, at most every mininterval
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 def _single(spec, args) -> int:
     from sim.serve.replay import serve
+    from sim.serve.spec import build
 
-    summary = serve(spec, args.out)
-    if args.out is not None:
-        import pandas as pd
+    setup = build(spec)
+    progress = _Progress(setup.source.span_s, enabled=not args.no_progress)
+    with _Interrupt() as interrupt:
+        try:
+            summary = serve(setup, args.out, stop=interrupt, progress=progress)
+        finally:
+            progress.close()
+        if summary.get("partial"):
+            sys.stderr.write(f"decodesim: interrupted; stopped the replay at {summary['stopped_at_s']:.1f} "
+                             "simulated s and kept what finished (summary marked partial; no over-time plot)\n")
+        if args.out is not None:
+            _write_single(args.out, summary, spec)
+    if args.json:
+        from sim.commands.common import emit_json
 
-        from sim.serve.plots import over_time
+        emit_json("serve", {"mode": "replay", "summary": summary, "spec": spec.model_dump(mode="json")})
+    else:
+        print(render(summary))
+    return interrupt.exit_code
 
-        write_atomic(args.out / "summary.json", to_json({**summary, "spec": spec.model_dump()}))
-        steps = pd.read_parquet(args.out / "steps.parquet", columns=["t_start_s", "step_ms", "batch",
-                                                                    "kv_occupancy", "waiting"])
-        if len(steps):
-            over_time(steps, args.out / "over-time.png",
-                      title=f"{summary['model']} on {summary['hardware']}, KV {summary['kv']}, "
-                            f"{summary['rate_per_s']:.3g} req/s ({summary['requests']})")
-    print(to_json(summary) if args.json else render(summary))
-    return 0
+
+def _write_single(out: Path, summary: dict, spec) -> None:
+    write_atomic(out / "summary.json", to_json({**summary, "spec": spec.model_dump(mode="json")}))
+    if summary.get("partial"):  # no plot (it would take most of the second an interrupt has); none stale
+        (out / "over-time.png").unlink(missing_ok=True)
+        return
+    import pandas as pd
+
+    from sim.serve.plots import over_time
+
+    steps = pd.read_parquet(out / "steps.parquet", columns=["t_start_s", "step_ms", "batch", "kv_occupancy",
+                                                            "waiting"])
+    if len(steps):
+        partial = " (partial: interrupted)" if summary.get("partial") else ""
+        over_time(steps, out / "over-time.png",
+                  title=f"{summary['model']} on {summary['hardware']}, KV {summary['kv']}, "
+                        f"{summary['rate_per_s']:.3g} req/s offered ({summary['requests']}){partial}")
 
 
 def _sweep(points, args, *, title: str, command: str, description: str = "", question: str = "",
@@ -175,21 +336,30 @@ def _sweep(points, args, *, title: str, command: str, description: str = "", que
         sys.stderr.flush()
 
     out = out or args.out
-    if args.replot:
-        table = _saved_table(out)
-    else:
-        table = run_sweep(points, args.jobs, progress=progress)
-    target = points[0].target_ms
-    if out is not None:
-        write_table(table, out)
-        latency_vs_rate(table, out / "latency-vs-rate.png", target_ms=target)
-        write_text(out / "report.md", render_report(table, title=title, target_ms=target, description=description,
-                                                    question=question, notes=notes, command=command))
+    with _Interrupt() as interrupt:
+        if args.replot:
+            table = _saved_table(out)
+        else:
+            table = run_sweep(points, args.jobs, progress=progress, stop=interrupt)
+        partial = interrupt.signal is not None and len(table) < len(points)
+        if partial:
+            sys.stderr.write(f"decodesim: interrupted; {len(table)} of {len(points)} replays finished and are "
+                             "kept (the report is marked partial)\n")
+            title += f" (partial: interrupted after {len(table)} of {len(points)} replays)"
+        target = points[0].target_ms
+        if out is not None and len(table):
+            write_table(table, out)
+            latency_vs_rate(table, out / "latency-vs-rate.png", target_ms=target)
+            write_text(out / "report.md", render_report(table, title=title, target_ms=target,
+                                                        description=description, question=question, notes=notes,
+                                                        command=command))
     if args.json:
-        print(table.to_json(orient="records", indent=2))
-    else:
+        from sim.commands.common import emit_json
+
+        emit_json("serve", {"mode": "sweep", "partial": partial, "rows": table.to_dict(orient="records")})
+    elif len(table):
         print(render_table(table, target))
-    return 0
+    return interrupt.exit_code
 
 
 def _saved_table(out: Path | None):
@@ -200,7 +370,9 @@ def _saved_table(out: Path | None):
     if out is None or not (out / "table.parquet").is_file():
         raise ConfigError(str(out / "table.parquet") if out else "command line", None if out else "--out",
                           "--replot needs the table of an earlier run (--out DIR with table.parquet)")
-    return pd.read_parquet(out / "table.parquet")
+    from sim.serve.spec import upgrade_names
+
+    return upgrade_names(pd.read_parquet(out / "table.parquet"))
 
 
 def _study(args) -> int:
@@ -208,6 +380,7 @@ def _study(args) -> int:
 
     study, path = load_study(args.study)
     points = study_points(study, path)
+    _check_sources(points)
     out = args.out or Path("reports") / study.name
     return _sweep(points, args, title=f"{study.name}: serving latency against request rate and KV format",
                   command=f"decodesim serve --study {args.study}", description=study.description,
@@ -216,26 +389,32 @@ def _study(args) -> int:
 
 def render(s: dict) -> str:
     """The summary of one replay as a table."""
+    window = f"{s['window_s']:g} s window" if s.get("window_s") else "arrival span"
     lines = [f"decodesim serve: {s['model']} ({s['weights']} weights) on {s['hardware']} "
-             f"({s['chips']} chip{'s' if s['chips'] > 1 else ''}, tp {s['tp']} x pp {s['pp']}), KV {s['kv']}",
-             f"  requests: {s['source']}; {s['requests_done']} done, {s['requests_rejected']} rejected, "
-             f"{s['rate_per_s']:.3g} req/s offered; {s['simulated_s']:.1f} s simulated in {s['steps']} steps",
-             f"  scheduler: {s['policy']} prefill, <= {s['max_tokens_per_step']} tokens and <= {s['max_batch_limit']} "
-             f"sequences per step, {s['block_tokens']}-token KV blocks; KV pool {s['kv_pool_bytes_per_chip'] / 1e9:.1f} "
-             f"GB per chip ({s['kv_pool_tokens_at_4k']:,} tokens at 4k context)",
-             f"  {'':<6}{'p50':>10}{'p90':>10}{'p99':>10}{'mean':>10}"]
+             f"({s['chips']} chip{'s' if s['chips'] > 1 else ''}, tp {s['tp']} x pp {s['pp']}), KV {s['kv']}"]
+    if s.get("partial"):
+        lines.append(f"  PARTIAL: interrupted at {s['stopped_at_s']:.1f} simulated s; figures cover the requests "
+                     "that finished by then")
+    lines += [f"  requests: {s['source']}; {s['arrivals']:,} arrived ({s['rate_per_s']:.3g} req/s offered over the "
+              f"{window}), {s['requests_done']:,} done, {s['requests_rejected']:,} rejected; "
+              f"{s['simulated_s']:.1f} s simulated in {s['steps']:,} steps",
+              f"  scheduler: {s['policy']} prefill, <= {s['max_tokens_per_step']} tokens and <= {s['max_batch']} "
+              f"sequences per step, {s['block_tokens']}-token KV blocks; KV pool "
+              f"{s['kv_pool_bytes_per_chip'] / 1e9:.1f} GB per chip, room for {s['kv_pool_tokens']:,} cached tokens ({s['kv_pool_tokens'] // 4096:,} "
+              f"sequences of 4,096 tokens)",
+              f"  {'':<6}{'p50':>10}{'p90':>10}{'p99':>10}{'mean':>10}"]
     for key, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2e_ms", "E2E"), ("step_ms", "step")):
         lines.append(f"  {label:<6}" + "".join(f"{s[f'{key}_{q}']:>10.2f}" for q in ("p50", "p90", "p99", "mean"))
                      + "  ms")
     lines += [f"  throughput: {s['throughput_tokens_per_s']:.0f} output tokens/s, {s['prefill_tokens_per_s']:.0f} "
               f"prefill tokens/s, {s['throughput_req_per_s']:.2f} requests/s",
-              f"  batch: mean {s['mean_batch']:.1f} (while busy {s['mean_batch_busy']:.1f}), max {s['max_batch']}; "
-              f"waiting: mean {s['mean_waiting']:.1f}, max {s['max_waiting']}",
+              f"  batch: mean {s['mean_batch']:.1f} (while busy {s['mean_batch_busy']:.1f}), largest "
+              f"{s['max_batch_seen']}; waiting: mean {s['mean_waiting']:.1f}, max {s['max_waiting']}",
               f"  KV occupancy: mean {100 * s['mean_kv_occupancy']:.1f}%, max {100 * s['max_kv_occupancy']:.1f}%; "
               f"preemptions {s['preemptions']} ({s['recomputed_tokens']} tokens recomputed)"]
     word = "MEETS" if s["meets_target"] else "MISSES"
     lines.append(f"  verdict: {word} the {s['target_ms']:g} ms target: p99 TPOT {s['tpot_ms_p99']:.2f} ms at "
-                 f"{s['rate_per_s']:.3g} req/s")
+                 f"{s['rate_per_s']:.3g} req/s offered" + (" (partial replay)" if s.get("partial") else ""))
     if s.get("J_per_output_token") is not None:
         lines.append(f"  energy: {s['J_per_output_token']:.3f} J per output token (chips alone "
                      f"{s['chip_J_per_output_token']:.3f} J), average {s['energy_avg_W']:.0f} W; dynamic part from "

@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import math
 import re
+import sys
 import typing
 from pathlib import Path
 from typing import Any
@@ -244,21 +245,96 @@ def _allowed_keys(model, loc) -> list[str]:
 # ---------------------------------------------------------------- overrides
 
 
+MAX_ASSIGNMENT = 1024  # characters of one DOTTED.PATH=VALUE text
+
+
+class _AssignmentLoader(yaml.SafeLoader):
+    """Safe YAML for ``--set`` values that reads numbers only in plain decimal: YAML 1.1 would
+    read ``0x10`` as 16, ``1_000`` as 1000, ``010`` as 8 and ``1:30`` as 90."""
+
+
+class _Numeral(Exception):
+    def __init__(self, text: str):
+        self.text = text
+
+
+_DECIMAL = re.compile(r"[+-]?(0|[1-9]\d*)(\.\d*)?([eE][+-]?\d+)?|[+-]?\.\d+([eE][+-]?\d+)?")
+
+
+def _decimal_int(loader, node):
+    text = loader.construct_scalar(node)
+    if not _DECIMAL.fullmatch(text):
+        raise _Numeral(text)
+    return int(text)
+
+
+def _decimal_float(loader, node):
+    text = loader.construct_scalar(node)
+    if text.lower().lstrip("+-") in (".inf", ".nan"):
+        raise _Numeral(text)
+    if not _DECIMAL.fullmatch(text):
+        raise _Numeral(text)
+    return float(text)
+
+
+_AssignmentLoader.add_constructor("tag:yaml.org,2002:int", _decimal_int)
+_AssignmentLoader.add_constructor("tag:yaml.org,2002:float", _decimal_float)
+
+
+def parse_number(text: str) -> float:
+    """A plain decimal number (``16``, ``0.5``, ``1e9``), finite and not subnormal; ValueError
+    otherwise (hex, octal, underscores, ``inf``, ``nan``, ``1e-320``, empty text)."""
+    text = text.strip()
+    if not _DECIMAL.fullmatch(text):
+        raise ValueError(f"expected a plain decimal number, got {text!r}")
+    value = float(text)
+    if not math.isfinite(value) or (value != 0 and abs(value) < sys.float_info.min):
+        raise ValueError(f"expected a finite, normal number, got {text!r}")
+    return value
+
+
 def parse_assignment(text: str, where: str = "--set") -> tuple[str, Any]:
-    """``a.b.c=VALUE`` -> (path, value); the value is read as YAML (safe), so 900 is an int."""
+    """``a.b.c=VALUE`` -> (path, value); the value is read as YAML (safe), so 900 is an int.
+
+    Strict: numbers must be plain decimal (no hex, octal, binary, underscores or ``1:30``),
+    finite and not subnormal (``1e-320`` is below the smallest normal double and would be a
+    typo for any quantity), and the whole text at most ``MAX_ASSIGNMENT`` characters."""
+    if len(text) > MAX_ASSIGNMENT:
+        raise ConfigError(where, text[:40] + "...", f"expected DOTTED.PATH=VALUE of at most {MAX_ASSIGNMENT:,} "
+                          f"characters, got {len(text):,}")
     if "=" not in text:
         raise ConfigError(where, text, "expected DOTTED.PATH=VALUE")
     path, raw = text.split("=", 1)
     path = path.strip()
-    if not path:
-        raise ConfigError(where, text, "expected DOTTED.PATH=VALUE")
+    if not path or any(not part for part in path.split(".")):
+        raise ConfigError(where, text, "expected DOTTED.PATH=VALUE (path parts may not be empty)")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = yaml.load(raw, Loader=_AssignmentLoader) if raw.strip() else ""  # noqa: S506 - a SafeLoader
+    except _Numeral as err:
+        raise ConfigError(where, path, "numbers must be plain decimal (like 16, 0.5 or 1e9; no hex, octal, "
+                          "underscores, infinities or NaN)", err.text) from None
     except yaml.YAMLError:
         value = raw
     if isinstance(value, str) and _NUMBER.fullmatch(value.strip()):
         value = float(value)  # YAML 1.1 reads 1e9 (no dot) as text; on the command line it is a number
+    _check_numbers(value, path, where)
     return path, value
+
+
+def _check_numbers(value: Any, path: str, where: str) -> None:
+    """Refuse non-finite and subnormal floats anywhere in an override value."""
+    if isinstance(value, dict):
+        for child in value.values():
+            _check_numbers(child, path, where)
+    elif isinstance(value, list):
+        for child in value:
+            _check_numbers(child, path, where)
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise ConfigError(where, path, "expected a finite number", value)
+        if value != 0 and abs(value) < sys.float_info.min:
+            raise ConfigError(where, path, f"expected 0 or a number of magnitude at least {sys.float_info.min:g} "
+                              "(this one is subnormal: a typo?)", value)
 
 
 _NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+")

@@ -16,9 +16,9 @@ Setting a sourced quantity sets its value and records the override as its source
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import field_validator, model_validator
+from pydantic import AfterValidator, field_validator, model_validator
 
 from sim.config.defaults import RUN_DEFAULTS as D
 from sim.config.loader import apply_override, parse_assignment, validate
@@ -32,32 +32,49 @@ MAX_STEPS = 1_000_000  # decode steps
 MAX_SEQUENCE_STEPS = 10_000_000  # batch x steps: (sequence, step) entries of a generated trace
 MAX_TARGET_MS = 1e6  # a per-token target beyond 1000 s is a typo
 MAX_CHIPS = 1_000_000
+MAX_NAME = 1024  # characters of a name or path (hardware, model, formats, stack, trace, routing)
+NAME_PART = 255  # characters of one path component (the usual file-system limit)
+
+
+def _name(text: str) -> str:
+    if not text.strip():
+        raise ValueError("expected a name or a path, got an empty text")
+    if len(text) > MAX_NAME:
+        raise ValueError(f"expected a name or a path of at most {MAX_NAME:,} characters, got {len(text):,}")
+    if any(len(part) > NAME_PART for part in text.split("/")):
+        raise ValueError(f"expected a name or a path whose parts have at most {NAME_PART} characters")
+    if "\x00" in text:
+        raise ValueError("expected a name or a path without NUL characters")
+    return text
+
+
+Name = Annotated[str, AfterValidator(_name)]
 
 
 class RunSpec(Strict):
     """One run as asked: hardware, model, formats, workload, engine and options."""
 
-    hardware: str = D["hardware"]
-    model: str = D["model"]
-    weights: str = D["weights"]
-    kv: str = D["kv"]
+    hardware: Name = D["hardware"]
+    model: Name = D["model"]
+    weights: Name = D["weights"]
+    kv: Name = D["kv"]
     batch: whole(1, MAX_BATCH, strict=False) = D["batch"]
     context: whole(1, MAX_CONTEXT, strict=False) = D["context"]
-    trace: str | None = None
+    trace: Name | None = None
     steps: whole(1, MAX_STEPS, strict=False) = D["steps"]
     target_ms: real(0, MAX_TARGET_MS, lo_open=True) = D["target_ms"]
     engine: Engine = D["engine"]
     graph: bool | None = None  # None: the software stack's launch mode
     tp: whole(1, MAX_CHIPS, strict=False) | None = None
     pp: whole(1, MAX_CHIPS, strict=False) | None = None
-    software: str = D["software"]  # a stack of workloads/software/ or a stack YAML path
+    software: Name = D["software"]  # a stack of workloads/software/ or a stack YAML path
     overrides: tuple[tuple[str, Any], ...] = ()
     seed: whole(0, 2**63 - 1, strict=False) = 0
     allow_long_context: bool = False  # simulate contexts beyond the model's max_context
     # Mixture-of-Experts (used when the model has a `moe:` section; see sim.lowering.moe)
     dispatch: Literal["host_sync", "device", "sram_zero_copy"] = D["dispatch"]
     placement: Literal["all-hbm", "static", "lru", "lfu", "spread"] = D["placement"]
-    routing: str = D["routing"]  # uniform | zipf | a routing file (sim.moe.routing)
+    routing: Name = D["routing"]  # uniform | zipf | a routing file (sim.moe.routing)
     routing_skew: real(0, 100) = 1.0
     routing_locality: real(0, 1) = 0.0
     sram_experts: whole(0, MAX_COUNT, strict=False) | None = None  # experts to pin per chip (default: as many as fit)
@@ -210,5 +227,5 @@ def with_overrides(spec: RunSpec, extra) -> RunSpec:
     return RunSpec.model_validate({**spec.model_dump(), "overrides": list(spec.overrides) + list(extra)})
 
 
-__all__ = ["RunSpec", "RUN_FIELDS", "Engine", "apply_run_overrides", "canonical", "check_path",
+__all__ = ["RunSpec", "Name", "MAX_NAME", "RUN_FIELDS", "Engine", "apply_run_overrides", "canonical", "check_path",
            "hardware_subpath", "override_raw", "validate_overridden", "with_overrides"]

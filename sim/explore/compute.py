@@ -57,7 +57,7 @@ def roofline_of(result) -> dict | None:
         if op["step"] != first:
             continue
         work = (op.get("flops") or 0) + (op.get("vector_ops") or 0)
-        duration = max(op["end_ns"] - op["start_ns"], 1e-9)
+        duration = max(op["t_end_ns"] - op["t_start_ns"], 1e-9)
         for level in levels:
             moved = sum(v for k, v in op.items() if k.endswith(f"_{level}_bytes") and v == v and v)
             if moved > 0 and work > 0:

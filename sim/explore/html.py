@@ -91,8 +91,8 @@ def headline(view: dict) -> str:
                      f"{'MEETS' if s['meets_target'] else 'MISSES'} the {s['target_ms']:g} ms target "
                      f"(margin {s['margin_ms']:+.3f} ms)</div>"
                      f"<div class=\"muted\">byte floor {s['byte_floor_ms']:.3f} ms at peak bandwidth; achieved "
-                     f"{s['achieved_hbm_gbps']:.0f} GB/s = {100 * s['hbm_fraction_of_peak']:.1f}% of "
-                     f"{s['hbm_peak_gbps']:.0f} GB/s</div>")
+                     f"{s['hbm_achieved_GBps']:.0f} GB/s = {100 * s['hbm_fraction_of_peak']:.1f}% of "
+                     f"{s['hbm_peak_GBps']:.0f} GB/s</div>")
     parts.append(f"<div class=\"muted\">batch {s['batch']}, context {s['context']}, {s['steps']} steps, "
                  f"{e(s['engine'])} engine, {'graph' if s['graph'] else 'eager'} launch, stack {e(s['software'])}, "
                  f"tp {s['tp']} x pp {s['pp']}; {mem}</div>"

@@ -116,15 +116,18 @@ def level_bytes(ops: pd.DataFrame, level: str) -> pd.Series:
     return ops[cols].fillna(0).sum(axis=1) if cols else pd.Series(0.0, ops.index)
 
 
+OLD_OP_NAMES = {"start_ns": "t_start_ns", "end_ns": "t_end_ns"}  # the op table's names before issue 22
+
+
 def roofline(detail: Path, folder: Path) -> list[str]:
     """Every op placed per memory level under that level's roof, the matrix peak and the
     vector-unit (dequantization) ceiling."""
     meta = _detail(detail)
     if meta is None:
         return []
-    ops = pd.read_parquet(detail / "ops.parquet")
+    ops = pd.read_parquet(detail / "ops.parquet").rename(columns=OLD_OP_NAMES)  # tables written before the rename
     work = ops["flops"].fillna(0) + ops.get("vector_ops", 0)
-    dur = (ops["end_ns"] - ops["start_ns"]).clip(lower=1e-9)
+    dur = (ops["t_end_ns"] - ops["t_start_ns"]).clip(lower=1e-9)
     rate = work / dur / 1e3  # T operations per second
     levels = [lv for lv in meta["levels"] if lv in meta["peaks_GBps"]]
     points = {}

@@ -22,8 +22,40 @@ from matplotlib.ticker import FuncFormatter  # noqa: E402
 from sim.io import write_with  # noqa: E402
 from sim.report import labels  # noqa: E402
 
-ROW_ORDER = ["weights", "expert_weights", "staged_weights", "kv", "outliers", "activations", "combine", "compute", "expert_compute",
-             "router", "dequant", "dispatch", "links", "host_link", "latency", "launch_sync", "contention"]
+# every breakdown row sim.results assigns time to, in the order bars stack them
+ROW_ORDER = ["weights", "expert_weights", "staged_weights", "kv", "outliers", "activations", "temp", "combine",
+             "compute", "expert_compute", "router", "dequant", "dispatch", "links", "host_link", "latency",
+             "kernel_startup", "launch_sync", "contention"]
+# one colour per breakdown row in every figure (tab20 entries, a new row appended so the others keep
+# theirs; a row not listed is grey)
+_TAB20 = plt.get_cmap("tab20").colors
+ROW_COLOURS = {row: _TAB20[i] for i, row in enumerate(
+    ["weights", "expert_weights", "kv", "outliers", "activations", "temp", "combine", "compute", "expert_compute",
+     "router", "dequant", "dispatch", "links", "host_link", "latency", "kernel_startup", "launch_sync",
+     "contention", "staged_weights"])}
+FULL_PRECISION_KV = frozenset({"fp16", "bf16", "fp32"})
+
+
+def row_colour(row: str):
+    """The fixed colour of breakdown row ``row`` (the same in every figure)."""
+    return ROW_COLOURS.get(row, (0.6, 0.6, 0.6))
+
+
+def stacked_rows(breakdowns) -> list[str]:
+    """Every row with time in any of ``breakdowns`` (dicts row -> ms), in ROW_ORDER, unknown rows
+    last: bars drawn from these sum to the table's per-token time."""
+    present = {row for b in breakdowns for row, ms in b.items() if ms and ms > 0}
+    return [r for r in ROW_ORDER if r in present] + sorted(present - set(ROW_ORDER))
+
+
+def row_label(row: str, kv_formats=()) -> str:
+    """The legend text of ``row``; ``dequant`` says when quantized-KV reads are counted in it
+    (an op's body goes to the longest of its loads and its compute: for quantized-KV attention
+    that is usually the dequantization, which then holds the KV reads it overlaps)."""
+    text = labels.row(row)
+    if row == "dequant" and set(kv_formats) - FULL_PRECISION_KV:
+        text += "\n(quantized-KV attention: incl.\nthe KV reads it overlaps)"
+    return text
 LATENCY = "per_token_ms_p99"
 MAX_PANELS = 8  # small multiples beyond this are split into one figure per value of the first facet
 

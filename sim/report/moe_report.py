@@ -330,6 +330,21 @@ def panel_title(s: dict) -> str:
     return f"{s['model']}, weights {s['weights']}\n{s['hardware']}{chips}, {experts}"
 
 
+def plotted_summaries(results: list[dict]) -> dict:
+    """(setup, dispatch) -> run summary of the runs the breakdown figure draws."""
+    return {(r["setup"], r["dispatch"]): r["summary"] for r in results if r["batch"] == PLOT_BATCH}
+
+
+def bar_stacks(by: dict, setups: list) -> tuple[list[str], dict]:
+    """The rows the figure stacks (every row with time in a plotted run, kernel start-up
+    included) and each bar's segments: a bar's segments sum to its run's ms per token."""
+    from sim.report.figures import stacked_rows
+
+    keys = [(st, d) for st in setups for d in DISPATCHES]
+    rows = stacked_rows([by[k].get("breakdown_ms", {}) for k in keys])
+    return rows, {k: {row: by[k].get("breakdown_ms", {}).get(row, 0.0) for row in rows} for k in keys}
+
+
 def plot_breakdown(results: list[dict], path: Path) -> None:
     """Stacked latency breakdown, one panel per setup, one bar per dispatch path (PNG, atomic).
     Panel titles and the figure title come from the plotted runs' summaries; rows that are
@@ -339,21 +354,19 @@ def plot_breakdown(results: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from sim.report import labels
-    from sim.report.figures import eng_axis
-    from sim.report.plots import ROW_ORDER
+    from sim.report.figures import eng_axis, row_colour, row_label
 
-    by = {(r["setup"], r["dispatch"]): r["summary"] for r in results if r["batch"] == PLOT_BATCH}
+    by = plotted_summaries(results)
     setups = [st for st in PLOT_SETUPS if all((st, d) in by for d in DISPATCHES)]
     fig, axes = plt.subplots(1, len(setups), figsize=(4.4 * len(setups), 4.8), squeeze=False)
-    rows = [row for row in ROW_ORDER if any(by[(st, d)].get("breakdown_ms", {}).get(row, 0.0) > 0
-                                             for st in setups for d in DISPATCHES)]
-    colours = plt.get_cmap("tab20")(range(len(rows)))
+    rows, stacks = bar_stacks(by, setups)
+    kv_formats = {by[key]["kv"] for key in by}
     for ax, setup in zip(axes[0], setups, strict=True):
         bottom = [0.0] * len(DISPATCHES)
-        for row, colour in zip(rows, colours, strict=True):
-            heights = [by[(setup, d)]["breakdown_ms"].get(row, 0.0) for d in DISPATCHES]
-            ax.bar(range(len(DISPATCHES)), heights, bottom=bottom, color=colour, label=labels.row(row))
+        for row in rows:
+            heights = [stacks[(setup, d)].get(row, 0.0) for d in DISPATCHES]
+            ax.bar(range(len(DISPATCHES)), heights, bottom=bottom, color=row_colour(row),
+                   label=row_label(row, kv_formats))
             bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
         target = by[(setup, DISPATCHES[0])]["target_ms"]
         if max(bottom) >= 0.5 * target:

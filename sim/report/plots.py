@@ -46,9 +46,12 @@ from sim.report.figures import (
     keys,
     load,
     ok_rows,
+    row_colour,
+    row_label,
     save,
     settings_text,
     slug,
+    stacked_rows,
     study_axes,
     target_ms,
     varying,
@@ -115,9 +118,9 @@ def breakdown(grid: pd.DataFrame, settings: dict, folder: Path) -> list[str]:
     sel = _breakdown_rows(ok, settings)
     vary = varying(settings)
     label_axes = [a for a in vary if a in sel and sel[a].astype(str).nunique() > 1]
-    rows = [c for c in ROW_ORDER if f"ms_{c}" in sel] + sorted(
-        c[3:] for c in sel.columns if c.startswith("ms_") and c[3:] not in ROW_ORDER)
+    rows = stacked_rows([{c[3:]: float(sel[c].fillna(0.0).abs().max()) for c in sel.columns if c.startswith("ms_")}])
     cols = [f"ms_{r}" for r in rows]
+    kv_formats = [str(v) for v in sel["kv"].dropna().unique()] if "kv" in sel else []
     data = _mean_over_seeds(sel.fillna({c: 0.0 for c in cols}), label_axes, cols + [LATENCY]).head(40)
     sep = "\n" if len(data) <= 8 else ", "
     if len(label_axes) == 1:
@@ -127,12 +130,12 @@ def breakdown(grid: pd.DataFrame, settings: dict, folder: Path) -> list[str]:
     tilt = max((max(len(p) for p in t.split("\n")) for t in ticks), default=0) * len(data) > 70
     fig, ax = plt.subplots(figsize=(max(6.0, 0.55 * len(data) + 2), 4.8))
     bottom = np.zeros(len(data))
-    cmap = plt.get_cmap("tab20")
-    for i, (row, col) in enumerate(zip(rows, cols, strict=True)):
+    for row, col in zip(rows, cols, strict=True):
         values = data[col].to_numpy(dtype=float)
         if not values.any():
             continue
-        ax.bar(range(len(data)), values, bottom=bottom, label=labels.row(row), color=cmap(i % 20), width=0.75)
+        ax.bar(range(len(data)), values, bottom=bottom, label=row_label(row, kv_formats), color=row_colour(row),
+               width=0.75)
         bottom += values
     target = target_ms(grid, default=0.0)
     if target:
@@ -305,7 +308,9 @@ def _feasibility_figure(panels: list[Panel], dropped: list[Panel], settings: dic
         bar.ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _p: labels.eng(v) if f"{v:.1g}"[0] in "25" else ""))
         bar.ax.axhline(target, color="crimson", lw=2)
     lines = [f"{settings['name']}: p99 per-token latency over {labels.join_pairs([x_axis, y_axis])}",
-             f"(red contour: {target:g} ms target; hatched: does not fit in memory)"]
+             (f"(red contour: {target:g} ms target; hatched: does not fit in memory)" if _numeric(xs) and _numeric(ys)
+              else f"(white numbers: over the {target:g} ms target, no contour across a categorical axis; "
+                   "hatched: does not fit in memory)")]
     if shared:
         lines.append(f"every panel at {settings_text(shared)}")
     if dropped:
@@ -313,6 +318,15 @@ def _feasibility_figure(panels: list[Panel], dropped: list[Panel], settings: dic
                      + " (no point ran: see the report's failed points)")
     fig.suptitle("\n".join(lines), fontsize=10)
     return save(fig, folder, name)
+
+
+def contour_allowed(xs: list, ys: list, z: np.ndarray, target: float) -> bool:
+    """A target contour interpolates between cells, which means something only when both axes
+    are numbers (between two KV formats there is nothing to interpolate); it also needs two
+    values per axis and latencies on both sides of the target."""
+    finite = z[np.isfinite(z)]
+    return (_numeric(xs) and _numeric(ys) and min(z.shape) > 1 and len(finite) > 0
+            and finite.min() < target < finite.max())
 
 
 def _draw_panel(ax, panel: Panel, xs: list, ys: list, norm, target: float):
@@ -328,11 +342,12 @@ def _draw_panel(ax, panel: Panel, xs: list, ys: list, norm, target: float):
             elif not np.isnan(z[i, j]) and len(xs) * len(ys) <= 64:
                 ax.text(j, i, labels.eng(z[i, j], 2 if z[i, j] < 10 else 3), ha="center", va="center", fontsize=6,
                         color="white" if z[i, j] > target else "black")
-    finite = np.where(np.isnan(z), np.nanmax(z) * 10 if np.isfinite(z).any() else 1.0, z)
-    if np.isfinite(z).any() and finite.min() < target < finite.max() and min(z.shape) > 1:
-        contour = ax.contour(np.arange(len(xs)), np.arange(len(ys)), finite, levels=[target], colors="crimson",
-                             linewidths=2)
-        ax.clabel(contour, fmt=f"{target:g} ms", fontsize=7)
+    if contour_allowed(xs, ys, z, target):
+        # masked, not filled: no line is drawn across cells without a latency (unfit, failed)
+        contour = ax.contour(np.arange(len(xs)), np.arange(len(ys)), np.ma.masked_invalid(z), levels=[target],
+                             colors="crimson", linewidths=2)
+        if contour.allsegs and any(len(seg) for seg in contour.allsegs[0]):
+            ax.clabel(contour, fmt=f"{target:g} ms", fontsize=7)
     ax.set_xticks(range(len(xs)), [labels.tick(v) for v in xs], fontsize=7, rotation=45 if len(xs) > 6 else 0)
     ax.set_yticks(range(len(ys)), [labels.tick(v) for v in ys], fontsize=7)
     return image

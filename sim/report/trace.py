@@ -16,6 +16,8 @@ t_start_ns, t_end_ns, bytes, flops)`` (sim.engine.records). Layout:
   compute the groups of tiles running different ops at once ("tile group" lanes). Kernel
   spans (``resource == "kernels"``, ``op = "<op>/<kernel>"``, ``kind`` = kernel class) are
   named by the kernel, with the op and class in their arguments;
+* flow arrows from each host launch or dispatch slice (``host.graph_launch``,
+  ``host.dispatch``) to the first device slice of the op it launches;
 * counter tracks per stage and resource that moved bytes: "<resource> bandwidth (GB/s)",
   the summed rate of its transfers, and "<resource> bytes in flight", the total size of the
   transfers started and not yet finished, both stepwise at every start and end.
@@ -87,6 +89,7 @@ def trace_events(log: list[tuple], *, steps: tuple[int, int] | None = None, layo
             moved[(pid, resource)].append((start, end, nbytes))
     tid = _thread_ids({resource for _, resource in tracks})
     events = [_slice(r, start, end, pid, tid(r[3], lane)) for r, start, end, pid, lane in placed]
+    events += flow_events(events)
     events += _step_slices(sorted({r[0] for r in rows}), offsets, layout, log)
     for (pid, resource), spans in sorted(moved.items()):
         events += counter_events(pid, resource, spans)
@@ -169,6 +172,43 @@ def _slice(r, start: float, end: float, pid: int, tid: int) -> dict:
         name = f"{op} L{layer}" if layer >= 0 else op
     return {"name": name, "cat": kind, "ph": "X", "ts": start / 1e3, "dur": (end - start) / 1e3, "pid": pid,
             "tid": tid, "args": args}
+
+
+LAUNCH_KINDS = ("host.graph_launch", "host.dispatch", "host.launch")  # host spans that start device work
+
+
+def flow_events(slices: list[dict]) -> list[dict]:
+    """Flow arrows (Trace Event Format ``s`` / ``f`` pairs at the middle of the slices they bind to) from
+    each host launch or dispatch slice to the first device slice of the op it launches
+    (same step, layer and op; a kernel slice counts for its op) that starts no earlier."""
+    device: dict[tuple, list[dict]] = defaultdict(list)
+    for e in slices:
+        if e["args"]["resource"] != HOST:
+            a = e["args"]
+            device[(a["step"], a["layer"], a["op"])].append(e)
+    for found in device.values():
+        found.sort(key=lambda e: (e["ts"], e["tid"]))
+    out: list[dict] = []
+    for e in slices:
+        a = e["args"]
+        if a["resource"] != HOST or a["kind"] not in LAUNCH_KINDS:
+            continue
+        target = next((d for d in device.get((a["step"], a["layer"], a["op"]), ()) if d["ts"] >= e["ts"]), None)
+        if target is None:
+            continue
+        flow = len(out) // 2 + 1
+        name = "graph launch" if a["kind"] == "host.graph_launch" else "launch"
+        out.append({"name": name, "cat": "launch", "ph": "s", "id": flow, "ts": _middle(e), "pid": e["pid"],
+                    "tid": e["tid"], "args": {}})
+        out.append({"name": name, "cat": "launch", "ph": "f", "bp": "e", "id": flow, "ts": _middle(target),
+                    "pid": target["pid"], "tid": target["tid"], "args": {}})
+    return out
+
+
+def _middle(e: dict) -> float:
+    """A time inside slice ``e`` and no other slice of its lane (flow events bind to the slice
+    that encloses them; a slice that ends where the next begins shares only its edges)."""
+    return e["ts"] + e["dur"] / 2
 
 
 def counter_events(pid: int, resource: str, spans: list[tuple[float, float, int]]) -> list[dict]:

@@ -10,7 +10,7 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "2.0"
 SCHEMA_FILE = Path(__file__).resolve().parent / "output.schema.json"
 
 

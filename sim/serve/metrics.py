@@ -6,8 +6,14 @@ Definitions (as vLLM's serving benchmark reports them):
 * TPOT, time per output token: (finish - first token) / (output tokens - 1), per request
   (requests with one output token have none);
 * end-to-end latency: finish - arrival;
+* offered rate (``rate_per_s``): the requests that arrived in the replayed arrival window
+  divided by its length (``window_s``: the ``duration_s`` asked, else the span from the
+  first to the last arrival, counting ``arrivals - 1`` gaps); a replay stopped early counts
+  the arrivals up to the stop over the time to the stop. ``nominal_rate_per_s`` (the
+  source's mean rate: the Poisson parameter, or a trace's native rate x the scale) is kept
+  beside it;
 * throughput: output tokens (and finished requests) per second of the window from the first
-  arrival to the last finish;
+  arrival to the last finish (to the stop, for a partial replay);
 * per-step figures are time-weighted (each step counts for its duration; idle gaps count as
   zero batch and zero occupancy); ``mean_batch_per_step`` is the plain mean over steps;
 * ``mean_in_system``: time-average number of requests arrived and not finished (running or
@@ -41,6 +47,8 @@ class Metrics:
         self.e2e_ms = array("d")
         self.step_ms = array("f")
         self.first_arrival_ns: int | None = None
+        self.last_arrival_ns = 0
+        self.arrivals = 0
         self.last_finish_ns = 0
         self.requests_done = self.rejected = self.preemptions = self.recomputed_tokens = 0
         self.output_tokens = self.prompt_tokens = 0
@@ -52,6 +60,18 @@ class Metrics:
     def arrived(self, arrival_ns: int) -> None:
         if self.first_arrival_ns is None:
             self.first_arrival_ns = arrival_ns
+        self.last_arrival_ns = arrival_ns
+        self.arrivals += 1
+
+    def offered_rate(self, window_s: float | None, stopped_s: float | None) -> float:
+        """Requests per second that arrived in the replayed window (see the module docstring)."""
+        if stopped_s is not None:
+            span = min(stopped_s, window_s) if window_s else stopped_s
+            return self.arrivals / span if span > 0 else math.nan
+        if window_s:
+            return self.arrivals / window_s
+        span_s = (self.last_arrival_ns - (self.first_arrival_ns or 0)) / 1e9
+        return (self.arrivals - 1) / span_s if self.arrivals > 1 and span_s > 0 else math.nan
 
     def step(self, dt_ns: int, batch: int, in_system: int, waiting: int, occupancy: float, prefill_tokens: int,
              sampled: int) -> None:
@@ -81,12 +101,18 @@ class Metrics:
         if seq.output > 1:
             self.tpot_ms.append(ns_to_ms(seq.finish_ns - seq.first_token_ns) / (seq.output - 1))
 
-    def summary(self) -> dict:
-        """The replay's figures (see the module docstring)."""
-        window_ns = max(1, self.last_finish_ns - (self.first_arrival_ns or 0))
+    def summary(self, window_s: float | None = None, stopped_ns: int | None = None) -> dict:
+        """The replay's figures (see the module docstring). ``window_s``: the arrival window
+        replayed; ``stopped_ns``: where a replay stopped early ended (ns after the first arrival)."""
+        stopped_s = None if stopped_ns is None else stopped_ns / 1e9
+        end_ns = self.last_finish_ns - (self.first_arrival_ns or 0)
+        window_ns = max(1, end_ns if stopped_ns is None else max(stopped_ns, end_ns))
+        out = {"partial": stopped_ns is not None, "stopped_at_s": stopped_s,
+               "arrivals": self.arrivals, "window_s": window_s,
+               "rate_per_s": self.offered_rate(window_s, stopped_s),
+               "requests_done": self.requests_done, "requests_rejected": self.rejected, "steps": self.steps,
+               "simulated_s": window_ns / 1e9, "busy_fraction": self.busy_ns / window_ns}
         window_s = window_ns / 1e9
-        out = {"requests_done": self.requests_done, "requests_rejected": self.rejected, "steps": self.steps,
-               "simulated_s": window_s, "busy_fraction": self.busy_ns / window_ns}
         for name, values in (("ttft_ms", self.ttft_ms), ("tpot_ms", self.tpot_ms), ("e2e_ms", self.e2e_ms),
                              ("step_ms", self.step_ms)):
             out.update(_percentiles(name, values))
@@ -98,7 +124,7 @@ class Metrics:
             "output_tokens": self.output_tokens, "prompt_tokens": self.prompt_tokens,
             "sampled_tokens": self.sampled_tokens, "prefill_tokens": self.prefill_tokens,
             "mean_batch": self.batch_ns / window_ns, "mean_batch_busy": self.batch_ns / max(1.0, self.busy_ns),
-            "mean_batch_per_step": self.batch_sum / max(1, self.steps), "max_batch": self.max_batch,
+            "mean_batch_per_step": self.batch_sum / max(1, self.steps), "max_batch_seen": self.max_batch,
             "mean_waiting": self.waiting_ns / window_ns, "max_waiting": self.max_waiting,
             "mean_in_system": self.in_system_ns / window_ns, "mean_e2e_s": mean_e2e_s,
             "mean_kv_occupancy": self.occupancy_ns / window_ns, "max_kv_occupancy": self.max_occupancy,

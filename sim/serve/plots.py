@@ -6,8 +6,9 @@
 * ``over_time(steps, path)``: for one replay, batch size, KV occupancy and queue length
   over simulated time (per-bin mean as a line, per-bin maximum as a shaded band).
 
-Axis units follow the data: times in ms or s, elapsed time in s, min or h, whichever keeps
-the numbers readable.
+Latencies are in ms in every panel of a figure (one unit per quantity; TTFT's log axis spans
+seconds without a change of unit); elapsed time is in s, min or h, whichever keeps the
+numbers readable.
 """
 
 from __future__ import annotations
@@ -49,8 +50,8 @@ def latency_vs_rate(table: pd.DataFrame, path: str | Path, target_ms: float | No
     colours = {fmt: plt.cm.viridis(i / max(1, len(formats) - 1)) for i, fmt in enumerate(formats)}
     for column, ((hardware, model, weights), group) in enumerate(groups):
         top, bottom = axes[0][column], axes[1][column]
-        tpot_unit, tpot_div = time_unit_ms(group.get("tpot_ms_p99", []))
-        ttft_unit, ttft_div = time_unit_ms(group.get("ttft_ms_p99", []))
+        tpot_unit = ttft_unit = "ms"  # one time unit in the whole figure (TTFT on a log axis spans seconds fine)
+        tpot_div = ttft_div = 1.0
         for fmt, rows in group.groupby("kv", sort=False):
             rows = rows.sort_values("rate_per_s")
             colour = colours[fmt]
@@ -64,6 +65,7 @@ def latency_vs_rate(table: pd.DataFrame, path: str | Path, target_ms: float | No
         top.set_ylabel(f"time per output token ({tpot_unit})")
         bottom.set_ylabel(f"p99 time to first token ({ttft_unit})")
         bottom.set_yscale("log")
+        bottom.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:,.0f}" if v >= 1 else f"{v:g}"))
         for ax in (top, bottom):
             ax.set_xlabel("request rate (requests/s)")
             ax.set_xscale("log", base=2)

@@ -21,6 +21,13 @@ Outputs, streamed (memory holds only live requests plus a few numbers per finish
 
 Parquet files are written in row groups of ``ROW_GROUP`` rows through
 ``pyarrow.parquet.ParquetWriter`` to a temporary name and renamed when complete.
+
+Stopping early: ``stop`` (a callable, checked before every step; the command line sets it
+from SIGINT / SIGTERM) ends the replay where it is. The tables are closed with the rows of
+what finished (requests still running are not written), and the summary says
+``partial: true`` with ``stopped_at_s`` (simulated seconds after the first arrival). An
+exception instead (a second Ctrl-C) removes the temporary tables. ``progress(clock_s,
+requests_done)`` is called every ``PROGRESS_EVERY`` steps and once at the end.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import pyarrow as pa
@@ -41,6 +48,7 @@ from sim.serve.spec import ServeSpec, Setup, build
 from sim.serve.stepmodel import SimulatorStepModel, StepModel
 
 ROW_GROUP = 65_536
+PROGRESS_EVERY = 512  # steps between progress calls
 
 STEP_SCHEMA = pa.schema([
     ("step", pa.int64()), ("t_start_s", pa.float64()), ("step_ms", pa.float64()), ("batch", pa.int32()),
@@ -102,32 +110,41 @@ class TableWriter:
 
 
 def replay(source: Iterable[Request], model: StepModel, scheduler: Scheduler, *, target_ms: float = 10.0,
-           max_context: int | None = None, out_dir: str | Path | None = None) -> dict:
+           max_context: int | None = None, out_dir: str | Path | None = None, window_s: float | None = None,
+           stop: Callable[[], bool] | None = None, progress: Callable[[float, int], None] | None = None) -> dict:
     """Replay ``source`` through ``scheduler`` with step times from ``model``; returns the
-    metrics summary (sim.serve.metrics) and writes the tables to ``out_dir`` if given."""
+    metrics summary (sim.serve.metrics) and writes the tables to ``out_dir`` if given.
+    ``window_s``: the arrival window replayed (for the offered rate; default the arrivals'
+    span); ``stop`` and ``progress``: see the module docstring."""
     out = Path(out_dir) if out_dir is not None else None
     steps = TableWriter(out / "steps.parquet" if out else None, STEP_SCHEMA)
     requests = TableWriter(out / "requests.parquet" if out else None, REQUEST_SCHEMA)
     metrics = Metrics(target_ms)
     try:
-        _loop(iter(source), model, scheduler, metrics, steps, requests, max_context)
+        stopped_ns = _loop(iter(source), model, scheduler, metrics, steps, requests, max_context, stop, progress)
     except BaseException:
         steps.abort()
         requests.abort()
         raise
     steps.close()
     requests.close()
-    return metrics.summary()
+    return metrics.summary(window_s=window_s, stopped_ns=stopped_ns)
 
 
 def _loop(arrivals, model, scheduler: Scheduler, metrics: Metrics, steps: TableWriter, requests: TableWriter,
-          max_context) -> None:
+          max_context, stop=None, progress=None) -> int | None:
+    """Run the replay; returns None when it ran to the end, else the clock (ns after the
+    first arrival) at which ``stop`` ended it."""
     pool = scheduler.pool
     pending = next(arrivals, None)
     origin = round(pending.arrival_s * 1e9) if pending else 0
     clock = origin
     index = 0
     while pending is not None or scheduler.busy:
+        if stop is not None and stop():
+            return clock - origin
+        if progress is not None and index % PROGRESS_EVERY == 0:
+            progress((clock - origin) / 1e9, metrics.requests_done)
         while pending is not None and round(pending.arrival_s * 1e9) <= clock:
             _arrive(pending, scheduler, metrics, requests, max_context, origin)
             pending = next(arrivals, None)
@@ -154,6 +171,9 @@ def _loop(arrivals, model, scheduler: Scheduler, metrics: Metrics, steps: TableW
         for seq in finished:
             metrics.finished(seq)
             _request_row(requests, seq, origin, "done")
+    if progress is not None:
+        progress((clock - origin) / 1e9, metrics.requests_done)
+    return None
 
 
 def _arrive(request: Request, scheduler: Scheduler, metrics: Metrics, requests: TableWriter, max_context,
@@ -184,9 +204,11 @@ def _request_row(requests: TableWriter, seq: Sequence, origin: int, status: str)
 # -- a replay from a spec ---------------------------------------------------------------------
 
 
-def serve(spec: ServeSpec | Setup, out_dir: str | Path | None = None, *, step_model: StepModel | None = None) -> dict:
+def serve(spec: ServeSpec | Setup, out_dir: str | Path | None = None, *, step_model: StepModel | None = None,
+          stop: Callable[[], bool] | None = None, progress: Callable[[float, int], None] | None = None) -> dict:
     """Build (if needed) and replay one serving setup; returns the summary (setup, metrics,
-    step-model statistics, wall time). ``out_dir`` receives the tables and summary.json."""
+    step-model statistics, wall time). ``out_dir`` receives the tables; ``stop`` and
+    ``progress`` as in ``replay``."""
     setup = spec if isinstance(spec, Setup) else build(spec)
     wall = time.perf_counter()
     model = step_model or SimulatorStepModel(setup.resolved)
@@ -198,7 +220,8 @@ def serve(spec: ServeSpec | Setup, out_dir: str | Path | None = None, *, step_mo
     scheduler = Scheduler(setup.pool(), max_batch=setup.spec.max_batch,
                           max_tokens_per_step=setup.spec.max_tokens_per_step, policy=setup.spec.policy)
     figures = replay(setup.source, metered or model, scheduler, target_ms=setup.spec.target_ms,
-                     max_context=setup.resolved.model.max_context, out_dir=out_dir)
+                     max_context=setup.resolved.model.max_context, out_dir=out_dir,
+                     window_s=setup.source.window_s, stop=stop, progress=progress)
     if metered is not None:
         figures.update(metered.summary(figures["simulated_s"], figures["output_tokens"]))
     summary = {**setup.describe(), **figures, "wall_s": time.perf_counter() - wall}
@@ -207,4 +230,4 @@ def serve(spec: ServeSpec | Setup, out_dir: str | Path | None = None, *, step_mo
     return summary
 
 
-__all__ = ["replay", "serve", "TableWriter", "STEP_SCHEMA", "REQUEST_SCHEMA"]
+__all__ = ["replay", "serve", "TableWriter", "STEP_SCHEMA", "REQUEST_SCHEMA", "PROGRESS_EVERY"]

@@ -40,7 +40,7 @@ def _setup(table: pd.DataFrame, target_ms: float, command: str) -> list[str]:
     lines += [f"* requests: {source}; each point replays it at its rate (`rate_scale` in the table); arrivals before {get('duration_s', '?')} s "
               "(after rate scaling) are replayed, then every admitted request runs to completion;",
               f"* scheduler: {get('policy', '?')} prefill, at most {get('max_tokens_per_step', '?')} tokens "
-              f"per step, at most {get('max_batch_limit', '?')} sequences, KV blocks of "
+              f"per step, at most {get('max_batch', '?')} sequences, KV blocks of "
               f"{get('block_tokens', '?')} tokens; KV pool = HBM capacity - weights - activations, per chip;",
               f"* step times: decodesim's lowering, kernel costs and analytic model (graph launch, "
               f"{get('software', 'fused')} kernels); prefill costed by the lowering's mixed steps (sim/lowering/decode.py lower_step(prefill=...));",
@@ -59,8 +59,8 @@ def _crossing_table(table: pd.DataFrame, target_ms: float) -> list[str]:
         per_token = pool = "-"
         if len(match):
             first = match.iloc[0]
-            per_token = f"{first['kv_bytes_per_token_at_4k']:,.0f}"
-            pool = f"{first['kv_pool_tokens_at_4k'] / 4096:,.0f}"
+            per_token = f"{first['kv_bytes_per_token']:,.0f}"
+            pool = f"{first['kv_pool_tokens'] / 4096:,.0f}"
         lines.append(f"| {row['hardware']} | {row['model']} | {row['weights']} | {row['kv']} | {per_token} | "
                      f"{pool} | {row['text']} |")
     return lines + [""]

@@ -22,6 +22,12 @@ time by k (the same requests, compressed in time); ``rate_per_s = r`` for a reco
 means ``k = r / native rate`` (native rate = (requests - 1) / span of the arrivals). Only
 requests arriving before ``duration_s`` (after scaling) are replayed; the replay then runs
 until every admitted request has finished.
+
+Bounded work, checked before any replay: ``duration_s`` at most ``MAX_DURATION_S``, a mean
+rate at most ``MAX_RATE_PER_S`` and at most ``MAX_REQUESTS`` requests in the window (for
+synthetic arrivals: rate x duration). A request file must list arrivals in non-decreasing
+order (an unsorted file is an error naming the first line out of order) with token counts
+in [1, ``MAX_TOKENS``].
 """
 
 from __future__ import annotations
@@ -44,6 +50,13 @@ SHARED_DIR = Path(__file__).resolve().parents[3] / "shared" / "traces" / "azure-
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 FILE_COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens")
 SYNTHETIC_CHUNK = 4096  # requests drawn per batch of random numbers
+MAX_DURATION_S = 7 * 86_400.0  # a week of arrivals
+MAX_RATE_PER_S = 10_000.0  # mean requests per second
+# requests per replay: 17,301 requests of azure-conv took 60 s (3.5 ms each) on the 2-core dev
+# machine, so this is about an hour of wall time
+MAX_REQUESTS = 1_000_000
+MAX_TOKENS = 10_000_000  # prompt or output tokens of one request
+MAX_ARRIVAL_S = 1e9  # seconds after the first arrival (about 32 years)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,10 +95,33 @@ class RequestSource:
 
     @property
     def rate_per_s(self) -> float:
-        """Mean arrival rate of the replayed stream."""
+        """Nominal mean arrival rate of the stream (the Poisson rate, or native x scale);
+        the offered rate of a replay is measured over its window (sim.serve.metrics)."""
         if self._synthetic is not None:
             return self._synthetic["rate_per_s"]
-        return self.native_rate_per_s * self.rate_scale
+        return self.native_rate_per_s * self.rate_scale if self.native_rate_per_s else math.nan
+
+    @property
+    def window_s(self) -> float | None:
+        """The arrival window replayed: ``duration_s`` if given, else None (the arrivals' span)."""
+        return self.duration_s
+
+    @property
+    def span_s(self) -> float:
+        """Simulated seconds over which requests arrive (for progress)."""
+        if self.duration_s is not None:
+            return self.duration_s
+        return float(self._arrays[0][-1]) / self.rate_scale if self._arrays is not None else 0.0
+
+    @property
+    def expected_requests(self) -> float:
+        """Requests in the window: counted for a recorded trace, rate x duration for synthetic."""
+        if self._synthetic is not None:
+            return self._synthetic["rate_per_s"] * self.duration_s
+        arrival = self._arrays[0]
+        if self.duration_s is None:
+            return len(arrival)
+        return int(np.searchsorted(arrival / self.rate_scale, self.duration_s, side="left"))
 
 
 def open_source(requests: str, *, rate_scale: float | None = None, rate_per_s: float | None = None,
@@ -98,12 +134,18 @@ def open_source(requests: str, *, rate_scale: float | None = None, rate_per_s: f
     for key, value in (("rate_scale", rate_scale), ("rate", rate_per_s), ("duration_s", duration_s)):
         if value is not None and not (value > 0 and math.isfinite(value)):
             raise ConfigError("command line", key, "must be a finite number > 0", value)
+    if duration_s is not None and duration_s > MAX_DURATION_S:
+        raise ConfigError("command line", "duration_s", f"must be at most {MAX_DURATION_S:,.0f} s (a week)",
+                          duration_s)
+    if rate_per_s is not None and rate_per_s > MAX_RATE_PER_S:
+        raise ConfigError("command line", "rate", f"must be at most {MAX_RATE_PER_S:,.0f} requests per second",
+                          rate_per_s)
     if requests == "synthetic":
         if rate_scale is not None:
             raise ConfigError("command line", "--rate-scale", "scales a recorded trace; give synthetic "
                               "arrivals a --rate")
-        return _synthetic_source(rate_per_s or 10.0, duration_s or 600.0, seed, prompt_median, output_median,
-                                 sigma)
+        return _bounded(_synthetic_source(rate_per_s or 10.0, duration_s or 600.0, seed, prompt_median,
+                                          output_median, sigma))
     arrays, label = _recorded(requests)
     arrival = arrays[0]
     native = (len(arrival) - 1) / arrival[-1] if len(arrival) > 1 and arrival[-1] > 0 else None
@@ -114,7 +156,21 @@ def open_source(requests: str, *, rate_scale: float | None = None, rate_per_s: f
     scale = rate_scale or 1.0
     description = f"{label}: {len(arrival)} requests" + (f", native {native:.3g} req/s" if native else "") + (
         f", replayed at {scale:.4g}x" if scale != 1 else "")
-    return RequestSource(requests, description, native, scale, duration_s, arrays)
+    return _bounded(RequestSource(requests, description, native, scale, duration_s, arrays))
+
+
+def _bounded(source: RequestSource) -> RequestSource:
+    """``source`` if its work is within the limits, else a ConfigError (before any replay)."""
+    rate = source.rate_per_s
+    if math.isfinite(rate) and rate > MAX_RATE_PER_S:
+        raise ConfigError("command line", "rate_scale", f"replays the trace at {rate:,.4g} requests per second; "
+                          f"expected at most {MAX_RATE_PER_S:,.0f}", source.rate_scale)
+    expected = source.expected_requests
+    if expected > MAX_REQUESTS:
+        raise ConfigError("command line", "duration_s", f"the window holds about {expected:,.0f} requests; "
+                          f"expected at most {MAX_REQUESTS:,} per replay (shorten --duration-s or lower the rate)",
+                          source.duration_s)
+    return source
 
 
 # -- recorded traces ------------------------------------------------------------------------
@@ -196,15 +252,29 @@ def _file_arrays(frame, path: Path):
                           + ", ".join(FILE_COLUMNS) + " (or the Azure trace's " + ", ".join(AZURE_COLUMNS) + ")")
     arrival = frame["arrival_s"].to_numpy()
     return _checked(arrival, frame["prompt_tokens"].to_numpy(), frame["output_tokens"].to_numpy(), path,
-                    FILE_COLUMNS)
+                    FILE_COLUMNS, sorted_file=True)
 
 
-def _checked(arrival, prompt, output, path: Path, names) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Validated arrays sorted by arrival (stable), arrivals relative to the first."""
+def _row(bad: np.ndarray) -> int:
+    """The 1-based data row of the first True in ``bad``."""
+    return int(np.argmax(bad)) + 1
+
+
+def _checked(arrival, prompt, output, path: Path, names, sorted_file: bool = False
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Validated arrays sorted by arrival (stable), arrivals relative to the first;
+    ``sorted_file``: arrivals out of order are an error (request files), not re-sorted."""
     if len(arrival) == 0:
         raise ConfigError(str(path), None, "no requests")
     columns = []
     for name, values, kind in zip(names, (arrival, prompt, output), (float, int, int), strict=True):
+        raw = np.asarray(values)
+        if raw.dtype == bool or raw.dtype.kind in "OUS":
+            odd = [(i, v) for i, v in enumerate(raw.tolist()) if isinstance(v, (bool, str, bytes)) or v is None]
+            if raw.dtype == bool or odd:
+                row, got = odd[0] if odd else (0, bool(raw[0]))
+                raise ConfigError(str(path), f"{name} (row {row + 1})", "must be numbers (not text, booleans or "
+                                  "empty cells)", got)
         try:
             array = np.asarray(values, dtype=np.float64)
         except (TypeError, ValueError):
@@ -212,13 +282,23 @@ def _checked(arrival, prompt, output, path: Path, names) -> tuple[np.ndarray, np
         if not np.isfinite(array).all():
             raise ConfigError(str(path), name, "must be finite numbers")
         if kind is int:
-            if (array != np.round(array)).any() or (array < 1).any():
-                bad = array[(array != np.round(array)) | (array < 1)][0]
-                raise ConfigError(str(path), name, "token counts must be integers >= 1", float(bad))
+            bad = (array != np.round(array)) | (array < 1) | (array > MAX_TOKENS)
+            if bad.any():
+                raise ConfigError(str(path), f"{name} (row {_row(bad)})",
+                                  f"token counts must be whole numbers in [1, {MAX_TOKENS:,}]", float(array[bad][0]))
             array = array.astype(np.int64)
-        elif (array < 0).any():
-            raise ConfigError(str(path), name, "arrival times must be >= 0", float(array[array < 0][0]))
+        else:
+            bad = (array < 0) | (array > MAX_ARRIVAL_S) | ((array != 0) & (np.abs(array) < np.finfo(np.float64).tiny))
+            if bad.any():
+                raise ConfigError(str(path), f"{name} (row {_row(bad)})",
+                                  f"arrival times must be seconds in [0, {MAX_ARRIVAL_S:,.0f}]", float(array[bad][0]))
         columns.append(array)
+    if sorted_file and len(columns[0]) > 1:
+        back = np.diff(columns[0]) < 0
+        if back.any():
+            first = int(np.argmax(back)) + 1
+            raise ConfigError(str(path), f"{names[0]} (row {first + 1})", "arrivals must be in non-decreasing "
+                              f"order; row {first + 1} arrives before row {first}", float(columns[0][first]))
     order = np.argsort(columns[0], kind="stable")
     arrival = columns[0][order]
     return arrival - arrival[0], columns[1][order], columns[2][order]

@@ -13,42 +13,49 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import ConfigDict, field_validator
 
 from sim import trace as traces
 from sim.config.loader import parse_assignment
-from sim.config.quantity import Strict
+from sim.config.quantity import Strict, real, whole
 from sim.config.setup import Setup as Resolved
-from sim.config.spec import RunSpec
+from sim.config.spec import MAX_BATCH, MAX_CHIPS, MAX_TARGET_MS, Name, RunSpec
 from sim.run import capacity
-from sim.serve.requests import RequestSource, open_source
+from sim.serve.requests import MAX_DURATION_S, MAX_RATE_PER_S, MAX_TOKENS, RequestSource, open_source
 from sim.serve.scheduler import DEFAULT_MAX_BATCH, DEFAULT_MAX_TOKENS_PER_STEP, VLLM_BLOCK_TOKENS, KVPool
 from sim.serve.stepmodel import serve_resolved
 
+POOL_CONTEXT = 4096  # tokens of the sequence whose bytes per token size the KV pool figure
+MAX_RATE_SCALE = 1e6  # x a trace's native rate (the offered rate is bounded separately)
+
 
 class ServeSpec(Strict):
-    hardware: str = "h200-sxm"
-    model: str = "llama-3-8b"
-    weights: str = "bf16"
-    kv: str = "fp16"
-    software: str = "fused"  # a software stack (workloads/software/) or a stack YAML
+    """One serving replay as asked (numbers strictly typed: ``"8"`` is not a count)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    hardware: Name = "h200-sxm"
+    model: Name = "llama-3-8b"
+    weights: Name = "bf16"
+    kv: Name = "fp16"
+    software: Name = "fused"  # a software stack (workloads/software/) or a stack YAML
     graph: bool | None = None  # None: the stack's launch mode
-    tp: int | None = Field(default=None, gt=0)
-    pp: int | None = Field(default=None, gt=0)
-    chips: int | None = Field(default=None, gt=0)
+    tp: whole(1, MAX_CHIPS) | None = None
+    pp: whole(1, MAX_CHIPS) | None = None
+    chips: whole(1, MAX_CHIPS) | None = None
     overrides: tuple[tuple[str, Any], ...] = ()
-    requests: str = "azure-conv"  # azure-conv | azure-code | synthetic | a request file
-    rate_scale: float | None = Field(default=None, gt=0)
-    rate: float | None = Field(default=None, gt=0)  # requests per second
-    duration_s: float | None = Field(default=None, gt=0)
-    prompt_median: int = Field(default=1024, ge=1)  # synthetic only
-    output_median: int = Field(default=256, ge=1)  # synthetic only
-    seed: int = 0
-    max_batch: int = Field(default=DEFAULT_MAX_BATCH, ge=1)
-    block_tokens: int = Field(default=VLLM_BLOCK_TOKENS, ge=1)
-    max_tokens_per_step: int = Field(default=DEFAULT_MAX_TOKENS_PER_STEP, ge=1)
+    requests: Name = "azure-conv"  # azure-conv | azure-code | synthetic | a request file
+    rate_scale: real(0, MAX_RATE_SCALE, lo_open=True) | None = None
+    rate: real(0, MAX_RATE_PER_S, lo_open=True) | None = None  # requests per second
+    duration_s: real(0, MAX_DURATION_S, lo_open=True) | None = None
+    prompt_median: whole(1, MAX_TOKENS) = 1024  # synthetic only
+    output_median: whole(1, MAX_TOKENS) = 256  # synthetic only
+    seed: whole(0, 2**63 - 1) = 0
+    max_batch: whole(1, MAX_BATCH) = DEFAULT_MAX_BATCH
+    block_tokens: whole(1, MAX_TOKENS) = VLLM_BLOCK_TOKENS
+    max_tokens_per_step: whole(1, MAX_TOKENS) = DEFAULT_MAX_TOKENS_PER_STEP
     policy: Literal["chunked", "separate"] = "chunked"
-    target_ms: float = Field(default=10.0, gt=0)
+    target_ms: real(0, MAX_TARGET_MS, lo_open=True) = 10.0
 
     @field_validator("overrides", mode="before")
     @classmethod
@@ -87,30 +94,48 @@ class Setup:
         return KVPool(self.kv_pool_bytes, self.spec.block_tokens, self.footprint_bytes)
 
     def describe(self) -> dict:
+        """The setup's figures for the summary. ``max_batch`` is the scheduler's limit (the
+        summary's ``max_batch_seen`` is the largest batch run); ``kv_pool_tokens`` is the
+        cached tokens the pool holds at ``kv_bytes_per_token`` (the bytes per token of a
+        4,096-token sequence: formats with a full-precision window or per-group scales store
+        a little more per token in short sequences)."""
         res = plan = self.resolved
-        token_bytes = self.footprint_bytes(4096) / 4096
+        token_bytes = self.footprint_bytes(POOL_CONTEXT) / POOL_CONTEXT
         return {"hardware": res.hardware.name, "model": res.model.name, "weights": self.spec.weights,
                 "kv": self.spec.kv, "software": self.spec.software, "tp": plan.tp, "pp": plan.pp,
-                "chips": res.hardware.chips, "policy": self.spec.policy, "max_batch_limit": self.spec.max_batch,
+                "chips": res.hardware.chips, "policy": self.spec.policy, "max_batch": self.spec.max_batch,
                 "block_tokens": self.spec.block_tokens, "max_tokens_per_step": self.spec.max_tokens_per_step,
                 "requests": self.spec.requests, "source": self.source.description,
-                "rate_scale": self.source.rate_scale, "rate_per_s": self.source.rate_per_s,
+                "rate_scale": self.source.rate_scale, "nominal_rate_per_s": self.source.rate_per_s,
                 "duration_s": self.spec.duration_s,
                 "weights_bytes_per_chip": self.capacity["weights_bytes"],
                 "activation_bytes_per_chip": self.capacity["activation_bytes"],
-                "kv_pool_bytes_per_chip": self.kv_pool_bytes, "kv_bytes_per_token_at_4k": token_bytes,
-                "kv_pool_tokens_at_4k": int(self.kv_pool_bytes // token_bytes)}
+                "kv_pool_bytes_per_chip": self.kv_pool_bytes, "kv_bytes_per_token": token_bytes,
+                "kv_pool_tokens": int(self.kv_pool_bytes // token_bytes)}
+
+
+# old result names -> the names used now (tables written before the rename stay readable)
+RENAMED = {"max_batch_limit": "max_batch", "kv_pool_tokens_at_4k": "kv_pool_tokens",
+           "kv_bytes_per_token_at_4k": "kv_bytes_per_token"}
+
+
+def upgrade_names(table):
+    """A sweep table written under the old names, with the current ones (``max_batch`` was
+    the largest batch seen when ``max_batch_limit`` held the limit)."""
+    if "max_batch_limit" in table.columns:
+        table = table.rename(columns={"max_batch": "max_batch_seen"})
+    return table.rename(columns={k: v for k, v in RENAMED.items() if k in table.columns})
 
 
 def build(spec: ServeSpec) -> Setup:
     """Resolve ``spec``: the run, the KV pool and the request source (ConfigError if bad)."""
+    source = open_source(spec.requests, rate_scale=spec.rate_scale, rate_per_s=spec.rate,  # bad input first
+                         duration_s=spec.duration_s, seed=spec.seed, prompt_median=spec.prompt_median,
+                         output_median=spec.output_median)
     res = serve_resolved(spec.run_spec())
     cap = capacity(dataclasses.replace(res, steps=traces.fixed(spec.activation_rows, 1, 1)))
     pool_bytes = int(cap["available_bytes"] - cap["weights_bytes"] - cap["activation_bytes"])
-    source = open_source(spec.requests, rate_scale=spec.rate_scale, rate_per_s=spec.rate,
-                         duration_s=spec.duration_s, seed=spec.seed, prompt_median=spec.prompt_median,
-                         output_median=spec.output_median)
     return Setup(spec, res, cap, pool_bytes, source)
 
 
-__all__ = ["ServeSpec", "Setup", "build"]
+__all__ = ["ServeSpec", "Setup", "build", "upgrade_names", "RENAMED", "POOL_CONTEXT"]

@@ -33,12 +33,11 @@ import itertools
 import math
 import os
 import tempfile
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
 
 import pandas as pd
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from sim.config.loader import load_yaml, validate
 from sim.config.quantity import Strict
@@ -53,7 +52,7 @@ GROUP = ["hardware", "model", "weights", "kv"]
 REPORT_COLUMNS = [("rate_per_s", "rate (req/s)", "{:.3g}"), ("tpot_ms_p50", "TPOT p50 (ms)", "{:.2f}"),
                   ("tpot_ms_p99", "TPOT p99 (ms)", "{:.2f}"), ("ttft_ms_p99", "TTFT p99 (ms)", "{:.0f}"),
                   ("step_ms_p50", "step p50 (ms)", "{:.2f}"), ("mean_batch_busy", "mean batch", "{:.1f}"),
-                  ("max_batch", "max batch", "{:.0f}"), ("mean_kv_occupancy", "mean KV occ.", "{:.1%}"),
+                  ("max_batch_seen", "largest batch", "{:.0f}"), ("mean_kv_occupancy", "mean KV occ.", "{:.1%}"),
                   ("preemptions", "preempt.", "{:.0f}"), ("throughput_tokens_per_s", "tok/s", "{:.0f}"),
                   ("verdict", "verdict", "{}")]
 
@@ -64,6 +63,10 @@ class ModelEntry(Strict):
 
 
 class ServeStudySpec(Strict):
+    """A serving study file (strictly typed: ``"1"`` is not a rate)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
     kind: Literal["serve"]
     name: str = Field(min_length=1)
     description: str = ""
@@ -75,6 +78,14 @@ class ServeStudySpec(Strict):
     rate_scales: list[float] | None = None
     base: dict[str, Any] = Field(default_factory=dict)
     notes: str = ""
+
+    @model_validator(mode="after")
+    def _base_sets_no_axis(self):
+        taken = sorted(set(self.base) & {"hardware", "model", "weights", "kv", "rate", "rate_scale"})
+        if taken:
+            raise ValueError(f"base may not set {taken[0]!r}: the study's hardware, models, kv and rates (or "
+                             "rate_scales) lists set it for every point")
+        return self
 
     @model_validator(mode="after")
     def _one_rate_axis(self):
@@ -135,23 +146,56 @@ def run_point(spec_json: str) -> dict:
     return {**row, **summary, "status": "ok", "reason": ""}
 
 
-def run_sweep(points: list[ServeSpec], jobs: int | None = None, progress=None) -> pd.DataFrame:
-    """Replay every point (in ``jobs`` worker processes; 1 runs in this process)."""
+POLL_S = 0.2  # how often a sweep waiting on its workers checks ``stop``
+
+
+def run_sweep(points: list[ServeSpec], jobs: int | None = None, progress=None, stop=None) -> pd.DataFrame:
+    """Replay every point (in ``jobs`` worker processes; 1 runs in this process). ``stop`` (a
+    callable, checked between points and every ``POLL_S`` while waiting) ends the sweep early:
+    the workers are terminated and the table holds the points that finished, in order. Workers
+    ignore SIGINT, so a Ctrl-C reaches only this process, which decides."""
     payloads = [p.model_dump_json() for p in points]
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(payloads)))
     rows = []
     if jobs == 1:
         for payload in payloads:
+            if stop is not None and stop():
+                break
             rows.append(run_point(payload))
             if progress:
                 progress(rows[-1])
-    else:
-        with ProcessPoolExecutor(jobs) as pool:
-            for row in pool.map(run_point, payloads):
-                rows.append(row)
-                if progress:
-                    progress(row)
+        return pd.DataFrame(rows)
+    import multiprocessing
+
+    pool = multiprocessing.get_context("fork").Pool(jobs, initializer=_ignore_sigint)
+    try:
+        results = pool.imap(run_point, payloads)
+        while len(rows) < len(payloads):
+            if stop is not None and stop():
+                break
+            try:
+                row = results.next(timeout=POLL_S)
+            except multiprocessing.TimeoutError:
+                continue
+            rows.append(row)
+            if progress:
+                progress(row)
+    finally:
+        if len(rows) < len(payloads):
+            pool.terminate()
+        else:
+            pool.close()
+        pool.join()
     return pd.DataFrame(rows)
+
+
+def _ignore_sigint() -> None:
+    """Worker start: ignore SIGINT (the parent decides), and die on SIGTERM (a forked worker
+    inherits the parent's handlers, which would only set a flag there and keep it running)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def crossings(table: pd.DataFrame, target_ms: float) -> pd.DataFrame:

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from sim.config.loader import load_yaml, validate
 from sim.config.quantity import Strict
@@ -137,7 +137,29 @@ class StudySpec(Strict):
         unknown = sorted(set(value) - RUN_FIELDS)
         if unknown:
             raise ValueError(f"unknown run field {unknown[0]!r}; allowed: {', '.join(sorted(RUN_FIELDS))}")
+        _strict_types(value)
         return value
+
+    @model_validator(mode="after")
+    def _asks_something(self):
+        if not (self.base or self.overrides or self.sweep.grid or self.sweep.zip or self.sensitivity):
+            raise ValueError("the study asks nothing: give at least one of base, overrides, sweep or sensitivity "
+                             "(a study of only a name would run one default point)")
+        return self
+
+
+def _strict_types(base: dict) -> None:
+    """A base value of the wrong type (text ``"8"`` for a number, ``8.5`` for a count, ``"yes"``
+    for a flag) is an error here, as it is on the command line; pydantic's lax mode would
+    read ``"8"`` as 8."""
+    try:
+        RunSpec.model_validate(base, strict=True)
+    except ValidationError as err:
+        for problem in err.errors(include_url=False):
+            if problem["type"].endswith("_type") or problem["type"] in ("int_from_float", "int_parsing"):
+                key = ".".join(str(p) for p in problem["loc"])
+                raise ValueError(f"{key}: {problem['msg'][0].lower() + problem['msg'][1:]} (not text or another "
+                                 f"type), got {problem['input']!r}") from None
 
 
 Group = Literal["grid", "sensitivity"]
