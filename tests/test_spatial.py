@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -250,3 +251,12 @@ def test_microbatches_pipeline_over_stages():
     assert single < piped < 2 * single
     with pytest.raises(ConfigError, match="micro-batches of a Mixture-of-Experts"):
         simulate(RunSpec(hardware="groq-lpu-576", model="mixtral-8x7b", batch=2, microbatches=2, steps=1))
+
+
+def test_a_profile_naming_a_missing_stack_is_an_error_against_the_profile(tmp_path):
+    profile = tmp_path / "lpu.yaml"
+    text = (Path(__file__).resolve().parent.parent / "hardware_profiles" / "groq-lpu.yaml").read_text()
+    profile.write_text(text.replace("software: static-schedule", "software: no-such-stack"))
+    with pytest.raises(ConfigError) as err:
+        resolve(RunSpec(hardware=str(profile), model="llama-3.2-1b", steps=1))
+    assert err.value.file == str(profile) and err.value.key_path == "software"

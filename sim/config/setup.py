@@ -92,7 +92,14 @@ def resolve(spec: RunSpec) -> Setup:
     model = validate_overridden(ModelSpec, model_raw, model_path, spec.overrides, "model.")
     # a run that names no stack runs the one its machine runs (a compiler's static schedule), else the default
     named = "software" in spec.model_fields_set
-    stack = load_stack(spec.software if named or hardware.software is None else hardware.software)
+    if named or hardware.software is None:
+        stack = load_stack(spec.software)
+    else:
+        try:
+            stack = load_stack(hardware.software)
+        except ConfigError as err:  # the profile names a stack that is not there: say so against the profile
+            raise ConfigError(hw_path, "software", f"the stack this machine runs: {err.expected}",
+                              hardware.software) from None
     weights, kv = get_format(spec.weights), get_format(spec.kv)
     tp, pp = parallelism(spec, hardware, model, hw_path)
     if spec.trace:

@@ -83,8 +83,11 @@ class Simulation:
                 issue_time[first:last + 1] = [t] * (last + 1 - first)
             else:
                 for idx in range(first, last + 1):
-                    t += self.op_costs[idx].dispatch_ns
+                    dispatch = self.op_costs[idx].dispatch_ns
+                    t += dispatch
                     issue_time[idx] = t
+                    if self.log is not None and dispatch > 0:
+                        self._log_host(ops[idx], "host.dispatch", t - dispatch, t)
             first = last + 1
             op = ops[last]
             if op.host_sync:
@@ -127,8 +130,25 @@ class Simulation:
             if event is not None:
                 event.succeed()
 
+    def log_kernels(self, op, cost: OpCost, start: float, end: float) -> None:
+        """One ``kernels`` span per kernel the op runs (``<op>/<kernel>``, kind = its class), in
+        order over [start, end]: each its start-up and body alone, scaled to the op's time."""
+        kernels = cost.kernels
+        if not kernels:
+            return
+        alone = [k.startup_ns + k.body_ns for k in kernels]
+        total = sum(alone)
+        scale = (end - start) / total if total > 0 else 0.0
+        t = start
+        for k, span in zip(kernels, alone, strict=True):
+            t1 = t + span * scale
+            self.log.append(Span(self.graph.step, op.layer, f"{op.name}/{k.name}", "kernels", k.kclass, t, t1, 0, 0))
+            t = t1
+
     def log_alone(self, op, cost: OpCost, body_start: float) -> None:
         """The spans the flow network would log for an op alone on its links."""
+        self.log_kernels(op, cost, body_start - cost.gap_ns - cost.fill_ns, body_start + cost.ideal_body_ns
+                         + cost.drain_ns)
         step, flops = self.graph.step, op.work.matrix_flops + op.work.vector_ops
         for link, weight, cap, size, parts in cost.merged:
             end = body_start + size / min(cap, self.capacity[link] / weight)
@@ -265,6 +285,8 @@ class SharedStream:
                                                           op.work.matrix_flops + op.work.vector_ops))
             body_end = env.now
             sim.bodies[idx] = (body_start, body_end)
+            if sim.log is not None:
+                sim.log_kernels(op, cost, start, body_end + cost.drain_ns)
             extra = (body_end - body_start) - cost.ideal_body_ns
             if extra > 1e-9 * max(1.0, cost.ideal_body_ns):
                 sim.contended[idx] = extra
