@@ -86,7 +86,7 @@ def render(s: dict) -> str:
     lines = [f"decodesim: {s['model']} on {s['hardware']} ({s['chips']} chip{'s' if s['chips'] > 1 else ''}, "
              f"tp {s['tp']} x pp {s['pp']}), weights {s['weights']}, KV {s['kv']}",
              f"  workload: batch {s['batch']}" + (f", context {s['context']}" if s.get("context") else "")
-             + (f", trace {s['trace']}" if s.get("trace") else "") + f", {s['steps']} steps, "
+             + (f", trace {s['trace']}" if s.get("trace") else "") + f", {s['steps']} step{'s' if s['steps'] != 1 else ''}, "
              f"{s['engine']} engine, {'graph' if s['graph'] else 'eager'} launch"]
     cap = s["capacity"]
     lines.append(f"  memory per chip: {fmt_bytes(cap['needed_bytes'])} needed "
