@@ -128,7 +128,7 @@ def split(records, breakdown_ns: dict[str, float], time_ns: float, static_W: flo
     total_t = sum(timed.values())
     if total_t > 0:
         for row, t in timed.items():
-            by_row[row] += (static + host) * t / total_t
+            by_row[row] += (static + host) * (t / total_t)
     elif static + host:
         by_row["launch_sync"] += static + host
     total = sum(by_part.values())

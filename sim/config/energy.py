@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from pydantic import field_validator, model_validator
 
-from sim.config.quantity import Num, Pos, Strict
+from sim.config.quantity import Num, Pos, Strict, by_dtype
 
 ENERGY_DTYPES = {"fp32", "tf32", "bf16", "fp16", "fp8", "int8", "int4", "fp4"}
 
@@ -71,13 +71,7 @@ class Energy(Strict):
 
     def matrix_pJ(self, dtype: str) -> float:
         """pJ per matrix FLOP of ``dtype``; a dtype not listed takes the widest listed one."""
-        table = self.matrix_pJ_per_flop
-        if dtype in table:
-            return table[dtype].value
-        for fallback in ("bf16", "fp16", "fp32"):
-            if fallback in table:
-                return table[fallback].value
-        return min(q.value for q in table.values())
+        return by_dtype(self.matrix_pJ_per_flop, dtype)
 
     def tier_pJ(self, name: str, kind: str) -> float | None:
         """pJ per bit at a memory level: by its name, else by its kind; None if neither is listed."""

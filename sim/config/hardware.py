@@ -26,7 +26,7 @@ from typing import Annotated, Literal, Union
 from pydantic import Field, field_validator, model_validator
 
 from sim.config.energy import Energy, energy_tiers
-from sim.config.quantity import Count, Frac, Num, Pos, Share, Strict, Table
+from sim.config.quantity import Count, Frac, Num, Pos, Share, Strict, Table, by_dtype
 from sim.units import GB, MB
 
 
@@ -229,13 +229,7 @@ class Compute(Strict):
 
     def matrix_rate(self, dtype: str) -> float:
         """FLOPs per cycle per tile for ``dtype``; falls back to the widest listed type."""
-        table = self.matrix_flops_per_cycle
-        if dtype in table:
-            return table[dtype].value
-        for fallback in ("bf16", "fp16", "fp32"):
-            if fallback in table:
-                return table[fallback].value
-        return min(q.value for q in table.values())
+        return by_dtype(self.matrix_flops_per_cycle, dtype)
 
     def vector_rate(self, dtype: str = "fp32") -> float:
         table = self.vector_flops_per_cycle

@@ -183,3 +183,14 @@ class Table(_Sourced):
             return float(self.points[-1][1])
         (x0, y0), (x1, y1) = self.points[i - 1], self.points[i]
         return float(y0 + (y1 - y0) * (x - x0) / (x1 - x0))
+
+
+def by_dtype(table: dict, dtype: str) -> float:
+    """The value ``table`` (dtype -> sourced number) gives ``dtype``; a dtype not listed takes
+    the widest listed of bf16, fp16, fp32, else the smallest value listed."""
+    if dtype in table:
+        return table[dtype].value
+    for fallback in ("bf16", "fp16", "fp32"):
+        if fallback in table:
+            return table[fallback].value
+    return min(q.value for q in table.values())

@@ -13,7 +13,7 @@ on) and all its ``(max_batch, max_tokens_per_step)`` pairs:
    the traffic's mean decode context when they need ``b x mean prompt / mean output``
    prompt tokens per step, which arrive as chunks of ``min(budget - b, mean prompt)`` tokens
    in a share of the steps. Step times come from the serving step model's decomposition
-   (fixed + body(rows) + tail(logit rows) + attention; sim.search.stepmodel.ChainStepModel,
+   (fixed + body(rows) + tail(logit rows) + attention; sim.serve.stepmodel.SimulatorStepModel,
    which checks it against full lowerings): body and tail exact at the ``ANCHORS`` row counts
    (memoised per setup: one full lowering per anchor, shared by every pair) and linear
    between and beyond, attention exact.
@@ -53,9 +53,8 @@ from sim.errors import ConfigError, SimulationError
 from sim.formats.base import check_widths
 from sim.run import capacity
 from sim.search.space import Deployment
-from sim.search.stepmodel import step_model_for
 from sim.search.workload import Workload, replay_window, window_requests
-from sim.serve.stepmodel import serve_resolved
+from sim.serve.stepmodel import SimulatorStepModel, serve_resolved
 from sim.units import GB
 
 MAX_ANCHOR = 1 << 20  # row anchors stop here (a guard; steps are far smaller in practice)
@@ -91,7 +90,7 @@ class SteadyStep:
 
     ``step_ns(b, s)``: a step of ``b`` decodes at the mean decode context and one prompt chunk
     of ``s`` tokens (after half the rest of a mean prompt): the step model's fixed part,
-    body and tail (sim.search.stepmodel.ChainStepModel: exact at row counts 1, 2, 4, ...,
+    body and tail (sim.serve.stepmodel.SimulatorStepModel: exact at row counts 1, 2, 4, ...,
     linear between) plus its attention ops (exact, memoised by whole ``b`` and ``s``).
     ``mean_ns(b, budget)``: the mean step when ``b`` decodes need ``b x prompt / output``
     prompt tokens per step and a step carries at most ``budget`` tokens: a fraction of the
@@ -279,15 +278,13 @@ class SetupScreen:
     @property
     def step_model(self):
         if self._step_model is None:
-            self._step_model = step_model_for(self.resolved)
+            self._step_model = SimulatorStepModel(self.resolved)
         return self._step_model
 
     @property
     def steady(self) -> SteadyStep:
         if self._steady is None:
-            from sim.search.stepmodel import ChainStepModel
-
-            self._steady = SteadyStep(ChainStepModel(self.resolved), self.work)
+            self._steady = SteadyStep(SimulatorStepModel(self.resolved), self.work)
         return self._steady
 
 
