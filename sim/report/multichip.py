@@ -69,9 +69,8 @@ SYSTEMS = (
            False,
            "# Four CS-3 systems, as Cerebras serves Llama-3.1-70B in 16-bit (docs/spatial.md, CB-MAP).\n"
            "# Per-wafer figures are cerebras-wse3.yaml's, copied by `python -m sim.report.multichip`.\n"
-           "# Default mapping: a layer pipeline over the 4 wafers (tp 1), half-layer units balanced by bytes.\n",
-           tensor_parallel=(1, "a layer pipeline across wafers: 70B spans four systems (docs/spatial.md, CB-MAP); "
-                                 "tensor parallelism over 100 GbE would put two all-reduces per layer on it")),
+           "# Default mapping: a layer pipeline over the 4 wafers (tp 1, as the base profile says),\n"
+           "# half-layer units balanced by bytes.\n"),
     System("sambanova-sn40l-8", "sambanova-sn40l",
            "8 SambaNova SN40L RDUs (one SN40L-8 node); per socket 520 MB SRAM, 64 GB HBM, 1.5 TB DDR",
            8, "an SN40L node of 8 RDUs (Prabhakar, SN40L seminar abstract, IISc; docs/spatial.md SN-IISC)", False,
