@@ -33,7 +33,8 @@ from sim.lowering.placement import staging_limit
 from sim.results import Ledger, bound_of, op_key, percentile
 from sim.units import GB, ns_to_ms
 
-__all__ = ["RunSpec", "RunResult", "RUN_FIELDS", "simulate", "resolve", "capacity", "apply_run_overrides"]
+__all__ = ["RunSpec", "RunResult", "RUN_FIELDS", "simulate", "resolve", "capacity", "kv_bytes", "kv_pool_bytes",
+           "apply_run_overrides"]
 
 
 # -- capacity --------------------------------------------------------------------------------
@@ -95,6 +96,22 @@ def capacity(setup: Setup) -> dict:
     return {"weights_bytes": weights, "kv_bytes": per_layer_kv * setup.layers_per_stage,
             "activation_bytes": activations, "needed_bytes": worst["needed_bytes"],
             "available_bytes": worst["available_bytes"], "fits": not over, "tiers": tiers}
+
+
+def kv_bytes(setup: Setup, tokens: int) -> int:
+    """KV-cache bytes one sequence of ``tokens`` tokens holds on the fullest chip: its
+    format's footprint per layer times the layers whose attention that chip's stage holds."""
+    return setup.kv.kv_footprint(tokens, setup.k_width, setup.v_width) * setup.layers_per_stage
+
+
+def kv_pool_bytes(setup: Setup, cap: dict) -> int:
+    """Bytes the KV cache's tier has left for it on the fullest chip once everything else the
+    placement puts there is held (``cap`` from ``capacity``)."""
+    row = cap["tiers"].get(setup.hardware.place("kv").tier)
+    if row is None:
+        return 0
+    other = sum(size for what, size in row["holds"].items() if what != "kv cache")
+    return int(row["available_bytes"] - other)
 
 
 def _available(hw, tier: str) -> float:

@@ -51,7 +51,7 @@ from sim.config.setup import Setup
 from sim.config.spec import RunSpec
 from sim.errors import ConfigError, SimulationError
 from sim.formats.base import check_widths
-from sim.run import capacity
+from sim.run import capacity, kv_bytes, kv_pool_bytes
 from sim.search.space import Deployment
 from sim.search.workload import Workload, replay_window, window_requests
 from sim.serve.stepmodel import SimulatorStepModel, serve_resolved
@@ -267,7 +267,7 @@ class SetupScreen:
         """KV bytes of one sequence of ``tokens`` tokens on the fullest chip, in whole blocks."""
         res = self.resolved
         blocks = -(-tokens // self.block_tokens)
-        return res.kv.kv_footprint(blocks * self.block_tokens, res.k_width, res.v_width) * res.layers_per_stage
+        return kv_bytes(res, blocks * self.block_tokens)
 
     def capacity(self, rows: int) -> dict:
         cap = self._caps.get(rows)
@@ -295,7 +295,7 @@ def screen(setup: SetupScreen, d: Deployment, *, rate: float | None, load: float
         return row
     work = setup.work
     cap = setup.capacity(max(d.max_tokens_per_step, d.max_batch))
-    pool = cap["available_bytes"] - cap["weights_bytes"] - cap["activation_bytes"]
+    pool = kv_pool_bytes(setup.resolved, cap)
     row.update(weights_GB_per_chip=cap["weights_bytes"] / GB, kv_pool_GB_per_chip=max(0, pool) / GB)
     longest = setup.footprint(work.longest)
     if pool < longest:

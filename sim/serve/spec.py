@@ -3,8 +3,10 @@
 ``ServeSpec`` holds the run fields the step model needs (hardware, model, formats, software,
 parallelism, ``--set`` overrides; the analytic engine), the request source and rate, and
 the scheduler's knobs. ``build`` resolves it once (sim.run.resolve) and derives the KV pool:
-the backing store's capacity minus the weights and activations that ``sim.run.capacity``
-computes for a step of ``max(max_tokens_per_step, max_batch)`` token rows.
+what the KV cache's tier has left once the weights, activations and anything else the
+placement puts there are held (``sim.run.kv_pool_bytes`` over ``sim.run.capacity`` for a step
+of ``max(max_tokens_per_step, max_batch)`` token rows); a sequence's KV bytes are
+``sim.run.kv_bytes``, the one footprint the capacity check uses too.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from sim.config.loader import parse_assignment
 from sim.config.quantity import Strict, real, whole
 from sim.config.setup import Setup as Resolved
 from sim.config.spec import MAX_BATCH, MAX_CHIPS, MAX_TARGET_MS, Name, RunSpec
-from sim.run import capacity
+from sim.run import capacity, kv_bytes, kv_pool_bytes
 from sim.serve.requests import MAX_DURATION_S, MAX_RATE_PER_S, MAX_TOKENS, RequestSource, open_source
 from sim.serve.scheduler import DEFAULT_MAX_BATCH, DEFAULT_MAX_TOKENS_PER_STEP, VLLM_BLOCK_TOKENS, KVPool
 from sim.serve.stepmodel import serve_resolved
@@ -87,8 +89,7 @@ class Setup:
 
     def footprint_bytes(self, tokens: int) -> int:
         """KV bytes one sequence of ``tokens`` tokens holds on the fullest chip."""
-        res = self.resolved
-        return res.kv.kv_footprint(tokens, res.k_width, res.v_width) * res.layers_per_stage
+        return kv_bytes(self.resolved, tokens)
 
     def pool(self) -> KVPool:
         return KVPool(self.kv_pool_bytes, self.spec.block_tokens, self.footprint_bytes)
@@ -134,7 +135,7 @@ def build(spec: ServeSpec) -> Setup:
                          output_median=spec.output_median)
     res = serve_resolved(spec.run_spec())
     cap = capacity(dataclasses.replace(res, steps=traces.fixed(spec.activation_rows, 1, 1)))
-    pool_bytes = int(cap["available_bytes"] - cap["weights_bytes"] - cap["activation_bytes"])
+    pool_bytes = kv_pool_bytes(res, cap)
     return Setup(spec, res, cap, pool_bytes, source)
 
 
