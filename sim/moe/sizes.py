@@ -33,9 +33,9 @@ def sram_budget(hardware: HardwareProfile) -> tuple[str | None, float]:
     """(level, bytes) where experts can be pinned on one chip. On an SRAM-store chip the
     store itself (every expert on the chip is resident: the run's capacity check covers it);
     otherwise the on-chip level with the most software-pinnable bytes, less what the profile's
-    placement keeps there: half of it where weights or experts are staged through it (two
-    staging buffers of at most a quarter each, sim.lowering.placement), all of it where the
-    weights are resident in it."""
+    placement keeps there: half of it where dense weights are staged through it (two staging
+    buffers of at most a quarter each, sim.lowering.placement), all of it where experts are
+    staged through it or the weights are resident in it."""
     if hardware.store.kind == "sram":
         return hardware.store.name, math.inf
     levels = [level for level in hardware.on_chip if level.resident_bytes > 0]
@@ -47,7 +47,9 @@ def sram_budget(hardware: HardwareProfile) -> tuple[str | None, float]:
         for what in ("weights", "experts"):
             place = hardware.place(what)
             if place.mode == "streamed" and place.buffer == best.name:
-                budget = min(budget, best.resident_bytes / 2)  # the other half holds the staging buffers
+                # staged experts come through this level's buffers, so none is pinned there; staged
+                # dense weights leave the other half (two buffers of at most a quarter each)
+                budget = 0.0 if what == "experts" else min(budget, best.resident_bytes / 2)
             elif place.mode == "resident" and place.tier == best.name:
                 budget = 0.0  # the placement fills this level with the weights themselves
     return best.name, budget
