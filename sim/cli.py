@@ -41,11 +41,19 @@ def version() -> str:
         return "unknown (not installed)"
 
 
+class _Version(argparse.Action):
+    """``--version``, looked up only when asked (importlib.metadata costs ~20 ms of start-up)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"decodesim {version()}")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     import sim.commands as commands
 
     parser = _Parser(prog="decodesim", description="LLM decode latency on accelerator memory hierarchies")
-    parser.add_argument("--version", action="version", version=f"decodesim {version()}")
+    parser.add_argument("--version", action=_Version, nargs=0, help="print decodesim's version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
         module = importlib.import_module(f"sim.commands.{info.name}")
