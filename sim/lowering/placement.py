@@ -47,7 +47,6 @@ class Plan(NamedTuple):
     store: str
     read_from: tuple[tuple[str, str], ...]  # (category, level the ops read it from)
     staged: tuple[tuple[str, str, str], ...]  # (category, tier it comes from, buffer level)
-    buffers: tuple[tuple[str, str], ...]  # (category, buffer level) of what is staged
     limit: int  # the most weight bytes of one op that are staged whole (larger ones stream through)
     scaleout_collectives: tuple[int, ...]  # stages whose tensor-parallel group spans chip groups
 
@@ -65,8 +64,7 @@ def plan_of(setup: Setup) -> Plan:
     system = hw.system
     spanning = tuple(s for s in range(setup.pp)
                      if system.group_of(s * setup.tp) != system.group_of((s + 1) * setup.tp - 1))
-    return Plan(setup.store, tuple(read_from), tuple(staged), tuple((c, b) for c, _, b in staged),
-                staging_limit(setup), spanning)
+    return Plan(setup.store, tuple(read_from), tuple(staged), staging_limit(setup), spanning)
 
 
 def staging_limit(setup: Setup) -> int:
@@ -110,16 +108,18 @@ def placed_work(work: Work, plan: Plan, scaleout: bool = False, through: tuple[s
     scale-out links when ``scaleout``); the categories in ``through`` stream through from their
     tier rather than from a staging buffer."""
     moves = dict(plan.read_from)
+    buffered = set()  # categories these accesses read from a staging buffer
     for category, tier, _ in plan.staged:
         if category in through:
             moves[category] = tier
+        else:
+            buffered.add(category)
 
     def move(accesses: tuple[Access, ...]) -> tuple[Access, ...]:
         out = []
         for a in accesses:
             if a.level == plan.store and a.category in moves and not (a.category == "weights" and a.granule):
-                staged = (a.category, moves[a.category]) in plan.buffers and a.level != moves[a.category]
-                a = replace(a, level=moves[a.category], category="staged" if staged else a.category)
+                a = replace(a, level=moves[a.category], category="staged" if a.category in buffered else a.category)
             elif scaleout and a.level == "link":
                 a = replace(a, level="scaleout")
             out.append(a)

@@ -83,9 +83,6 @@ SYSTEMS = (
            "# `python -m sim.report.multichip`. Default mapping: tensor parallel over all 16 sockets (the\n"
            "# decoder spread over 16 RDUs, docs/spatial.md SN-MAP).\n",
            tensor_parallel=(16, "a Llama decoder mapped across 16 RDUs with tensor parallelism (docs/spatial.md, SN-MAP; S)")),
-)
-
-SYSTEMS = SYSTEMS + (
     System("tpu-v5e-16", "tpu-v5e",
            "16 Google TPU v5e chips (a 4x4 pod slice, 2D torus ICI); per chip 16 GB HBM2e at 819 GB/s",
            16, "a 4x4 v5e slice (Cloud TPU v5e docs: 2D torus, 8 chips per host, 256-chip pod; G1)", False,
