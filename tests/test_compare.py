@@ -31,7 +31,7 @@ def test_kv_bound_regime_llama3_8b_h200_batch16_32k(cli):
     stack's) its dequantization runs slower than cuDNN reads fp16, so the step gets slower;
     with an ideal kernel (no dequantization cost: the byte model's torch-graph attention with
     a fast vector unit) the bytes cut becomes a latency cut, smaller than the bytes cut."""
-    from sim.report.compare import attention_costs
+    from sim.experiments.compare import attention_costs
     from sim.run import RunSpec
 
     code, out, err = cli("compare", "--kv", "fp16,kivi-2", "--batch", "16", "--context", "32768",

@@ -28,6 +28,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("sim.engine", "sim.analytic"),
     ("sim.results", "sim.energy"),
     ("sim.run",),
+    ("sim.experiments",),
     ("sim.study", "sim.report", "sim.serve", "sim.search", "sim.explore.html", "sim.explore.figures",
      "sim.explore.compute"),
     ("sim.commands", "sim.cli", "sim.__main__", "sim.__api__", "sim", "sim.explore"),
@@ -143,6 +144,19 @@ def test_no_import_cycle():
         if state.get(node) is None:
             cycle = visit(node)
             assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+RENDER_ONLY_BANS = ("sim.engine", "sim.run", "sim.costs", "sim.lowering", "sim.analytic")
+
+
+def test_reports_only_render():
+    """sim.report renders results; the runs behind them live in sim.experiments, so no report
+    module imports the pipeline (function-local imports included)."""
+    bad = [f"{path.relative_to(ROOT.parent)}:{line}: imports {target}"
+           for path in sorted((ROOT / "report").rglob("*.py"))
+           for target, line, _local in imports_of(path)
+           if any(target == ban or target.startswith(ban + ".") for ban in RENDER_ONLY_BANS)]
+    assert not bad, "report modules that run the pipeline:\n" + "\n".join(bad)
 
 
 @pytest.mark.parametrize("module", ["sim.costs", "sim.engine.simulation", "sim.lowering.decode"])

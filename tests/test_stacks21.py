@@ -161,7 +161,7 @@ def test_bundled_stacks_copy_and_load(tmp_path):
 def test_compare_states_the_kv_verdict_at_three_kernel_qualities():
     """Byte limit <= best measured <= as run for a dequantizing cache; each against fp16."""
     from sim.config.spec import RunSpec
-    from sim.report.compare import kv_qualities
+    from sim.experiments.compare import kv_qualities
 
     spec = RunSpec(model="llama-3.2-1b", batch=8, context=32768, software="torch-graph-dequant-kv", steps=1)
     rows = kv_qualities(spec, ["fp16", "int8"], published=(0.8, "a test figure"))

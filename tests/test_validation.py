@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from sim.report import validation
+from sim.experiments import validation
+from sim.report.validation import collectives_rows
 
 MEASURED = validation.repo_path(validation.DECODE_CSV)
 
@@ -116,7 +117,7 @@ def test_anchors_are_reproduced_from_specs_alone():
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from sim.report import link_fit  # noqa: E402
+from sim.experiments import link_fit  # noqa: E402
 
 SIZES = [2 * b * h for b in (1, 8, 64) for h in (4096, 8192)] + [4 << 20, 64 << 20]
 
@@ -203,7 +204,7 @@ def test_tp_section_fits_a_multi_gpu_collectives_csv(tmp_path):
                              "bytes": int(r["bytes"]), "median_us": 3 * us, "median_us_max_over_ranks": 3 * us})
     fitted = link_fit.fit(link_fit.read_rows(path))
     assert fitted.latency_ns == pytest.approx(900, rel=1e-4) and fitted.bandwidth_GBps == pytest.approx(360, rel=1e-4)
-    text = "\n".join(validation._collectives_rows([path]))
+    text = "\n".join(collectives_rows(validation.collectives([path])))
     assert "| latency per algorithm step (ns) |" in text and "| 900 |" in text and "| 360 |" in text
     assert validation._max_world_size(path) == 8
 

@@ -36,7 +36,7 @@ def register(sub) -> None:
 def handle(args) -> int:
     from sim.commands.common import emit_json, spec_from_args
     from sim.errors import ConfigError
-    from sim.report.compare import compare_rows
+    from sim.experiments.compare import compare_rows
 
     names = _names(args.kv, "--kv", "formats")
     stacks = _names(args.kernels, "--kernels", "stacks") if args.kernels else []
@@ -47,12 +47,12 @@ def handle(args) -> int:
     published = _published(args.published_kernel)
     qualities = []
     if not args.no_qualities:
-        from sim.report.compare import kv_qualities
+        from sim.experiments.compare import kv_qualities
 
         qualities = kv_qualities(spec, names, published)
     kernels = []
     if args.kernels:
-        from sim.report.compare import attention_rows
+        from sim.experiments.compare import attention_rows
 
         kernels = attention_rows(spec, names, stacks)
     if args.json:

@@ -3,7 +3,10 @@ published anchors reproduced from specs, the tensor-parallel row). Needs no GPU.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from sim.commands.common import output_file
+from sim.errors import ConfigError
 
 
 def register(sub) -> None:
@@ -16,10 +19,9 @@ def register(sub) -> None:
 
 
 def handle(args) -> int:
-    from pathlib import Path
-
-    from sim.errors import ConfigError
-    from sim.report import validation
+    # deferred: the CLI imports every command at start-up, and these pull in the simulator
+    from sim.experiments import validation
+    from sim.report.validation import write
 
     csv_path = Path(args.csv).resolve() if args.csv else validation.DECODE_CSV  # a given --csv is from the cwd
     if not validation.repo_path(csv_path).is_file():
@@ -34,7 +36,7 @@ def handle(args) -> int:
     if not rows:
         raise ConfigError(str(csv_path), None, f"no measured rows; {expected}")
     try:
-        target = validation.write(args.out, csv_path)
+        target = write(validation.run(csv_path), args.out)
     except (KeyError, ValueError) as err:
         raise ConfigError(str(csv_path), None, f"{expected} ({err})") from None
     print(f"wrote {target}")

@@ -5,7 +5,7 @@
 * ``fidelity_rows(formats, sample)``: the fidelity metrics of sim.formats.fidelity.
 
 Tables that run the simulator (one run per KV format) live above the runner, in
-sim.report.compare.
+sim.experiments.compare.
 """
 
 from __future__ import annotations

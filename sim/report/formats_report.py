@@ -16,7 +16,7 @@ from dataclasses import asdict
 from sim.formats import build_format, list_formats
 from sim.formats.fidelity import SyntheticKV, score_std, synthetic
 from sim.formats.tables import byte_row, fidelity_rows, weight_row, widths
-from sim.report.compare import compare_rows
+from sim.experiments.compare import compare_rows
 from sim.run import simulate
 
 CONTEXTS = (1024, 4096, 32768)
@@ -195,7 +195,7 @@ KERNEL_GRID = ((1, 4096), (16, 4096), (16, 32768), (64, 16384), (64, 65536))
 
 def _section_kernels(run, kv_formats: list[str]) -> list[str]:
     """Where sub-4-bit KV beats int8 and fp16 on the H200, with each measured attention kernel."""
-    from sim.report.compare import attention_rows
+    from sim.experiments.compare import attention_rows
 
     out = ["### Which kernel makes the bytes count", "",
            "The attention kernels are the ones measured on the H200 (calibration/kv_attention.py, fitted by "
