@@ -57,10 +57,12 @@ def test_kv_bound_regime_llama3_8b_h200_batch16_32k(cli):
 
 def test_formats_report_has_every_section(tmp_path):
     from sim.formats.fidelity import SyntheticKV
+    from sim.experiments import formats
     from sim.report.formats_report import build_report
 
-    text = build_report(fidelity=SyntheticKV(tokens=256, kv_heads=2, queries=2),
-                        compare={"batch": 2, "context": 2048, "steps": 1}, compare_kv=["fp16", "int8", "kivi-2"])
+    text = build_report(formats.run(fidelity=SyntheticKV(tokens=256, kv_heads=2, queries=2),
+                                    compare={"batch": 2, "context": 2048, "steps": 1},
+                                    compare_kv=["fp16", "int8", "kivi-2"]))
     for heading in ("## 1. KV bytes", "## 2. Weight formats", "## 3. Fidelity", "## 4. The article's footprint",
                     "## 5. Latency"):
         assert heading in text
@@ -69,12 +71,12 @@ def test_formats_report_has_every_section(tmp_path):
 
 
 def test_formats_report_cli_writes_atomically(tmp_path, cli, monkeypatch):
-    import sim.report.formats_report as report
+    import sim.experiments.formats as experiment
 
-    monkeypatch.setattr(report, "FIDELITY", report.SyntheticKV(tokens=128, kv_heads=1, queries=1))
-    monkeypatch.setattr(report, "COMPARE", {**report.COMPARE, "batch": 1, "context": 1024, "steps": 1})
-    monkeypatch.setattr(report, "COMPARE_KV", ["fp16", "int8", "kivi-2"])
-    monkeypatch.setattr(report.build_report, "__defaults__", ("llama-3-8b", report.FIDELITY, None, None))
+    monkeypatch.setattr(experiment, "FIDELITY", experiment.SyntheticKV(tokens=128, kv_heads=1, queries=1))
+    monkeypatch.setattr(experiment, "COMPARE", {**experiment.COMPARE, "batch": 1, "context": 1024, "steps": 1})
+    monkeypatch.setattr(experiment, "COMPARE_KV", ["fp16", "int8", "kivi-2"])
+    monkeypatch.setattr(experiment.run, "__defaults__", ("llama-3-8b", experiment.FIDELITY, None, None))
     out = tmp_path / "r" / "formats.md"
     code, stdout, err = cli("formats", "--report", str(out))
     assert code == 0, err

@@ -35,9 +35,10 @@ def handle(args) -> int:
     if args.context <= 0:
         raise ConfigError("--context", "context", "must be > 0", args.context)
     if args.report is not None:
+        from sim.experiments import formats  # deferred: runs the simulator
         from sim.report.formats_report import build_report
 
-        write_atomic(args.report, build_report(model=args.model))
+        write_atomic(args.report, build_report(formats.run(model=args.model)))
         print(f"wrote {args.report}")
         return 0
     path = resolve(args.model, models_dir(), "model")

@@ -14,10 +14,10 @@ import statistics
 from pathlib import Path
 
 from sim.experiments.validation import (
+    EAGER_MEDIAN_AIM,
     FIT_JSON,
     FIT_MAP,
     FROZEN21,
-    EAGER_MEDIAN_AIM,
     GRAPH_MEDIAN_AIM,
     GRAPH_WORST_AIM,
     KERNEL_CLASSES,
