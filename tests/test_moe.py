@@ -213,7 +213,7 @@ def test_uniform_active_experts_in_a_run_follow_the_closed_form():
 
 @pytest.mark.slow
 def test_policy_table_of_the_report():
-    from sim.report.moe_report import policy_table
+    from sim.experiments.moe import policy_table
 
     rows = {(r["routing"].split()[0], r["placement"]): r for r in policy_table()}
     assert rows[("uniform", "all-hbm")]["hit"] == 0 == rows[("zipf", "all-hbm")]["hit"]

@@ -17,10 +17,12 @@ def register(sub) -> None:
 
 
 def handle(args) -> int:
+    # deferred: the CLI imports every command at start-up, and these pull in the simulator and matplotlib
+    from sim.experiments import moe
     from sim.report.moe_report import PLOT_NAME, build_report
 
     command = "decodesim moe-report" + (f" --out {args.out}" if str(args.out) != "reports/moe.md" else "")
-    text = build_report(command, plot_path=args.out.parent / PLOT_NAME)
+    text = build_report(moe.run(), command, plot_path=args.out.parent / PLOT_NAME)
     write_atomic(args.out, text)
     print(f"wrote {args.out} and {args.out.parent / PLOT_NAME}")
     return 0
