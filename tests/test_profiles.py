@@ -174,7 +174,7 @@ def test_multi_chip_profiles_split_weights_over_their_chips(tiny_model):
 def test_sram_heavy_design_meets_10ms_and_needs_its_bandwidth():
     """The hypothetical profile's claim, re-checked with the current engine: llama-3-70b bf16
     at batch 1, context 4096 decodes under 10 ms, and 10% less SRAM bandwidth would miss."""
-    from sim.report import sram_heavy
+    from sim.experiments import sram_heavy
 
     run = dict(sram_heavy.RUN)
     s = simulate(hardware="sram-heavy-10ms", **run).summary
