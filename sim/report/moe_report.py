@@ -202,9 +202,6 @@ def _h200_finding(ran: list[dict], fits: dict) -> str:
 
 def _sram_finding(results: list[dict], ran: list[dict], by: dict, fits: dict) -> str:
     sram = [f for f in fits.values() if f["sram_store"]]
-    ds_big = max((f for name, f in fits.items() if "DeepSeek" in name and f["sram_store"]), key=lambda f: f["chips"])
-    ds_dnf = [r for r in results if "DeepSeek" in r["setup"] and r["fit"]["sram_store"]
-              and r["summary"]["verdict"] == "does-not-fit"]
     sram_ran = [r for r in ran if r["fit"]["sram_store"] and r["dispatch"] == "device"]
     sram_all_meet = all(r["summary"]["meets_target"] for r in sram_ran)
     sram_zc_us = max(1e3 * (by[(r["setup"], r["batch"], "device")]["per_token_ms_p99"]
@@ -218,9 +215,18 @@ def _sram_finding(results: list[dict], ran: list[dict], by: dict, fits: dict) ->
             "path has no host syncs, not because of zero-copy dispatch: there the device path's activations already "
             f"go through SRAM, and the two paths differ by at most {sram_zc_us:.2f} us per token. The cost moves "
             f"elsewhere (the largest breakdown rows of the device path there: {', '.join(sram_largest)}) and, for "
-            "DeepSeek-V3, to capacity"
-            + (f": at batch {', '.join(sorted({str(r['batch']) for r in ds_dnf}))} its MLA cache, replicated on every "
-               f"tensor-parallel chip, does not fit even on {ds_big['chips']} chips" if ds_dnf else "") + ".")
+            "DeepSeek-V3, to capacity" + _deepseek_capacity(results, fits) + ".")
+
+
+def _deepseek_capacity(results: list[dict], fits: dict) -> str:
+    """The batches at which DeepSeek-V3 does not fit on the SRAM machines, if any."""
+    ds_big = max((f for name, f in fits.items() if "DeepSeek" in name and f["sram_store"]), key=lambda f: f["chips"])
+    ds_dnf = [r for r in results if "DeepSeek" in r["setup"] and r["fit"]["sram_store"]
+              and r["summary"]["verdict"] == "does-not-fit"]
+    if not ds_dnf:
+        return ""
+    return (f": at batch {', '.join(sorted({str(r['batch']) for r in ds_dnf}))} its MLA cache, replicated on every "
+            f"tensor-parallel chip, does not fit even on {ds_big['chips']} chips")
 
 
 def _placement_finding(policy_rows: list[dict]) -> str:

@@ -292,52 +292,59 @@ def _kernel_table(results: Measured) -> list[str]:
 def _why(fitted: list[dict], fit: dict) -> str:
     """What is left: kernel count (the lowering's torch-eager table vs the profiler's count)
     and, in eager mode, the host's per-op cost."""
-    words = []
     with_count = [r for r in fitted if str(r["measured_kernels"]).strip()]
-    if with_count:
-        r = with_count[0]
-        missing = int(float(r["measured_kernels"])) - r["kernels"]
-        gap = fit.get("hardware.host.kernel_gap_ns", 0.0)
-        launch = fit.get("hardware.host.launch_overhead_ns", 0.0)
-        graph_rows = [x for x in fitted if x["graph"]]
-        mean_gap_ms = statistics.fmean(x["measured_ms"] - x["predicted_ms"] for x in graph_rows) if graph_rows else 0
-        side = "under" if mean_gap_ms > 0 else "over"
-        if abs(missing) <= 0.02 * int(float(r["measured_kernels"])):
-            words.append(
-                f"The lowering's `torch-eager` decomposition issues {r['kernels']} kernels per step against the "
-                f"profiler's {int(float(r['measured_kernels']))} (calibration/data/h200/decode_kernels.csv), so the "
+    if not with_count:
+        return ""
+    words = [_kernel_count_words(fitted, with_count[0], fit)]
+    eager_rows = [x for x in fitted if not x["graph"]]
+    if eager_rows:
+        words += _eager_words(eager_rows, fit.get("hardware.host.launch_overhead_ns", 0.0))
+    return " ".join(words)
+
+
+def _kernel_count_words(fitted: list[dict], r: dict, fit: dict) -> str:
+    """The lowering's kernels per step against the profiler's, and what the difference costs."""
+    measured = int(float(r["measured_kernels"]))
+    missing = measured - r["kernels"]
+    gap = fit.get("hardware.host.kernel_gap_ns", 0.0)
+    graph_rows = [x for x in fitted if x["graph"]]
+    mean_gap_ms = statistics.fmean(x["measured_ms"] - x["predicted_ms"] for x in graph_rows) if graph_rows else 0
+    side = "under" if mean_gap_ms > 0 else "over"
+    if abs(missing) <= 0.02 * measured:
+        return (f"The lowering's `torch-eager` decomposition issues {r['kernels']} kernels per step against the "
+                f"profiler's {measured} (calibration/data/h200/decode_kernels.csv), so the "
                 f"kernel count is not what is left; the graph rows are {side}-predicted by "
                 f"{abs(mean_gap_ms):.2f} ms on average.")
-        else:
-            words.append(
-                f"The lowering's `torch-eager` decomposition issues {r['kernels']} kernels per step where the "
-                f"profiler counted {int(float(r['measured_kernels']))} (calibration/data/h200/decode_kernels.csv): "
-                f"{missing} kernels the simulator does not see. At the measured {gap / 1e3:.1f} us per kernel inside "
-                f"a graph that is {missing * gap / 1e6:.2f} ms of gaps alone, before the few microseconds each small "
-                f"kernel also runs; the graph rows are {side}-predicted by {abs(mean_gap_ms):.2f} ms on average. "
-                "The kernel table lives in sim/lowering/decode.py (KERNELS).")
-        eager_rows = [x for x in fitted if not x["graph"]]
-        if eager_rows:
-            per_kernel = statistics.fmean(x["measured_ms"] / int(float(x["measured_kernels"] or 1)) for x in eager_rows)
-            words.append(
-                f"Eager rows take {per_kernel * 1e3:.0f} us of wall time per kernel against a measured "
-                f"{launch / 1e3:.1f} us launch of one small kernel: a plain PyTorch step pays Python and dispatcher "
-                "time per aten op (views and slices for RoPE, index_copy_, SDPA set-up) that a launch microbenchmark "
-                "does not contain, so the eager rows stay launch-bound far above the prediction. calibration/README.md "
-                "measures about 1 ms of host time per layer (30 kernel launches plus about 100 ATen calls that launch "
-                "nothing) and a spread of up to 2x between processes (bimodal, ~17 or ~30 ms); the simulator's "
-                "host model charges one launch_overhead_ns per kernel and has no term for the calls in between.")
-            by_batch = {}
-            for x in eager_rows:
-                by_batch.setdefault(x["batch"], []).append(x["measured_ms"])
-            means = {b: statistics.fmean(v) for b, v in sorted(by_batch.items())}
-            smallest = min(means)
-            if len(means) > 1 and means[smallest] > max(v for b, v in means.items() if b != smallest):
-                words.append(
-                    f"The eager batch-{smallest} rows ({means[smallest]:.1f} ms on average) are slower than the "
-                    "larger batches (" + ", ".join(f"batch {b}: {v:.1f} ms" for b, v in means.items() if b != smallest)
-                    + "), which no device-side cost explains: host-side behaviour of that run.")
-    return " ".join(words)
+    return (f"The lowering's `torch-eager` decomposition issues {r['kernels']} kernels per step where the "
+            f"profiler counted {measured} (calibration/data/h200/decode_kernels.csv): "
+            f"{missing} kernels the simulator does not see. At the measured {gap / 1e3:.1f} us per kernel inside "
+            f"a graph that is {missing * gap / 1e6:.2f} ms of gaps alone, before the few microseconds each small "
+            f"kernel also runs; the graph rows are {side}-predicted by {abs(mean_gap_ms):.2f} ms on average. "
+            "The kernel table lives in sim/lowering/decode.py (KERNELS).")
+
+
+def _eager_words(eager_rows: list[dict], launch: float) -> list[str]:
+    """Why the eager rows stay far above the prediction, and an odd smallest batch if there is one."""
+    per_kernel = statistics.fmean(x["measured_ms"] / int(float(x["measured_kernels"] or 1)) for x in eager_rows)
+    words = [
+        f"Eager rows take {per_kernel * 1e3:.0f} us of wall time per kernel against a measured "
+        f"{launch / 1e3:.1f} us launch of one small kernel: a plain PyTorch step pays Python and dispatcher "
+        "time per aten op (views and slices for RoPE, index_copy_, SDPA set-up) that a launch microbenchmark "
+        "does not contain, so the eager rows stay launch-bound far above the prediction. calibration/README.md "
+        "measures about 1 ms of host time per layer (30 kernel launches plus about 100 ATen calls that launch "
+        "nothing) and a spread of up to 2x between processes (bimodal, ~17 or ~30 ms); the simulator's "
+        "host model charges one launch_overhead_ns per kernel and has no term for the calls in between."]
+    by_batch = {}
+    for x in eager_rows:
+        by_batch.setdefault(x["batch"], []).append(x["measured_ms"])
+    means = {b: statistics.fmean(v) for b, v in sorted(by_batch.items())}
+    smallest = min(means)
+    if len(means) > 1 and means[smallest] > max(v for b, v in means.items() if b != smallest):
+        words.append(
+            f"The eager batch-{smallest} rows ({means[smallest]:.1f} ms on average) are slower than the "
+            "larger batches (" + ", ".join(f"batch {b}: {v:.1f} ms" for b, v in means.items() if b != smallest)
+            + "), which no device-side cost explains: host-side behaviour of that run.")
+    return words
 
 
 def _diagnosis(predicted: list[dict]) -> str:
