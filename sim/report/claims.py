@@ -243,6 +243,31 @@ def _place_notes(ax, notes: list[tuple[float, str, list[float]]]) -> None:
                     style="italic")
 
 
+def _draw_row(ax, row, y: float, cut, n_variants: int, target: float | None) -> list[float]:
+    """One row's baseline point (with the claimed range), its claimed points and their changes;
+    returns the values drawn."""
+    values = []
+    base = row.baseline
+    if base.status == "ok":
+        values.append(base.value)
+        ax.scatter(base.value, y, s=46, facecolors="white", edgecolors="black", zorder=3)
+        if cut:
+            lo, hi = base.value * (1 - cut[1] / 100), base.value * (1 - cut[0] / 100)
+            ax.plot([lo, hi], [y, y], color="tab:green", lw=7, alpha=0.25, solid_capstyle="butt", zorder=1)
+    for k, cell in enumerate(row.claimed):
+        if cell.status != "ok":
+            continue
+        values.append(cell.value)
+        yk = y + _offset(k, n_variants)
+        if base.status == "ok":
+            ax.plot([base.value, cell.value], [y, yk], color="0.6", lw=1, zorder=2)
+        colour = ("tab:green" if cell.meets else "tab:red") if target is not None else f"C{k}"
+        ax.scatter(cell.value, yk, s=40, marker=MARKERS[k % len(MARKERS)], color=colour, zorder=4,
+                   edgecolors="black", linewidths=0.4)
+        _annotate_change(ax, base, cell, yk)
+    return values
+
+
 def _draw(ax, panel: ClaimPanel, claim: dict, target: float | None) -> None:
     rows = panel.rows
     n = len(rows)
@@ -252,27 +277,10 @@ def _draw(ax, panel: ClaimPanel, claim: dict, target: float | None) -> None:
     notes: list[tuple[float, str, list[float]]] = []
     for i, row in enumerate(rows):
         y = n - 1 - i
-        base = row.baseline
-        if base.status == "ok":
-            values.append(base.value)
-            ax.scatter(base.value, y, s=46, facecolors="white", edgecolors="black", zorder=3)
-            if cut:
-                lo, hi = base.value * (1 - cut[1] / 100), base.value * (1 - cut[0] / 100)
-                ax.plot([lo, hi], [y, y], color="tab:green", lw=7, alpha=0.25, solid_capstyle="butt", zorder=1)
-        for k, cell in enumerate(row.claimed):
-            if cell.status != "ok":
-                continue
-            values.append(cell.value)
-            yk = y + _offset(k, len(variant_list))
-            if base.status == "ok":
-                ax.plot([base.value, cell.value], [y, yk], color="0.6", lw=1, zorder=2)
-            colour = ("tab:green" if cell.meets else "tab:red") if target is not None else f"C{k}"
-            ax.scatter(cell.value, yk, s=40, marker=MARKERS[k % len(MARKERS)], color=colour, zorder=4,
-                       edgecolors="black", linewidths=0.4)
-            _annotate_change(ax, base, cell, yk)
+        values += _draw_row(ax, row, y, cut, len(variant_list), target)
         missing = _missing_text(row, variant_list)
         if missing:
-            notes.append((y, missing, [c.value for c in [base, *row.claimed] if c.status == "ok"]))
+            notes.append((y, missing, [c.value for c in [row.baseline, *row.claimed] if c.status == "ok"]))
     ax.scatter([], [], s=46, facecolors="white", edgecolors="black",  # legend entries, whatever rows have values
                label=f"baseline ({_setting_words(claim['baseline'])})")
     if cut:

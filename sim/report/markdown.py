@@ -272,12 +272,7 @@ def claim_answer(panels, claim: dict) -> list[str]:
             base = sum(r.baseline.meets for r in rows)
             out.append(f"{head}the claimed setting meets the target in {meets} of {len(rows)} rows, the baseline "
                        f"in {base}.")
-        parts = []
-        for k, label in enumerate(names):
-            changes = [100 * (r.claimed[k].value / r.baseline.value - 1) for r in rows
-                       if r.claimed[k].status == "ok" and r.baseline.status == "ok" and r.baseline.value]
-            if changes:
-                parts.append(f"{label}: median {pd.Series(changes).median():+.1f}% over {len(changes)} rows")
+        parts = _median_changes(rows, names)
         if parts:
             out.append(f"{head if not latency else ''}{metric_label(claim)} against the baseline: "
                        + "; ".join(parts) + ".")
@@ -286,6 +281,17 @@ def claim_answer(panels, claim: dict) -> list[str]:
             out.append(f"{missing} of {len(rows)} rows lack a point (does not fit, failed or left out: the figure "
                        "says which).")
     return out
+
+
+def _median_changes(rows, names: list[str]) -> list[str]:
+    """Per claimed variant: the median change against the baseline over the rows where both have a value."""
+    parts = []
+    for k, label in enumerate(names):
+        changes = [100 * (r.claimed[k].value / r.baseline.value - 1) for r in rows
+                   if r.claimed[k].status == "ok" and r.baseline.status == "ok" and r.baseline.value]
+        if changes:
+            parts.append(f"{label}: median {pd.Series(changes).median():+.1f}% over {len(changes)} rows")
+    return parts
 
 
 def _tables_section(grid: pd.DataFrame, settings: dict, md_table) -> list[str]:

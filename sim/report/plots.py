@@ -120,29 +120,16 @@ def breakdown(grid: pd.DataFrame, settings: dict, folder: Path) -> list[str]:
     label_axes = [a for a in vary if a in sel and sel[a].astype(str).nunique() > 1]
     rows = stacked_rows([{c[3:]: float(sel[c].fillna(0.0).abs().max()) for c in sel.columns if c.startswith("ms_")}])
     cols = [f"ms_{r}" for r in rows]
-    kv_formats = [str(v) for v in sel["kv"].dropna().unique()] if "kv" in sel else []
     data = _mean_over_seeds(sel.fillna({c: 0.0 for c in cols}), label_axes, cols + [LATENCY]).head(40)
-    sep = "\n" if len(data) <= 8 else ", "
-    if len(label_axes) == 1:
-        ticks = [labels.tick(r[label_axes[0]]) for _, r in data.iterrows()]
-    else:
-        ticks = [sep.join(labels.setting(a, r[a]) for a in label_axes) or "base" for _, r in data.iterrows()]
-    tilt = max((max(len(p) for p in t.split("\n")) for t in ticks), default=0) * len(data) > 70
+    ticks, tilt = _bar_ticks(data, label_axes)
     fig, ax = plt.subplots(figsize=(max(6.0, 0.55 * len(data) + 2), 4.8))
-    bottom = np.zeros(len(data))
-    for row, col in zip(rows, cols, strict=True):
-        values = data[col].to_numpy(dtype=float)
-        if not values.any():
-            continue
-        ax.bar(range(len(data)), values, bottom=bottom, label=row_label(row, kv_formats), color=row_colour(row),
-               width=0.75)
-        bottom += values
+    _stack_bars(ax, data, rows, [str(v) for v in sel["kv"].dropna().unique()] if "kv" in sel else [])
     target = target_ms(grid, default=0.0)
     if target:
         ax.axhline(target, color="crimson", lw=1.2, ls="--", label=f"target {target:g} ms")
     ax.set_xticks(range(len(data)), ticks, fontsize=7, rotation=45 if tilt else 0, ha="right" if tilt else "center")
     ax.set_ylabel("time per decode step (ms, mean over steps)")
-    ax.set_xlabel(labels.label(label_axes[0]) if len(label_axes) == 1 else labels.join_pairs(label_axes) or "point")
+    ax.set_xlabel(_axes_label(label_axes))
     note = settings_text(held(sel, [a for a in vary if a not in label_axes]))
     ax.set_title(f"{settings['name']}: time per decode step by part" + (f"\n(at {note})" if note else ""),
                  fontsize=10)
@@ -150,6 +137,34 @@ def breakdown(grid: pd.DataFrame, settings: dict, folder: Path) -> list[str]:
     ax.grid(axis="y", alpha=0.3)
     eng_axis(ax, "y")
     return save(fig, folder, "breakdown")
+
+
+def _bar_ticks(data: pd.DataFrame, label_axes: list[str]) -> tuple[list[str], bool]:
+    """One tick per bar (the value of the one labelled axis, or every labelled setting) and
+    whether they must be tilted to fit."""
+    if len(label_axes) == 1:
+        ticks = [labels.tick(r[label_axes[0]]) for _, r in data.iterrows()]
+    else:
+        sep = "\n" if len(data) <= 8 else ", "
+        ticks = [sep.join(labels.setting(a, r[a]) for a in label_axes) or "base" for _, r in data.iterrows()]
+    tilt = max((max(len(p) for p in t.split("\n")) for t in ticks), default=0) * len(data) > 70
+    return ticks, tilt
+
+
+def _axes_label(label_axes: list[str]) -> str:
+    return labels.label(label_axes[0]) if len(label_axes) == 1 else labels.join_pairs(label_axes) or "point"
+
+
+def _stack_bars(ax, data: pd.DataFrame, rows: list[str], kv_formats: list[str]) -> None:
+    """The breakdown rows stacked bar on bar (rows with no time at any point left out)."""
+    bottom = np.zeros(len(data))
+    for row in rows:
+        values = data[f"ms_{row}"].to_numpy(dtype=float)
+        if not values.any():
+            continue
+        ax.bar(range(len(data)), values, bottom=bottom, label=row_label(row, kv_formats), color=row_colour(row),
+               width=0.75)
+        bottom += values
 
 
 # -- feasibility ----------------------------------------------------------------------------

@@ -38,7 +38,48 @@ def plot_front(rows: list[dict], front: list[dict], chosen: dict | None, data: d
     style = {hw: (MARKERS[i % len(MARKERS)], COLORS[i % len(COLORS)]) for i, hw in enumerate(hardware)}
     fig, ax = plt.subplots(figsize=(12, 6.2))
     screened = [r for r in rows if r.get("status") == "screened" and _ok(r.get(X)) and _ok(r.get(Y))]
-    slo = data["slo"]
+    _draw_screened(ax, screened, hardware, style, data["slo"])
+    refuted = [r for r in rows if r.get("checked") and r.get("verdict") != "meets-slo"]
+    if refuted:
+        ax.scatter([r[X] for r in refuted], [r[Y] for r in refuted], marker="x", s=28, color="#c00000", zorder=3,
+                   label="replayed: misses the SLOs")
+    if front:
+        _draw_front(ax, front, style)
+    if chosen is not None:
+        _draw_chosen(ax, chosen)
+    floor = 1e3 / data["slo"]["tpot_ms"]
+    ax.axvline(floor, color="0.4", ls="--", lw=1)
+    ax.text(floor, 1.0, f"  TPOT {data['slo']['tpot_ms']:g} ms", transform=ax.get_xaxis_transform(), va="top",
+            fontsize=8, color="0.3")
+    for hw in hardware:
+        if any(p["hardware"] == hw for p in front):
+            marker, color = style[hw]
+            ax.scatter([], [], marker=marker, s=60, color=color, edgecolor="black", label=f"front: {hw}")
+    _log_y(ax, screened)
+    ax.set_xlabel("output tokens/s per user (1000 / TPOT)")
+    ax.set_ylabel("output tokens/s per chip")
+    ax.set_title(_front_title(data), fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), framealpha=0.9)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_with(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
+    plt.close(fig)
+    return path
+
+
+def _log_y(ax, screened: list[dict]) -> None:
+    """A log y axis with room above the highest screened point for the legend's corner."""
+    if any(_ok(r.get(Y)) for r in screened):
+        ax.set_yscale("log")
+        top = max(r[Y] for r in screened if _ok(r.get(Y)))
+        ax.set_ylim(top=top * 1.8)
+
+
+def _draw_screened(ax, screened: list[dict], hardware: list[str], style: dict, slo: dict) -> None:
+    """The screened deployments: those missing TPOT, those missing only TTFT, and per
+    hardware those that meet both on the screen."""
     miss = [r for r in screened if not r.get("screen_ok")]
     slow = [r for r in miss if (r.get("est_tpot_pct_ms") or 0) > slo["tpot_ms"]]
     late = [r for r in miss if (r.get("est_tpot_pct_ms") or 0) <= slo["tpot_ms"]]
@@ -51,57 +92,39 @@ def plot_front(rows: list[dict], front: list[dict], chosen: dict | None, data: d
         if ok:
             ax.scatter([r[X] for r in ok], [r[Y] for r in ok], s=12, color=style[hw][1], alpha=0.6, zorder=2,
                        label=f"{hw}: meets the SLOs on the screen")
-    refuted = [r for r in rows if r.get("checked") and r.get("verdict") != "meets-slo"]
-    if refuted:
-        ax.scatter([r[X] for r in refuted], [r[Y] for r in refuted], marker="x", s=28, color="#c00000", zorder=3,
-                   label="replayed: misses the SLOs")
-    if front:
-        pts = sorted(front, key=lambda r: r[X])
-        xs, ys = [p[X] for p in pts], [p[Y] for p in pts]
-        ax.step(xs, ys, where="pre", color="black", lw=1.2, zorder=4, label="Pareto front (confirmed by replay)")
-        for p in pts:
-            marker, color = style[p["hardware"]]
-            ax.scatter([p[X]], [p[Y]], marker=marker, s=70, color=color, edgecolor="black", zorder=5)
-            rx, ry = p.get("replay_tokens_per_s_per_user"), p.get("replay_tokens_per_s_per_chip")
-            if _ok(rx) and _ok(ry):
-                ax.plot([p[X], rx], [p[Y], ry], color=color, lw=0.7, ls=":", zorder=4)
-                ax.scatter([rx], [ry], marker=marker, s=40, facecolor="none", edgecolor=color, zorder=5)
-        ax.scatter([], [], marker="o", s=40, facecolor="none", edgecolor="black", label="the same point as replayed")
-    if chosen is not None:
-        ax.scatter([chosen[X]], [chosen[Y]], marker="*", s=420, color="gold", edgecolor="black", zorder=6,
-                   label="chosen: most tokens/s per chip")
-        ax.annotate("chosen: " + _short(chosen), (chosen[X], chosen[Y]), xytext=(0.98, 0.97),
-                    textcoords="axes fraction", ha="right", va="top", fontsize=8, zorder=7,
-                    bbox={"boxstyle": "round", "fc": "white", "ec": "0.6"},
-                    arrowprops={"arrowstyle": "->", "color": "0.4", "lw": 0.8})
-    floor = 1e3 / data["slo"]["tpot_ms"]
-    ax.axvline(floor, color="0.4", ls="--", lw=1)
-    ax.text(floor, 1.0, f"  TPOT {data['slo']['tpot_ms']:g} ms", transform=ax.get_xaxis_transform(), va="top",
-            fontsize=8, color="0.3")
-    for hw in hardware:
-        if any(p["hardware"] == hw for p in front):
-            marker, color = style[hw]
-            ax.scatter([], [], marker=marker, s=60, color=color, edgecolor="black", label=f"front: {hw}")
-    if any(_ok(r.get(Y)) for r in screened):
-        ax.set_yscale("log")
-        top = max(r[Y] for r in screened if _ok(r.get(Y)))
-        ax.set_ylim(top=top * 1.8)
-    ax.set_xlabel("output tokens/s per user (1000 / TPOT)")
-    ax.set_ylabel("output tokens/s per chip")
-    traffic = data["traffic"]
+
+
+def _draw_front(ax, front: list[dict], style: dict) -> None:
+    """The Pareto front as a step line, each point with its replayed counterpart."""
+    pts = sorted(front, key=lambda r: r[X])
+    xs, ys = [p[X] for p in pts], [p[Y] for p in pts]
+    ax.step(xs, ys, where="pre", color="black", lw=1.2, zorder=4, label="Pareto front (confirmed by replay)")
+    for p in pts:
+        marker, color = style[p["hardware"]]
+        ax.scatter([p[X]], [p[Y]], marker=marker, s=70, color=color, edgecolor="black", zorder=5)
+        rx, ry = p.get("replay_tokens_per_s_per_user"), p.get("replay_tokens_per_s_per_chip")
+        if _ok(rx) and _ok(ry):
+            ax.plot([p[X], rx], [p[Y], ry], color=color, lw=0.7, ls=":", zorder=4)
+            ax.scatter([rx], [ry], marker=marker, s=40, facecolor="none", edgecolor=color, zorder=5)
+    ax.scatter([], [], marker="o", s=40, facecolor="none", edgecolor="black", label="the same point as replayed")
+
+
+def _draw_chosen(ax, chosen: dict) -> None:
+    ax.scatter([chosen[X]], [chosen[Y]], marker="*", s=420, color="gold", edgecolor="black", zorder=6,
+               label="chosen: most tokens/s per chip")
+    ax.annotate("chosen: " + _short(chosen), (chosen[X], chosen[Y]), xytext=(0.98, 0.97),
+                textcoords="axes fraction", ha="right", va="top", fontsize=8, zorder=7,
+                bbox={"boxstyle": "round", "fc": "white", "ec": "0.6"},
+                arrowprops={"arrowstyle": "->", "color": "0.4", "lw": 0.8})
+
+
+def _front_title(data: dict) -> str:
+    slo, traffic = data["slo"], data["traffic"]
     load = (f"{traffic['rate']:g} req/s" if traffic.get("rate") is not None else
             f"each deployment at {traffic['load']:.0%} of its capacity")
-    ax.set_title(f"{data['model']}: deployments under TTFT p{slo['percentile']} <= {slo['ttft_ms']:g} ms, "
-                 f"TPOT p{slo['percentile']} <= {slo['tpot_ms']:g} ms\n{data['workload']['requests']}, {load}; "
-                 f"{data['counts']['deployments']:,} deployments, {data['counts']['front']} on the front", fontsize=10)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), framealpha=0.9)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_with(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
-    plt.close(fig)
-    return path
+    return (f"{data['model']}: deployments under TTFT p{slo['percentile']} <= {slo['ttft_ms']:g} ms, "
+            f"TPOT p{slo['percentile']} <= {slo['tpot_ms']:g} ms\n{data['workload']['requests']}, {load}; "
+            f"{data['counts']['deployments']:,} deployments, {data['counts']['front']} on the front")
 
 
 def _short(p: dict) -> str:
