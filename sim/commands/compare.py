@@ -8,10 +8,11 @@ per token (all layers, at the context), reduction against fp16, the KV share of 
 
 from __future__ import annotations
 
+from sim.commands.common import add_run_options, emit_json, spec_from_args
+from sim.errors import ConfigError
+
 
 def register(sub) -> None:
-    from sim.commands.common import add_run_options
-
     p = sub.add_parser("compare", help="compare KV formats side by side: latency, bytes, error, bound",
                        description="Simulate one setup once per KV format and print latency, KV bytes, "
                                    "reduction, attention error, bound and verdict in one table.")
@@ -34,9 +35,8 @@ def register(sub) -> None:
 
 
 def handle(args) -> int:
-    from sim.commands.common import emit_json, spec_from_args
-    from sim.errors import ConfigError
-    from sim.experiments.compare import compare_rows
+    # deferred: the CLI imports every command at start-up; this loads the simulator
+    from sim.experiments.compare import attention_rows, compare_rows, kv_qualities
 
     names = _names(args.kv, "--kv", "formats")
     stacks = _names(args.kernels, "--kernels", "stacks") if args.kernels else []
@@ -47,13 +47,9 @@ def handle(args) -> int:
     published = _published(args.published_kernel)
     qualities = []
     if not args.no_qualities:
-        from sim.experiments.compare import kv_qualities
-
         qualities = kv_qualities(spec, names, published)
     kernels = []
     if args.kernels:
-        from sim.experiments.compare import attention_rows
-
         kernels = attention_rows(spec, names, stacks)
     if args.json:
         setup = {k: v for k, v in spec.model_dump().items() if k != "kv"}
@@ -71,8 +67,6 @@ def handle(args) -> int:
 
 def _published(text: str | None) -> tuple[float, str] | None:
     """``0.85,BitDecoding (arXiv:2503.18773) Fig. 9`` -> (0.85, source); bad input is a ConfigError."""
-    from sim.errors import ConfigError
-
     if text is None:
         return None
     value, _, source = text.partition(",")
@@ -111,8 +105,6 @@ MAX_FORMATS = 64  # KV formats (and stacks) per compare: each is a simulated run
 
 def _names(text: str, flag: str, what: str) -> list[str]:
     """A comma list of names, checked before any work: no empty item, at most MAX_FORMATS."""
-    from sim.errors import ConfigError
-
     items = [n.strip() for n in text.split(",")]
     if not text.strip():
         raise ConfigError("command line", flag, f"expected one or more comma-separated {what}", text)

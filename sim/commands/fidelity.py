@@ -11,6 +11,10 @@ k_outlier_scale, k_dof, v_dof, v_token_sigma, query_std, seed, ...); user tensor
 from __future__ import annotations
 
 import dataclasses
+import math
+
+from sim.commands.common import emit_json
+from sim.errors import ConfigError
 
 
 def register(sub) -> None:
@@ -34,10 +38,6 @@ def register(sub) -> None:
 
 def check_args(args) -> None:
     """The numeric flags within their ranges (ConfigError naming the flag otherwise)."""
-    import math
-
-    from sim.errors import ConfigError
-
     if not 0 <= args.seed <= 2**63 - 1:
         raise ConfigError("--seed", "seed", "must be in [0, 2^63 - 1]", args.seed)
     if not (2 <= args.head_dim <= 65_536 and args.head_dim % 2 == 0):
@@ -49,8 +49,8 @@ def check_args(args) -> None:
 
 
 def synthetic_params(items: list[str], seed: int):
+    # deferred: the CLI imports every command at start-up; these load numpy, pydantic or the simulator
     from sim.config.loader import parse_assignment
-    from sim.errors import ConfigError
     from sim.formats.fidelity import SyntheticKV
 
     fields = {f.name: f.type for f in dataclasses.fields(SyntheticKV)}
@@ -68,8 +68,7 @@ def synthetic_params(items: list[str], seed: int):
 
 
 def handle(args) -> int:
-    from sim.commands.common import emit_json
-    from sim.errors import ConfigError
+    # deferred: the CLI imports every command at start-up; these load numpy, pydantic or the simulator
     from sim.formats import get_format
     from sim.formats.fidelity import load_kv, score_std, synthetic
     from sim.formats.tables import fidelity_rows

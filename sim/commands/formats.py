@@ -7,7 +7,9 @@ writes the Markdown report (byte table, fidelity table, the claims check) instea
 
 from __future__ import annotations
 
-from sim.commands.common import output_file
+from sim.commands.common import emit_json, output_file, write_atomic
+from sim.errors import ConfigError
+from sim.paths import models_dir, resolve
 
 
 def register(sub) -> None:
@@ -24,18 +26,16 @@ def register(sub) -> None:
 
 
 def handle(args) -> int:
-    from sim.commands.common import emit_json, write_atomic
+    # deferred: the CLI imports every command at start-up; these load numpy, pydantic or the simulator
     from sim.config.loader import load_yaml, validate
     from sim.config.model import ModelSpec
-    from sim.errors import ConfigError
     from sim.formats import list_formats
     from sim.formats.tables import byte_row, weight_row, widths
-    from sim.paths import models_dir, resolve
 
     if args.context <= 0:
         raise ConfigError("--context", "context", "must be > 0", args.context)
     if args.report is not None:
-        from sim.experiments import formats  # deferred: runs the simulator
+        from sim.experiments import formats
         from sim.report.formats_report import build_report
 
         write_atomic(args.report, build_report(formats.run(model=args.model)))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from sim.errors import ConfigError
+
 
 def register(sub) -> None:
     p = sub.add_parser("plot", help="regenerate a study's plots and report.md from saved results",
@@ -15,11 +17,10 @@ def register(sub) -> None:
 
 
 def handle(args) -> int:
-    from sim.errors import ConfigError
-
     for name in ("results.parquet", "study.json"):
         if not (args.dir / name).is_file():
             raise ConfigError(str(args.dir), name, "missing; expected a folder written by `decodesim study`")
+    # deferred: the CLI imports every command at start-up; these load matplotlib and pandas
     from sim.report.markdown import write_report
     from sim.report.plots import make_plots
 

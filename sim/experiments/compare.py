@@ -6,7 +6,13 @@
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
+import yaml
+
 from sim.config.setup import resolve
+from sim.config.software import load_stack
 from sim.costs import CostModel
 from sim.formats import get_format
 from sim.formats.fidelity import measure
@@ -141,13 +147,6 @@ def _attention(spec) -> dict:
 def break_even(spec, target_ms: float) -> float:
     """The factor by which the stack's dequantization cost per value must shrink for ``spec``'s
     step to take ``target_ms`` (bisection on a scaled copy of the stack; monotone)."""
-    import tempfile
-    from pathlib import Path
-
-    import yaml
-
-    from sim.config.software import load_stack
-
     stack = load_stack(spec.software)
     if not stack.attention:
         return float("nan")
@@ -184,8 +183,6 @@ REFERENCE_IMPL = "triton_group"
 def _quality_stack(base, attention_kernels: list[dict], impl: dict | None, folder, tag: str) -> str:
     """A copy of stack ``base`` whose attention op (for every KV format it names) runs
     ``attention_kernels``; ``impl`` (an attention implementation) is added as ``quality``."""
-    import yaml
-
     raw = base.model_dump(mode="json", by_alias=True, exclude_none=True)
     raw["name"] = f"{raw['name']}-{tag}"
     raw["ops"]["attention"] = {"kernels": attention_kernels, "source": f"decodesim compare: {tag} attention kernel"}
@@ -208,11 +205,6 @@ def kv_qualities(spec, kv_formats: list[str], published: tuple[float, str] | Non
     free). ``published`` = (fraction of HBM peak bandwidth a published kernel reaches, its
     source) adds a fourth column: the quantized bytes read at that fraction, dequantization
     hidden. With each: the fp16 step under the same stack, and whether the format beats it."""
-    import tempfile
-    from pathlib import Path
-
-    from sim.config.software import load_stack
-
     base = load_stack(spec.software)
     ref = load_stack(REFERENCE_STACK).attention[REFERENCE_IMPL].model_dump(mode="json", exclude_none=True)
     setup = resolve(spec.model_copy(update={"kv": BASELINE}))

@@ -15,17 +15,13 @@ from pathlib import Path
 
 import pandas as pd
 
+from sim.explore.html import write_study_html
+from sim.io import write_atomic
 from sim.paths import display_path, relative_text
 from sim.report.claims import claim_panels, metric_columns, metric_label, variants
 from sim.report.plots import LATENCY, load, no_effect, sensitivity_swings
 
 MAX_ROWS = 80
-
-
-def _write(path: Path, text: str) -> None:
-    from sim.io import write_atomic
-
-    write_atomic(path, text)
 
 
 def _fmt(v) -> str:
@@ -235,10 +231,8 @@ def write_report(out_dir: str | Path) -> Path:
     lines += _left_out_section(table, settings, md_table)
     lines += _settings_section(settings, out_dir)
     path = out_dir / "report.md"
-    _write(path, "\n".join(lines))
-    from sim.explore.html import write_study_html  # report.html beside it: the same report, plots inlined
-
-    write_study_html(out_dir)
+    write_atomic(path, "\n".join(lines))
+    write_study_html(out_dir)  # report.html beside it: the same report, plots inlined
     return path
 
 

@@ -16,6 +16,7 @@ differ.
 
 from __future__ import annotations
 
+import argparse
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -145,18 +146,23 @@ def _write(path: Path, text: str) -> None:
     write_atomic(path, text)
 
 
-def write_all() -> list[Path]:
+def write_all(folder: Path | None = None) -> list[Path]:
+    """Write h100-sxm and every derived system to ``folder`` (default: the bundled profiles),
+    each validated before it is written."""
+    folder = folder or hardware_dir()
     out = []
-    h100 = hardware_dir() / "h100-sxm.yaml"
+    h100 = folder / "h100-sxm.yaml"
     _write(h100, render_h100())
     out.append(h100)
     for system in SYSTEMS:
-        path = hardware_dir() / f"{system.name}.yaml"
+        path = folder / f"{system.name}.yaml"
         _write(path, render(system))
         out.append(path)
     return out
 
 
 if __name__ == "__main__":
-    for written in write_all():
+    parser = argparse.ArgumentParser(description="rewrite the derived hardware profiles from their bases")
+    parser.add_argument("--out", type=Path, default=None, help="folder to write to (default: hardware_profiles/)")
+    for written in write_all(parser.parse_args().out):
         print(f"wrote {written}")

@@ -13,6 +13,7 @@ search folder's files.
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -208,9 +209,7 @@ def write_report(data: dict, path: Path, *, command: str | None = None, notes: s
 def rerender(folder: Path) -> list[Path]:
     """Redraw ``front.png`` and ``report.md`` of a search folder from its ``search.json`` and
     ``deployments.parquet`` (no simulation)."""
-    import json
-
-    import pandas as pd
+    import pandas as pd  # deferred: the search's own plotting path does not need pandas
 
     folder = Path(folder)
     data = json.loads((folder / "search.json").read_text())

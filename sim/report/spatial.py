@@ -17,6 +17,7 @@ The validation against published per-user rates is written by hand below the gen
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 from sim.experiments import spatial
@@ -128,4 +129,6 @@ def write(path: Path | None = None) -> Path:
 
 
 if __name__ == "__main__":
-    print(f"wrote {write()}")
+    parser = argparse.ArgumentParser(description="write reports/spatial.md (the hand-written validation kept)")
+    parser.add_argument("--out", type=Path, default=None, help="report path (default: reports/spatial.md)")
+    print(f"wrote {write(parser.parse_args().out)}")

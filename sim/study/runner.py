@@ -417,9 +417,9 @@ def results(out_dir: str | Path) -> pd.DataFrame:
 
 def run_detail(study: Study, out: Path) -> None:
     """Run one point with the DES, keeping its op table and event log, for the timeline plots."""
-    from sim.costs import CostModel
+    # deferred like simulate in run_point: the simulator and the trace writer load only when a study runs
+    from sim.experiments.detail import detail_run
     from sim.report.trace import trace_of
-    from sim.run import simulate
 
     chosen = detail_assignments(study)
     data = dict(study.spec.base)
@@ -432,18 +432,18 @@ def run_detail(study: Study, out: Path) -> None:
     if (read_json(meta_path) or {}).get("hash") == key:
         return
     try:
-        result = simulate(spec, keep_ops=True, keep_log=True, check_capacity=False)
+        detail = detail_run(spec)
     except Exception as err:
         write_json_atomic(meta_path, {"hash": key, "error": f"{type(err).__name__}: {err}",
                                       "assignments": [list(a) for a in chosen]})
         return
     from sim.io import write_atomic, write_frame
 
+    result = detail.result
     steps, ops, log = result.tables()
     write_frame(ops, folder / "ops")
     write_frame(log, folder / "events")
     res = result.resolved
-    costs = CostModel(res.hardware)
     dtype = getattr(res.weights, "matmul_dtype", None) or "bf16"
     try:
         peak_tflops = res.hardware.compute.matrix_peak_TFLOPs(dtype)
@@ -451,7 +451,7 @@ def run_detail(study: Study, out: Path) -> None:
         peak_tflops = res.hardware.compute.matrix_peak_TFLOPs("bf16")
     meta = {"hash": key, "assignments": [list(a) for a in chosen], "spec": spec.model_dump(mode="json"),
             "summary": flatten_summary(result.summary), "store": res.hardware.store.name,
-            "peaks_GBps": {k: v for k, v in costs.capacity.items() if k != "compute"},
+            "peaks_GBps": detail.peaks_GBps,
             "levels": [level.name for level in res.hardware.memory],
             "matrix_peak_TFLOPs": peak_tflops, "matmul_dtype": dtype,
             "vector_peak_Tops": vector_peak_Tops(res.hardware),
