@@ -152,10 +152,10 @@ RENDER_ONLY_BANS = ("sim.engine", "sim.run", "sim.costs", "sim.lowering", "sim.a
 def test_reports_only_render():
     """sim.report renders results; the runs behind them live in sim.experiments, so no report
     module imports the pipeline (function-local imports included)."""
-    bad = [f"{path.relative_to(ROOT.parent)}:{line}: imports {target}"
-           for path in sorted((ROOT / "report").rglob("*.py"))
-           for target, line, _local in imports_of(path)
-           if any(target == ban or target.startswith(ban + ".") for ban in RENDER_ONLY_BANS)]
+    bad = sorted({f"{path.relative_to(ROOT.parent)}:{line}: imports {target}"
+                  for path in (ROOT / "report").rglob("*.py")
+                  for target, line, _local in imports_of(path)
+                  if any(target == ban or target.startswith(ban + ".") for ban in RENDER_ONLY_BANS)})
     assert not bad, "report modules that run the pipeline:\n" + "\n".join(bad)
 
 

@@ -84,7 +84,6 @@ def _fit(fields: dict) -> dict:
     return info
 
 
-
 def collect() -> list[dict]:
     """Every setup at every batch and dispatch path: its run summary and whether an expert fits."""
     out = []
@@ -97,14 +96,12 @@ def collect() -> list[dict]:
     return out
 
 
-
 def scale_check() -> dict:
     """The same groq-lpu profile on a dense model with a published per-user rate (anchors.md
     C1: Llama-2-70B at 300 tokens/s/user on 576 chips, about 3.3 ms per token)."""
     s = simulate(RunSpec(model="llama-2-70b", hardware="groq-lpu", weights="int8", chips=576, tp=18, pp=32,
                          batch=1, context=CONTEXT, steps=2, allow_long_context=True)).summary  # 4096 is its window
     return {"ms": s["per_token_ms_p99"], "published_ms": 1e3 / 300, "bound": s["bound"]}
-
 
 
 def hypothetical_profile() -> Path:
@@ -129,7 +126,6 @@ def policy_table() -> list[dict]:
                          "hit": s["moe"]["sram_hit_rate"], "ms": s["per_token_ms_p99"],
                          "active": s["moe"]["active_experts_per_layer"], "fit": fit})
     return rows
-
 
 
 # -- MoE executions as kernels (issue 13) ------------------------------------------------------

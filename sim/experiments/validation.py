@@ -48,7 +48,6 @@ def repo_path(relative: Path | str) -> Path:
     return bundled().joinpath(relative) if not Path(relative).is_absolute() else Path(relative)
 
 
-
 # ------------------------------------------------------------------------- (a) measured
 
 
@@ -293,9 +292,6 @@ def tp_prediction() -> dict:
                     steps=1, software="torch-eager", graph=True).summary
 
 
-KERNEL_FIT = Path("calibration/kernel_fit.json")
-
-
 # ------------------------------------------------------------ the frozen validation set
 
 FROZEN = Path("validation/data/h200/val/steps.csv")
@@ -395,6 +391,11 @@ def overlap_rows() -> list[dict]:
     return out
 
 
+# ------------------------------------------------------------ the calibration behind the predictions
+
+KERNEL_FIT = Path("calibration/kernel_fit.json")  # calibration/fit_kernels.py: kernel classes, their errors
+
+
 def _profile_value(path: str) -> tuple[float, str]:
     profile = load_profile("h200-sxm")
     node = profile
@@ -407,7 +408,6 @@ def _profile_value(path: str) -> tuple[float, str]:
 def fit_integrated() -> list[str]:
     """The FIT_MAP paths whose h200-sxm.yaml source already cites calibration/."""
     return [target for _key, target, _m in FIT_MAP if "calibration/" in _profile_value(target)[1]]
-
 
 
 def _profile_has(path: str, value: float) -> bool:
@@ -466,7 +466,6 @@ def simulated_kernel_classes(batch: int = 1, context: int = 1024) -> dict[str, i
         else:
             counts["element-wise (mul, add, silu)"] = counts.get("element-wise (mul, add, silu)", 0) + op.kernels
     return counts
-
 
 
 # ------------------------------------------------------------ collectives over several GPUs

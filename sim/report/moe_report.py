@@ -41,13 +41,11 @@ def _top_rows(s: dict, n: int = 3) -> str:
     return ", ".join(f"{k} {v:.2f}" for k, v in rows)
 
 
-
 def _cell(s: dict) -> str:
     if s["verdict"] == "does-not-fit":
         return "does not fit"
     text = f"{s['per_token_ms_p99']:.2f}"
     return f"**{text}**" if s["meets_target"] else text
-
 
 
 def render(results: list[dict], policy_rows: list[dict], command: str, scale: dict | None = None) -> str:
@@ -136,7 +134,6 @@ def render(results: list[dict], policy_rows: list[dict], command: str, scale: di
               "as an HBM read plus an SRAM write inside the expert op (no prefetch).",
               "- Routing is synthetic (uniform, or Zipf with per-layer hot sets); no recorded routing is bundled."]
     return "\n".join(lines) + "\n"
-
 
 
 def _findings(results: list[dict], policy_rows: list[dict]) -> list[str]:

@@ -49,9 +49,6 @@ def explain(row: dict) -> str:
             f"achieved {s['hbm_fraction_of_peak'] * 100:.0f}% of peak store bandwidth.")
 
 
-# ------------------------------------------------------------------------- the report
-
-
 def _ms(x) -> str:
     return "n/a" if x is None else f"{x:.3f}"
 
@@ -73,8 +70,6 @@ def build(results: ValidationResults) -> str:
     lines += _section_anchors(results.anchors)
     lines += _section_tp(results.tp)
     return "\n".join(lines) + "\n"
-
-
 
 
 def _section_calibration(fit: dict | None) -> list[str]:
@@ -116,7 +111,6 @@ def _section_calibration(fit: dict | None) -> list[str]:
         out.append(f"| {name} | " + " | ".join(f"{x['n']} rows: median {x['median_abs_pct']:.1f}%, worst "
                                                  f"{x['worst_abs_pct']:.1f}%" for x in cells) + " |")
     return out + [""]
-
 
 
 def _section_frozen(rows: list[dict] | None) -> list[str]:
@@ -171,7 +165,6 @@ def _section_frozen21(rows: list[dict] | None) -> list[str]:
         out.append(f"| {r['case']} | {r['software']} | {r['kv']} | {r['measured_ms']:.2f} | {r['predicted_ms']:.2f} | "
                    f"{r['error_pct']:+.1f}% | {r['bound']} |")
     return out + [""]
-
 
 
 def _section_overlap(rows: list[dict] | None) -> list[str]:
@@ -229,7 +222,6 @@ def _section_measured(measured: Measured | None, csv_path) -> list[str]:
     return out
 
 
-
 def _section_fit_applied(measured: Measured) -> list[str]:
     """How much of the miss the microbenchmarks explain: the same rows with the fit's figures,
     or, once the fit is in h200-sxm.yaml, what the calibrated prediction still misses."""
@@ -270,7 +262,6 @@ def _section_fit_applied(measured: Measured) -> list[str]:
                    + ", ".join(f"{k} {v:.2f}" for k, v in top) + " |")
     out += ["", _why(fitted, fit.figures), ""]
     return out + _kernel_table(measured)
-
 
 
 def _kernel_table(results: Measured) -> list[str]:
