@@ -48,10 +48,10 @@ def _section_bytes(res: FormatsResults) -> list[str]:
     """Effective bits and bytes per token per layer, and where the bits go."""
     rows, kv_formats, kw, vw = res.bytes, res.kv_formats, res.k_width, res.v_width
     out = [f"## 1. KV bytes per token per layer ({res.model}: K and V rows of {kw} and {vw} values)", "",
-            "Effective bits per value count everything stored: codes, scales and zero points, the "
-            "full-precision window and outlier values, indices and row pointers. Reduction is against "
-            "fp16 at the same context. Per-layer constants (calibrated per-channel scales, fitted "
-            "codebooks, outlier-channel ids) are listed separately: they are shared by every sequence.", ""]
+           "Effective bits per value count everything stored: codes, scales and zero points, the "
+           "full-precision window and outlier values, indices and row pointers. Reduction is against "
+           "fp16 at the same context. Per-layer constants (calibrated per-channel scales, fitted "
+           "codebooks, outlier-channel ids) are listed separately: they are shared by every sequence.", ""]
     header = ["format"] + [f"K / V bits @ {c}" for c in CONTEXTS] + [f"B/token (K+V) @ {c}" for c in CONTEXTS] + \
              [f"reduction @ {c}" for c in CONTEXTS] + ["layer constants (B)"]
     table = []
@@ -90,14 +90,14 @@ def _section_fidelity(res: FormatsResults) -> list[str]:
     fid = res.fidelity_rows
     params = ", ".join(f"{k}={v}" for k, v in asdict(fidelity).items())
     out = ["## 3. Fidelity on synthetic KV", "",
-            f"`decodesim fidelity --kv {','.join(f.name for f in kv_formats)} --synthetic tokens={fidelity.tokens}` "
-            f"(parameters: {params}; exact attention-logit std {res.score_std:.2f}). K has "
-            f"{fidelity.k_outlier_channels} outlier channels per head at {fidelity.k_outlier_scale:g}x scale and "
-            f"Student-t({fidelity.k_dof:g}) entries; V is Student-t({fidelity.v_dof:g}) with a lognormal per-token "
-            f"scale. Errors are relative Frobenius norms (K after RoPE); KL is KL(P || P_hat) of the attention "
-            "probabilities in nats, averaged over queries. Random queries make the attention output a "
-            "near-cancelling average of many V rows, so the output error is a stress figure: read the "
-            "ranking, not the absolute value.", ""]
+           f"`decodesim fidelity --kv {','.join(f.name for f in kv_formats)} --synthetic tokens={fidelity.tokens}` "
+           f"(parameters: {params}; exact attention-logit std {res.score_std:.2f}). K has "
+           f"{fidelity.k_outlier_channels} outlier channels per head at {fidelity.k_outlier_scale:g}x scale and "
+           f"Student-t({fidelity.k_dof:g}) entries; V is Student-t({fidelity.v_dof:g}) with a lognormal per-token "
+           f"scale. Errors are relative Frobenius norms (K after RoPE); KL is KL(P || P_hat) of the attention "
+           "probabilities in nats, averaged over queries. Random queries make the attention output a "
+           "near-cancelling average of many V rows, so the output error is a stress figure: read the "
+           "ranking, not the absolute value.", ""]
     out += _table(["format", "K error", "V error", "score error", "KL (nats)", "output error", "K / V outliers kept"],
                   [[f"`{r['kv']}`", f"{r['k_rel_error']:.4f}", f"{r['v_rel_error']:.4f}",
                     f"{r['score_rel_error']:.4f}", f"{r['attn_kl']:.5f}", f"{r['output_rel_error']:.4f}",
@@ -124,33 +124,33 @@ def _section_claims(res: FormatsResults) -> list[str]:
                   key=lambda n: -by[n]["attn_kl"])
     rank = sub4.index("int2-asym-outlier") + 1
     out = ["## 4. The article's footprint claims", "",
-            f"The article says asymmetric, outlier-aware sub-4-bit KV quantization cuts the KV cache by "
-            f"\"over 70%\" and \"over 80%\" against fp16. A bare 2-bit payload would be a {payload:.1f}% cut, "
-            f"but nothing stores a bare payload. With one fp16 scale and one fp16 zero per group of 32 (KIVI), "
-            f"metadata adds {k2[2]['metadata_bits']:.2f} bits per value, and the fp16 window of 128 tokens adds "
-            f"{k2[0]['window_bits']:.2f} / {k2[1]['window_bits']:.2f} / {k2[2]['window_bits']:.2f} bits at contexts "
-            f"{' / '.join(map(str, CONTEXTS))}: KIVI-2 stores {k2[0]['kv_bits']:.2f} / {k2[1]['kv_bits']:.2f} / "
-            f"{k2[2]['kv_bits']:.2f} bits per value, a cut of {k2[0]['reduction_pct']:.1f}% / "
-            f"{k2[1]['reduction_pct']:.1f}% / {k2[2]['reduction_pct']:.1f}% (anchors.md A2: 71 / 79 / 81%). So "
-            f"\"over 70%\" holds for KIVI-2 at {_which(k2, 70)} and \"over 80%\" at {_which(k2, 80)}; the window "
-            f"is what short contexts pay. The article's own format (`int2-asym-outlier`, our reading of \"about 95% "
-            f"of values at 2 bits, outlier channels in fp16\") pays "
-            f"{i2['metadata_bits']:.2f} bits of metadata and {i2['outlier_bits']:.2f} bits of outliers (5% fp16 "
-            f"channels in K; 5% sparse fp16 values with 16-bit indices and CSR row pointers in V) on top of 2 "
-            f"bits: {i2['kv_bits']:.2f} bits, a {i2['reduction_pct']:.1f}% cut at any context, so \"over 70%\" "
-            f"{'holds' if i2['reduction_pct'] > 70 else 'does not hold'} and \"over 80%\" "
-            f"{'holds' if i2['reduction_pct'] > 80 else 'does not'}; {i2['gather_share_pct']:.0f}% of its bytes "
-            f"are sparse gathers. "
-            f"KVQuant-3-1% stores {kq['kv_bits']:.2f} bits ({kq['reduction_pct']:.1f}%): its 1% outliers cost "
-            f"{kq['outlier_bits']:.2f} bits, more than its metadata. Formats above 70% at 4096 tokens: "
-            f"{', '.join(over70)}; above 80% at 32768: {', '.join(over80) or 'none'}. "
-            f"\"Without degrading perplexity\" is not something bytes can show: on the synthetic KV above, "
-            f"KIVI-2's attention KL is {by['kivi-2']['attn_kl']:.3f} nats against {by['kivi-4']['attn_kl']:.4f} "
-            f"for KIVI-4 and {by['int8']['attn_kl']:.5f} for int8; the article's format has attention KL "
-            f"{by['int2-asym-outlier']['attn_kl']:.3f} nats, rank {rank} of {len(sub4)} among the formats below 4 bits "
-            f"at 32K (1 = worst). Its dense part is quantized per token: keeping outlier channels in fp16 does not "
-            f"fix the per-token range of the remaining channels the way per-channel K quantization does (the "
-            f"K-layout table).", ""]
+           f"The article says asymmetric, outlier-aware sub-4-bit KV quantization cuts the KV cache by "
+           f"\"over 70%\" and \"over 80%\" against fp16. A bare 2-bit payload would be a {payload:.1f}% cut, "
+           f"but nothing stores a bare payload. With one fp16 scale and one fp16 zero per group of 32 (KIVI), "
+           f"metadata adds {k2[2]['metadata_bits']:.2f} bits per value, and the fp16 window of 128 tokens adds "
+           f"{k2[0]['window_bits']:.2f} / {k2[1]['window_bits']:.2f} / {k2[2]['window_bits']:.2f} bits at contexts "
+           f"{' / '.join(map(str, CONTEXTS))}: KIVI-2 stores {k2[0]['kv_bits']:.2f} / {k2[1]['kv_bits']:.2f} / "
+           f"{k2[2]['kv_bits']:.2f} bits per value, a cut of {k2[0]['reduction_pct']:.1f}% / "
+           f"{k2[1]['reduction_pct']:.1f}% / {k2[2]['reduction_pct']:.1f}% (anchors.md A2: 71 / 79 / 81%). So "
+           f"\"over 70%\" holds for KIVI-2 at {_which(k2, 70)} and \"over 80%\" at {_which(k2, 80)}; the window "
+           f"is what short contexts pay. The article's own format (`int2-asym-outlier`, our reading of \"about 95% "
+           f"of values at 2 bits, outlier channels in fp16\") pays "
+           f"{i2['metadata_bits']:.2f} bits of metadata and {i2['outlier_bits']:.2f} bits of outliers (5% fp16 "
+           f"channels in K; 5% sparse fp16 values with 16-bit indices and CSR row pointers in V) on top of 2 "
+           f"bits: {i2['kv_bits']:.2f} bits, a {i2['reduction_pct']:.1f}% cut at any context, so \"over 70%\" "
+           f"{'holds' if i2['reduction_pct'] > 70 else 'does not hold'} and \"over 80%\" "
+           f"{'holds' if i2['reduction_pct'] > 80 else 'does not'}; {i2['gather_share_pct']:.0f}% of its bytes "
+           f"are sparse gathers. "
+           f"KVQuant-3-1% stores {kq['kv_bits']:.2f} bits ({kq['reduction_pct']:.1f}%): its 1% outliers cost "
+           f"{kq['outlier_bits']:.2f} bits, more than its metadata. Formats above 70% at 4096 tokens: "
+           f"{', '.join(over70)}; above 80% at 32768: {', '.join(over80) or 'none'}. "
+           f"\"Without degrading perplexity\" is not something bytes can show: on the synthetic KV above, "
+           f"KIVI-2's attention KL is {by['kivi-2']['attn_kl']:.3f} nats against {by['kivi-4']['attn_kl']:.4f} "
+           f"for KIVI-4 and {by['int8']['attn_kl']:.5f} for int8; the article's format has attention KL "
+           f"{by['int2-asym-outlier']['attn_kl']:.3f} nats, rank {rank} of {len(sub4)} among the formats below 4 bits "
+           f"at 32K (1 = worst). Its dense part is quantized per token: keeping outlier channels in fp16 does not "
+           f"fix the per-token range of the remaining channels the way per-channel K quantization does (the "
+           f"K-layout table).", ""]
     return out
 
 
@@ -158,9 +158,9 @@ def _section_run(res: FormatsResults) -> list[str]:
     """The side-by-side run of every compared KV format."""
     compare, compare_kv = res.compare, res.compare_kv
     out = [f"## 5. Latency: {compare['model']} on {compare['hardware']}, batch {compare['batch']}, "
-            f"context {compare['context']}", "",
-            f"`decodesim compare --kv {','.join(compare_kv)} --batch {compare['batch']} --context "
-            f"{compare['context']}` (bf16 weights, {compare['steps']} steps, DES engine):", ""]
+           f"context {compare['context']}", "",
+           f"`decodesim compare --kv {','.join(compare_kv)} --batch {compare['batch']} --context "
+           f"{compare['context']}` (bf16 weights, {compare['steps']} steps, DES engine):", ""]
     out += _table(["KV format", "ms / token", "cut vs fp16", "KV KiB / token", "KV reduction", "KV share of bytes read",
                    "dequant ms", "attention output error", "KL", "bound", "verdict"],
                   [[f"`{r['kv']}`", f"{r['per_token_ms_p50']:.3f}", f"{r['latency_cut_pct']:.1f}%",
