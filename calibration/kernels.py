@@ -117,6 +117,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from _common import GB, CsvOut, Timer, log, machine_facts, nvidia_smi_snapshot, pct, write_json  # noqa: E402
+from sweep import coverage_order  # noqa: E402
+from sweep import axis as sweep_axis  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
 
@@ -320,15 +322,6 @@ def one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {msg}"[:300]
 
 
-def coverage_order(values: list) -> list:
-    """values reordered so that a prefix spans the range: every other one first, then the rest.
-
-    Sweeps loop over this order outermost, so a run cut by the budget still covers every
-    (N,K) pair or class at spread-out M values or sizes.
-    """
-    return values[::2] + values[1::2]
-
-
 def cdiv(a: int, b: int) -> int:
     """Ceiling division of positive integers."""
     return -(-a // b)
@@ -363,6 +356,10 @@ class Bench:
         self.replays = {"full": 7, "quick": 3, "cpu": 2}[self.mode]
 
     # ------------------------------------------------------------------ basics
+    def axis(self, section: str, name: str):
+        """One axis of a section's sweep at this run's mode (calibration/sweeps/kernels.yaml)."""
+        return sweep_axis("kernels", section, name, self.mode)
+
     def elapsed_s(self) -> float:
         """Seconds since start."""
         return time.time() - self.t_start
@@ -703,8 +700,8 @@ def esize(dt) -> int:
 
 def launch_configs(b: Bench) -> list:
     """Triton empty and one-store kernels at several grids and block sizes."""
-    grids = {"full": [1, 132, 1320, 13200], "quick": [1, 13200], "cpu": [1, 4, 16]}[b.mode]
-    blocks = [128, 1024] if b.cuda else [128]
+    grids = b.axis("launch", "grids")
+    blocks = b.axis("launch", "block_threads")
     out = torch.zeros(max(grids), dtype=torch.int32, device=b.dev)
     cfgs = []
     for store in (False, True):
@@ -730,13 +727,7 @@ def launch_configs(b: Bench) -> list:
 
 def grid_configs(b: Bench) -> list:
     """Streaming read bandwidth vs number of programs (chunked) and a persistent read."""
-    if b.cuda and b.mode == "full":
-        sizes = [1, 4, 16, 64, 256, 1024]
-        progs = [1, 2, 4, 8, 16, 33, 66, 132, 264, 528, 1056, 4224]
-    elif b.cuda:
-        sizes, progs = [4, 64], [1, 132, 1056]
-    else:
-        sizes, progs = [1 / 16, 1 / 4], [1, 4, 16]
+    sizes, progs = b.axis("grid", "sizes_MiB"), b.axis("grid", "programs")
     BLOCK = 4096 if b.cuda else 1024
     nw = 8 if b.cuda else 1
     partial = torch.zeros(max(progs + [8 * b.nsm]), dtype=torch.float32, device=b.dev)
@@ -746,7 +737,7 @@ def grid_configs(b: Bench) -> list:
         n = nbytes // 4
         for p in progs:
             cfgs.append(_grid_cfg(b, "triton_chunk_read", nbytes, n, p, BLOCK, nw, partial))
-        for per_sm in (1, 4):
+        for per_sm in b.axis("grid", "persistent_programs_per_sm"):
             cfgs.append(_grid_cfg(b, f"triton_persistent_{per_sm}x_sm", nbytes, n, per_sm * b.nsm,
                                   BLOCK, nw, partial))
     return cfgs
@@ -801,15 +792,6 @@ def check_grid_kernels(b: Bench):
 
 # ============================================================================ section: elementwise
 
-def ew_sizes(b: Bench) -> list:
-    """Nominal sizes (bytes read + written): 14 log-spaced powers of two, 4 KiB .. 1 GiB."""
-    if b.mode == "cpu":
-        return [4 * KiB, 64 * KiB, 1 * MiB]
-    if b.mode == "quick":
-        return [4 * KiB, 16 * MiB]
-    return sorted({4 * KiB * 2 ** round(k * 18 / 13) for k in range(14)})
-
-
 def _round_to(n: int, m: int) -> int:
     """n rounded down to a multiple of m (at least m)."""
     return max(m, (n // m) * m)
@@ -837,7 +819,7 @@ def ew_simple_specs():
 def elementwise_configs(b: Bench) -> list:
     """All elementwise-section configurations."""
     cfgs = []
-    for size in coverage_order(ew_sizes(b)):
+    for size in coverage_order(b.axis("elementwise", "sizes_bytes")):
         for spec in ew_simple_specs():
             cfgs.append(_ew_simple_cfg(b, size, *spec))
         cfgs += _row_op_cfgs(b, size)
@@ -888,7 +870,7 @@ def hf_rmsnorm(x, w, eps=1e-6):
 
 def _row_op_cfgs(b: Bench, size) -> list:
     """F.rms_norm, HF RMSNorm and softmax over bf16 rows of width 4096 (rows = size / 8 KiB)."""
-    W = 4096 if b.cuda else 256
+    W = b.axis("elementwise", "row_width")
     rows = max(1, size // (2 * W))
     n = rows * W
     nb = 2 * n
@@ -918,8 +900,8 @@ def _row_op_cfgs(b: Bench, size) -> list:
 
 def _logit_cfgs(b: Bench) -> list:
     """argmax (bf16 and fp32 logits) and fp32 softmax over vocab-width rows."""
-    widths = [32000, 128256, 151936] if b.cuda else [1000]
-    row_counts = [1, 8, 64] if b.mode != "quick" else [1, 64]
+    widths = b.axis("elementwise", "logit_widths")
+    row_counts = b.axis("elementwise", "logit_rows")
     cfgs = []
     for W in widths:
         for rows in row_counts:
@@ -945,13 +927,11 @@ def _logit_cfgs(b: Bench) -> list:
 
 def _index_cfgs(b: Bench) -> list:
     """index_copy_ / index_add_ of B rows into a 1 GB table; index_select / embedding gathers."""
-    table_bytes = {"full": 1 * GiB, "quick": 256 * MiB, "cpu": 4 * MiB}[b.mode]
-    Bs = [1, 8, 64] if b.mode != "quick" else [1, 64]
+    table_bytes = b.axis("elementwise", "index_table_bytes")
+    Bs = b.axis("elementwise", "index_batches")
     cfgs = []
-    scatter_row_bytes = [1 * KiB, 2 * KiB, 4 * KiB, 8 * KiB] if b.mode != "quick" else [8 * KiB]
-    gather_widths = [2048, 4096, 8192] if b.cuda else [256]
-    if b.mode == "quick":
-        gather_widths = [4096]
+    scatter_row_bytes = b.axis("elementwise", "scatter_row_bytes")
+    gather_widths = b.axis("elementwise", "gather_widths")
     for B in Bs:
         for rb in scatter_row_bytes:
             for impl in ("index_copy_", "index_add_"):
@@ -1007,35 +987,11 @@ def _index_cfg(b: Bench, impl, B, W, table_bytes) -> Config:
 
 # ============================================================================ section: gemm
 
-PROJECTION_NK = [
-    (1536, 2048), (2048, 2048), (6144, 2048), (2048, 6144), (1024, 2048), (2048, 768),
-    (3072, 3072), (9216, 3072), (16384, 3072), (3072, 8192),
-    (6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (512, 4096), (1024, 4096),
-    (7168, 5120), (5120, 5120), (27648, 5120), (5120, 13824),
-    (8192, 8192), (57344, 8192), (8192, 28672), (10240, 8192),
-    (7680, 2560), (2560, 2560), (20480, 2560), (2560, 10240),
-    (6144, 5120), (5120, 4096), (28672, 5120), (5120, 14336),
-    (7168, 7168), (4096, 7168), (7168, 2048),
-]
-LM_HEAD_NK = [
-    (32000, 4096), (32064, 3072), (128256, 2048), (128256, 3072), (128256, 4096),
-    (131072, 5120), (151936, 2048), (152064, 5120), (151936, 4096), (32000, 5120),
-]
-GEMM_M = [1, 2, 4, 8, 16, 32, 64, 128, 256]
-
-
-def gemm_shapes(b: Bench):
-    """(M list, (N,K) list) for the bf16 GEMM sweep."""
-    if b.mode == "cpu":
-        return [1, 4, 16], [(64, 128), (256, 128), (1000, 64)]
-    if b.mode == "quick":
-        return [1, 64], [(4096, 4096), (32000, 4096)]
-    return GEMM_M, PROJECTION_NK + LM_HEAD_NK
-
-
 def gemm_configs(b: Bench) -> list:
     """bf16 F.linear(x[M,K], W[N,K]) over (N,K) pairs and M; W rotates through the pool."""
-    Ms, NKs = gemm_shapes(b)
+    Ms = b.axis("gemm", "M")
+    lm_heads = b.axis("gemm", "lm_head_NK")
+    NKs = b.axis("gemm", "projection_NK") + lm_heads
     gemm_check(b)
     cfgs = []
     for M in coverage_order(Ms):
@@ -1044,7 +1000,7 @@ def gemm_configs(b: Bench) -> list:
             n_slots = b.slots_for(wbytes, cap=256)
             meta = dict(impl="F.linear", kclass="gemm", dtype="bf16", M=M, N=N, K=K, M_padded=M,
                         bytes_read=wbytes + M * K * 2, bytes_written=M * N * 2, flops=2 * M * N * K,
-                        note="lm_head" if (N, K) in LM_HEAD_NK else "")
+                        note="lm_head" if (N, K) in lm_heads else "")
 
             def build(M=M, N=N, K=K, n_slots=n_slots):
                 Ws = [s[0] for s in b.carve([((N, K), torch.bfloat16)], n_slots)]
@@ -1069,11 +1025,6 @@ def gemm_check(b: Bench):
 
 # ============================================================================ section: gemm_fp8
 
-FP8_NK = [(2048, 2048), (6144, 2048), (3072, 3072), (16384, 3072), (3072, 8192),
-          (4096, 4096), (6144, 4096), (28672, 4096), (4096, 14336), (5120, 5120),
-          (27648, 5120), (5120, 13824), (8192, 8192), (57344, 8192), (8192, 28672),
-          (128256, 4096)]
-FP8_M = [1, 4, 16, 64, 256]
 FP8_MAX = 448.0
 
 
@@ -1097,12 +1048,7 @@ def fp8_weight_pool(b: Bench, N, K, n_slots):
 
 def gemm_fp8_configs(b: Bench) -> list:
     """FP8 GEMM alone, activation quantization alone, and the whole FP8 linear."""
-    if b.mode == "cpu":
-        Ms, NKs = [1, 16], [(64, 128), (256, 128)]
-    elif b.mode == "quick":
-        Ms, NKs = [1, 64], [(4096, 4096)]
-    else:
-        Ms, NKs = FP8_M, FP8_NK
+    Ms, NKs = b.axis("gemm_fp8", "M"), b.axis("gemm_fp8", "NK")
     fp8_check(b)
     cfgs = []
     pools: dict = {}
@@ -1195,9 +1141,6 @@ def fp8_check(b: Bench):
 
 # ============================================================================ section: gemm_wonly
 
-WONLY_NK = [(4096, 4096), (6144, 4096), (28672, 4096), (4096, 14336), (2048, 2048),
-            (3072, 8192), (5120, 5120), (27648, 5120), (8192, 8192), (128256, 4096)]
-WONLY_M = [1, 4, 16, 64]
 
 
 @dataclass
@@ -1353,20 +1296,15 @@ def check_tinygemm(b: Bench):
 
 def gemm_wonly_configs(b: Bench) -> list:
     """Weight-only int4/int8 GEMV/GEMM: tinygemm, plain-PyTorch int8, Triton split-K."""
-    if b.mode == "cpu":
-        Ms, NKs = [1, 4, 16], [(64, 256), (128, 512)]
-    elif b.mode == "quick":
-        Ms, NKs = [1, 16], [(4096, 4096)]
-    else:
-        Ms, NKs = WONLY_M, WONLY_NK
+    Ms, NKs = b.axis("gemm_wonly", "M"), b.axis("gemm_wonly", "NK")
     check_splitk(b)
     check_tinygemm(b)
-    g4 = 128 if b.cuda else 32
+    g4 = b.axis("gemm_wonly", "int4_group")
     pools: dict = {}
     cfgs = []
     for M in coverage_order(Ms):
         for (N, K) in NKs:
-            for G in (32, 64, 128):
+            for G in b.axis("gemm_wonly", "tinygemm_groups"):
                 cfgs.append(_tinygemm_cfg(b, M, N, K, G, pools))
             cfgs.append(_int8_unfused_cfg(b, M, N, K, pools))
             cfgs.append(_splitk_cfg(b, M, N, K, 8, K, pools))
@@ -1480,8 +1418,8 @@ def overlap_section(b: Bench, st: SectionStats):
         b.record_error(st, "overlap:skipped", msg)
         return
     quick = b.mode == "quick"
-    N, K = (28672, 4096)
-    B, L = (32, 8192) if not quick else (8, 1024)
+    N, K = b.axis("overlap", "gemv_NK")
+    B, L = b.axis("overlap", "sdpa_BL")
     Ws = [torch.randn(N, K, device=b.dev, dtype=torch.bfloat16) for _ in range(4)]
     x = torch.randn(1, K, device=b.dev, dtype=torch.bfloat16)
     q = torch.randn(B, 32, 1, 128, device=b.dev, dtype=torch.bfloat16)
@@ -1640,19 +1578,6 @@ def _overlap_pair(b: Bench, st, work, per_call, kinfo, a, c, quick):
 FP8 = torch.float8_e4m3fn if hasattr(torch, "float8_e4m3fn") else None
 
 
-def castred_sizes(b: Bench, factor: int = 4) -> list:
-    """Nominal sizes 1 KiB x factor^k up to 1 GiB (quick: 2, cpu: 2)."""
-    if b.mode == "cpu":
-        return [1 * KiB, 64 * KiB]
-    if b.mode == "quick":
-        return [1 * KiB, 16 * MiB]
-    out, s = [], 1 * KiB
-    while s <= 1 * GiB:
-        out.append(s)
-        s *= factor
-    return out
-
-
 def _cast_pairs():
     bf, f16, f32 = torch.bfloat16, torch.float16, torch.float32
     pairs = [(bf, f32), (f32, bf), (bf, f16), (f16, bf), (f16, f32), (bf, torch.int8), (torch.int8, bf)]
@@ -1664,7 +1589,7 @@ def _cast_pairs():
 def castred_configs(b: Bench) -> list:
     """Casts and reductions over many sizes, layouts and dtypes."""
     cfgs = []
-    for size in coverage_order(castred_sizes(b)):
+    for size in coverage_order(b.axis("castred", "cast_sizes_bytes")):
         for src, dst in _cast_pairs():
             cfgs.append(_cast_cfg(b, size, src, dst, "contiguous"))
         for src, dst in ((torch.bfloat16, torch.float32), (torch.float32, torch.bfloat16),
@@ -1674,8 +1599,8 @@ def castred_configs(b: Bench) -> list:
             cfgs.append(_cast_cfg(b, size, src, dst, "slice"))
         for impl in ("int4_pack", "int4_unpack"):
             cfgs.append(_int4_cfg(b, size, impl))
-    widths = [64, 1024, 8192, 131072] if b.cuda else [64, 1024]
-    for size in coverage_order(castred_sizes(b, factor=8)):
+    widths = b.axis("castred", "reduce_widths")
+    for size in coverage_order(b.axis("castred", "reduce_sizes_bytes")):
         for W in widths:
             for impl in ("sum", "amax", "mean_fp32", "argmax", "softmax", "topk8", "colsum"):
                 if impl == "topk8" and W > 1024:
@@ -1686,7 +1611,7 @@ def castred_configs(b: Bench) -> list:
                 if c is not None:
                     cfgs.append(c)
         for impl in ("full_sum", "full_amax"):
-            c = _reduce_cfg(b, size, 4096 if b.cuda else 256, impl)
+            c = _reduce_cfg(b, size, b.axis("castred", "whole_tensor_width"), impl)
             if c is not None:
                 cfgs.append(c)
     return cfgs
@@ -1828,14 +1753,10 @@ KV_APPEND = {"bf16": kv_append_bf16, "int8": kv_append_int8, "int4": kv_append_i
 
 def kv_append_configs(b: Bench) -> list:
     """K and V of the new token quantized and appended, per format, B sequences x Hkv heads x D."""
-    if b.mode == "cpu":
-        shapes, Bs, L = [(2, 64)], [1, 3], 64
-    elif b.mode == "quick":
-        shapes, Bs, L = [(8, 128)], [1, 64], 1024
-    else:
-        shapes, Bs, L = [(8, 128), (8, 64), (32, 96), (8, 256), (4, 128)], [1, 4, 16, 64], 2048
+    shapes, Bs = b.axis("kv_append", "heads_dims"), b.axis("kv_append", "batches")
+    L = b.axis("kv_append", "context")
     cfgs = []
-    for fmt in ("bf16", "int8", "int4"):
+    for fmt in b.axis("kv_append", "formats"):
         for H, D in shapes:
             for B in Bs:
                 cfgs.append(_kv_append_cfg(b, fmt, B, H, D, L))
@@ -1866,18 +1787,11 @@ def _kv_append_cfg(b: Bench, fmt, B, H, D, L) -> Config:
 
 # ---- FP8 linears with a static scale and with per-token dynamic scales
 
-FP8S_NK = [(2048, 2048), (6144, 2048), (4096, 4096), (28672, 4096), (4096, 14336), (5120, 5120),
-           (27648, 5120), (8192, 8192)]
-# narrow outputs (K and V projections of GQA models), run with --only fp8_narrow
-FP8N_NK = [(256, 2048), (512, 2048), (1024, 2048), (512, 4096), (1024, 4096), (2048, 4096), (1024, 5120),
-           (2048, 5120), (1024, 3072), (5120, 1024), (4096, 1024)]
-
-
 def fp8_static_configs(b: Bench) -> list:
     if b.mode == "cpu" or FP8 is None:
         return [skip_config("fp8_static", "fp8_static:cpu", dict(impl="fp8_static_linear", kclass="gemm_fp8"),
                             "torch._scaled_mm needs CUDA")]
-    Ms, NKs = ([1, 64], [(4096, 4096)]) if b.mode == "quick" else ([1, 4, 16, 64, 256], FP8S_NK)
+    Ms, NKs = b.axis("fp8_static", "M"), b.axis("fp8_static", "NK")
     cfgs = []
     pools: dict = {}
     for M in coverage_order(Ms):
@@ -1895,7 +1809,7 @@ def fp8_narrow_configs(b: Bench) -> list:
     if b.mode == "cpu" or FP8 is None:
         return [skip_config("fp8_narrow", "fp8_narrow:cpu", dict(impl="fp8_static_linear", kclass="gemm_fp8"),
                             "torch._scaled_mm needs CUDA")]
-    Ms, NKs = ([1, 64], FP8N_NK[:2]) if b.mode == "quick" else ([1, 8, 32, 64], FP8N_NK)
+    Ms, NKs = b.axis("fp8_narrow", "M"), b.axis("fp8_narrow", "NK")
     cfgs, pools = [], {}
     for M in coverage_order(Ms):
         for N, K in NKs:
@@ -1978,16 +1892,14 @@ def _fp8_cast_cfg(b: Bench, M, K) -> Config:
 
 # ---- torch._grouped_mm over experts, device-side offsets
 
-GROUPED_SHAPES = [(4096, 14336, 8, 2), (2048, 768, 128, 8), (2048, 1024, 64, 8), (4096, 1536, 16, 4)]  # H, F, E, k
-GROUPED_T = [1, 8, 64, 512]
-GROUPED_ROUTINGS = 8  # different routings rotated through a replay (weights not L2-resident)
+GROUPED_ROUTINGS = sweep_axis("kernels", "grouped_mm", "routings", "full")  # routings rotated through a replay
 
 
 def grouped_mm_configs(b: Bench) -> list:
     if not b.cuda or not hasattr(torch, "_grouped_mm"):
         return [skip_config("grouped_mm", "grouped_mm:cpu", dict(impl="torch._grouped_mm", kclass="grouped_mm"),
                             "torch._grouped_mm needs CUDA (sm90)")]
-    shapes, Ts = (GROUPED_SHAPES[1:2], [1, 64]) if b.mode == "quick" else (GROUPED_SHAPES, GROUPED_T)
+    shapes, Ts = b.axis("grouped_mm", "shapes"), b.axis("grouped_mm", "tokens")
     cfgs = []
     weights: dict = {}
     for H, F_, E, k in shapes:
@@ -2038,9 +1950,8 @@ def _grouped_cfg(b: Bench, H, F_, E, k, T, part, weights) -> Config:
 def bcast_configs(b: Bench) -> list:
     """bf16 [R, W] times / plus a [R, 1] or [R, W/32, 1] broadcast operand; int8/uint8 -> bf16 casts
     and uint8 bit ops on a slice of the rows (x[:, :, :n] of a cache longer than n), 1 MiB .. 1 GiB."""
-    sizes = castred_sizes(b) if b.mode != "full" else [s for s in castred_sizes(b) if s >= 1 * MiB]
     cfgs = []
-    for size in coverage_order(sizes):
+    for size in coverage_order(b.axis("bcast", "sizes_bytes")):
         for impl in ("mul_rowscale", "mul_groupscale", "add_groupzero", "cast_int8_bf16_sliced",
                      "cast_uint8_bf16_sliced", "and15_sliced", "shr4_sliced", "stack2_uint8"):
             cfgs.append(_bcast_cfg(b, size, impl))
