@@ -32,6 +32,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from _common import CsvOut, log, machine_facts, nvidia_smi_snapshot, pct, write_json  # noqa: E402
+from sweep import axis  # noqa: E402
 
 LLAMA3_8B = dict(layers=32, hidden=4096, n_q=32, n_kv=8, head_dim=128, ffn=14336, vocab=128256,
                  eps=1e-5, rope_theta=500000.0)
@@ -262,6 +263,15 @@ def host_profile(W, cfg, dev, dt, cuda, outdir, facts):
     var.close()
 
 
+def step_grid(args, mode):
+    """(batches, contexts, eagerly timed batches): the arguments, else calibration/sweeps/decode_step.yaml."""
+    def ints(text, name):
+        return [int(x) for x in text.split(",")] if text else axis("decode_step", "steps", name, mode)
+    batches, contexts = ints(args.batches, "batches"), ints(args.contexts, "contexts")
+    eager = set(ints(args.eager_batches, "eager_batches")) if mode == "full" else set(batches)
+    return batches, contexts, eager
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -270,7 +280,7 @@ def main():
     ap.add_argument("--contexts", default=None)
     ap.add_argument("--graph-reps", type=int, default=30)
     ap.add_argument("--eager-reps", type=int, default=20)
-    ap.add_argument("--eager-batches", default="1,8,32",
+    ap.add_argument("--eager-batches", default=None,
                     help="batches also timed eagerly (the brief requires 1)")
     ap.add_argument("--host-profile", action="store_true", help="also write host-time diagnostics")
     args = ap.parse_args()
@@ -279,9 +289,7 @@ def main():
     dev = torch.device("cuda" if cuda else "cpu")
     dt = torch.bfloat16
     cfg = LLAMA3_8B if cuda else TINY
-    batches = [int(x) for x in (args.batches or ("1,8,32" if cuda else "1,2")).split(",")]
-    contexts = [int(x) for x in (args.contexts or ("1024,4096,16384" if cuda else "64,128")).split(",")]
-    eager_batches = {int(x) for x in args.eager_batches.split(",")} if cuda else set(batches)
+    batches, contexts, eager_batches = step_grid(args, "full" if cuda else "cpu")
     t_start = time.time()
 
     facts = machine_facts(cuda)

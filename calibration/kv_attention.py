@@ -109,6 +109,7 @@ import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from _common import GB, CsvOut, log, machine_facts, nvidia_smi_snapshot, pct, write_json  # noqa: E402
+from sweep import axis, corners_first  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
@@ -583,7 +584,7 @@ def tile_for(impl_name, overrides):
 def formats_for(D):
     """The formats of the sweep for head dim D (int4 groups larger than D are left out)."""
     fm = [Fmt("bf16", FMT_BF16, 0), Fmt("int8", FMT_INT8, D)]
-    fm += [Fmt(f"int4-g{g}", FMT_INT4, g) for g in (32, 64, 128) if g <= D]
+    fm += [Fmt(f"int4-g{g}", FMT_INT4, g) for g in axis("kv_attention", "sweep", "int4_groups", "full") if g <= D]
     fm += [Fmt("int2-kivi", FMT_KIVI, KIVI_TOKEN_GROUP), Fmt("int2-asym-outlier", FMT_OUTLIER, D)]
     return fm
 
@@ -1044,24 +1045,6 @@ def sdpa_profile(impls, cuda):
 
 # ============================================================================ sweep
 
-def corners_first(points):
-    """Order (B, L) points by greedy farthest-point in (log2 B, log2 L), starting at the
-    smallest: the corners come first, then the middle."""
-    pts = sorted(points)
-    if not pts:
-        return []
-    coord = {p: (math.log2(p[0]), math.log2(p[1])) for p in pts}
-    order = [pts[0]]
-    rest = pts[1:]
-    while rest:
-        def mind(p):
-            return min((coord[p][0] - coord[o][0]) ** 2 + (coord[p][1] - coord[o][1]) ** 2 for o in order)
-        best = max(rest, key=lambda p: (mind(p), p))
-        order.append(best)
-        rest.remove(best)
-    return order
-
-
 @dataclass
 class Run:
     """State of one script run: arguments, device, outputs, budget and what happened."""
@@ -1298,16 +1281,30 @@ def precompile(run, sh, fmts, impl_filter):
     return dt
 
 
+def run_mode(args) -> str:
+    """full, quick or cpu (the key of the sweep file's per-mode axes)."""
+    return "cpu" if args.cpu else ("quick" if args.quick else "full")
+
+
+def default_heads(args) -> str:
+    """Hq,Hkv,D of the sweep file for this run mode (what --heads overrides)."""
+    return ",".join(str(x) for x in axis("kv_attention", "sweep", "heads", run_mode(args)))
+
+
 def sweep_shapes(args, cuda):
     """(check shape, list of sweep shapes in visiting order, skipped list) for the arguments."""
+    mode = run_mode(args)
     Hq, Hkv, D = (int(x) for x in args.heads.split(","))
-    check = Shape(2, Hq, Hkv, D, 288 if args.cpu else 1056)
-    if args.batches or args.contexts or not (args.cpu or args.quick):
-        batches = (args.batches or "1,4,16,64").split(",")
-        contexts = (args.contexts or "1024,4096,16384,65536").split(",")
-        pts = [(int(b), int(ll)) for b in batches for ll in contexts]
+    check = Shape(axis("kv_attention", "sweep", "check_batch", mode), Hq, Hkv, D,
+                  axis("kv_attention", "sweep", "check_context", mode))
+    if args.batches or args.contexts or mode == "full":
+        batches = [int(b) for b in args.batches.split(",")] if args.batches else \
+            axis("kv_attention", "sweep", "batches", mode)
+        contexts = [int(c) for c in args.contexts.split(",")] if args.contexts else \
+            axis("kv_attention", "sweep", "contexts", mode)
+        pts = [(b, ll) for b in batches for ll in contexts]
     else:
-        pts = [(1, 256), (2, 416)] if args.cpu else [(4, 2048)]
+        pts = axis("kv_attention", "sweep", "points", mode)
     shapes, skipped = [], []
     for B, L in corners_first(pts):
         sh = Shape(B, Hq, Hkv, D, L)
@@ -1549,8 +1546,7 @@ def parse_args(argv=None):
 def main(argv=None):
     """Entry point."""
     args = parse_args(argv)
-    if args.heads is None:
-        args.heads = "8,2,128" if args.cpu else "32,8,128"
+    args.heads = args.heads or default_heads(args)
     if args.compile_check:
         return compile_check(args)
     return main_sweep(args)

@@ -100,6 +100,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from _common import ClockSampler, CsvOut, log, machine_facts, nvidia_smi_snapshot, pct, write_json  # noqa: E402
+from sweep import axis  # noqa: E402
 from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
 
 try:
@@ -111,13 +112,9 @@ except Exception:  # noqa: BLE001
 
 MiB = 1024 ** 2
 BF16_BYTES = 2
-H_LEVELS = (1024, 2048, 4096, 7168)
-F_LEVELS = (512, 768, 1408, 2048, 4096, 14336)
-E_LEVELS = (8, 16, 64, 128, 256)
-TOPK_LEVELS = (1, 2, 4, 8)
-T_LEVELS = (1, 4, 16, 64)
-LEVELS = (H_LEVELS, F_LEVELS, E_LEVELS, TOPK_LEVELS, T_LEVELS)
-WEIGHT_CAP_BYTES = 4e9                 # decimal GB, all E experts of one layer
+# the grid (H, F, E, top_k, T) and the weight cap: calibration/sweeps/moe_host.yaml
+LEVELS = tuple(tuple(v) for v in axis("moe_host", "grid", "levels", "full").values())
+WEIGHT_CAP_BYTES = axis("moe_host", "grid", "weight_cap_bytes", "full")
 POOL_TARGET_BYTES = 512 * MiB          # weight copies so the pool is >= 8x the 60 MiB L2
 GRAPH_READ_TARGET_BYTES = 256 * MiB    # weights one graph replay reads, at least
 REPLAY_TARGET_US = 2000.0
@@ -423,13 +420,9 @@ def sample_configs(n, seed):
 
 def fixed_configs(args):
     """The configurations of --quick and --cpu runs (None for the sampled sweep)."""
-    if args.cpu:
-        return [MoeShape(64, 32, 4, 2, 16), MoeShape(64, 32, 8, 2, 4), MoeShape(128, 64, 16, 4, 8),
-                MoeShape(64, 32, 8, 1, 1)]
-    if args.quick:
-        return [MoeShape(1024, 512, 8, 2, 4), MoeShape(2048, 768, 64, 8, 16),
-                MoeShape(1024, 512, 8, 2, 64)]
-    return None
+    if not (args.cpu or args.quick):
+        return None
+    return [MoeShape(*row) for row in axis("moe_host", "grid", "fixed", "cpu" if args.cpu else "quick")]
 
 
 # ============================================================================ routing and weights

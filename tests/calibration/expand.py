@@ -2,13 +2,12 @@
 
 Used twice: once on the scripts as they were before the sweeps became data (the result is the
 committed fixture tests/fixtures/calibration_sweeps.json), and by tests/test_calibration_sweeps.py
-on the scripts as they are now. Each script is imported with the torch stub installed, from a
-fresh module namespace, and its own expansion code is called.
+on the scripts as they are now. Each script is imported with the torch stub installed (and dropped again
+afterwards), and its own expansion code is called.
 """
 from __future__ import annotations
 
 import importlib
-import sys
 import tempfile
 from pathlib import Path
 from types import SimpleNamespace
@@ -20,11 +19,7 @@ MODES = ("full", "quick", "cpu")
 
 
 def load(name: str):
-    """calibration/<name>.py imported under the stub (a fresh copy each time)."""
-    torch_stub.install()
-    if str(CAL) not in sys.path:
-        sys.path.insert(0, str(CAL))
-    sys.modules.pop(name, None)
+    """calibration/<name>.py imported (call within torch_stub.installed)."""
     return importlib.import_module(name)
 
 
@@ -50,7 +45,7 @@ def kv_attention_shapes() -> dict:
     out: dict = {}
     for mode in MODES:
         args = kv.parse_args(["--out", "x"] + {"full": [], "quick": ["--quick"], "cpu": ["--cpu"]}[mode])
-        args.heads = args.heads or ("8,2,128" if mode == "cpu" else "32,8,128")
+        args.heads = kv.default_heads(args)
         check, shapes, skipped = kv.sweep_shapes(args, mode != "cpu")
         out[mode] = {"check": [check.B, check.Hq, check.Hkv, check.D, check.L],
                      "points": [[s.B, s.L] for s in shapes], "skipped": [[s["B"], s["L"]] for s in skipped]}
@@ -68,6 +63,7 @@ def moe_shapes() -> dict:
     return out
 
 
-def expand_all(kernels_and_kv=True) -> dict:
-    """Every sweep's expansion (the fixture's layout)."""
-    return {"kernels": kernels_ids(), "kv_attention": kv_attention_shapes(), "moe_host": moe_shapes()}
+def expand_all() -> dict:
+    """Every sweep's expansion (the fixture's layout), with the stub installed only meanwhile."""
+    with torch_stub.installed(str(CAL)):
+        return {"kernels": kernels_ids(), "kv_attention": kv_attention_shapes(), "moe_host": moe_shapes()}

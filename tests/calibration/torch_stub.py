@@ -7,6 +7,7 @@ their real element sizes, which the configuration ids depend on. Nothing here ti
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 import types
 from types import SimpleNamespace
@@ -136,3 +137,18 @@ def install() -> None:
 def _jit(fn=None, **k):
     """triton.jit as a no-op decorator (with or without arguments)."""
     return fn if fn is not None else (lambda f: f)
+
+
+@contextlib.contextmanager
+def installed(*script_dirs: str):
+    """The stub in sys.modules (and script_dirs on sys.path) for the duration; every module imported
+    meanwhile is dropped afterwards, so the stub and the scripts leak into no other test."""
+    before_modules, before_path = set(sys.modules), list(sys.path)
+    install()
+    sys.path[:0] = list(script_dirs)
+    try:
+        yield
+    finally:
+        for name in set(sys.modules) - before_modules:
+            del sys.modules[name]
+        sys.path[:] = before_path

@@ -1,0 +1,136 @@
+"""The calibration sweeps, now data (calibration/sweeps/*.yaml), expand to exactly the shapes of before.
+
+Two references: the fixture tests/fixtures/calibration_sweeps.json, captured from the scripts
+before their sweeps became data (kernels.py configuration ids per section and run mode,
+kv_attention.py's shapes and formats, moe_host.py's sampled and fixed configurations), and
+the committed measurements under calibration/data/h200, whose CSVs list the shapes they
+measured. No torch is imported: the scripts run under tests/calibration/torch_stub.py, whose
+inert tensors the sweep expansion never reads.
+"""
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.calibration import expand
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "calibration" / "data" / "h200"
+FIXTURE = json.loads((ROOT / "tests" / "fixtures" / "calibration_sweeps.json").read_text())
+
+
+def _sweep_module():
+    """calibration/sweep.py (torch-free), imported from its folder."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("calibration_sweep", ROOT / "calibration" / "sweep.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+sweep = _sweep_module()
+
+
+@pytest.fixture(scope="module")
+def expanded():
+    """Every sweep expanded from the current scripts (their progress lines silenced)."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        return expand.expand_all()
+
+
+def rows(path: Path) -> list[dict]:
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def test_stub_leaks_nowhere(expanded):
+    """After the expansion neither the stub nor the scripts stay imported."""
+    assert not {"torch", "triton", "kernels", "kv_attention", "moe_host"} & set(sys.modules)
+
+
+@pytest.mark.parametrize("script", ["kernels", "kv_attention", "moe_host"])
+def test_expansion_matches_fixture(expanded, script):
+    assert expanded[script] == FIXTURE[script]
+
+
+@pytest.mark.parametrize("folder, mode", [
+    ("kernels/k", "full"), ("kernels/kq", "quick"), ("i21/k", "full"), ("i21/kq", "quick"),
+    ("i21/bcast/b", "full"), ("i21/bcast/bq", "quick"), ("i21/fp8n/b", "full"), ("i21/fp8n/bq", "quick")])
+def test_kernels_sections_match_measured_ids(expanded, folder, mode):
+    """Each section a measured kernels.csv ran expands to exactly the ids it lists, in its order
+    (a section runs a repeated id once: kernels.unique_configs)."""
+    measured = [r["config_id"] for r in rows(DATA / folder / "kernels.csv")]
+    sections = {cid.split(":")[0] for cid in measured} - {"overlap"}  # overlap: two fixed pairs, no sweep
+    for section in sections:
+        got = [cid for cid in measured if cid.split(":")[0] == section]
+        assert got == list(dict.fromkeys(expanded["kernels"][section][mode])), (folder, section)
+
+
+def test_kv_attention_matches_measured(expanded):
+    measured = rows(DATA / "kv" / "kv" / "kv_attention.csv")
+    points = {(int(r["B"]), int(r["L"])) for r in measured if r["phase"] == "sweep"}
+    assert points == {tuple(p) for p in expanded["kv_attention"]["full"]["points"]}
+    check = {(int(r["B"]), int(r["Hq"]), int(r["Hkv"]), int(r["D"]), int(r["L"])) for r in measured
+             if r["phase"] == "check"}
+    assert check == {tuple(expanded["kv_attention"]["full"]["check"])}
+    fmts = expanded["kv_attention"]["formats"]["128"]
+    assert {(r["fmt"], r["impl"]) for r in measured} == {(f, i) for f, impls in fmts.items() for i in impls}
+
+
+def test_moe_matches_measured(expanded):
+    measured = {}
+    for r in rows(DATA / "moe" / "m" / "moe.csv"):
+        measured[int(r["config_id"])] = [int(r[k]) for k in ("H", "F", "E", "top_k", "T")]
+    assert [measured[i] for i in sorted(measured)] == expanded["moe_host"]["full"][:len(measured)]
+    quick = {tuple(int(r[k]) for k in ("H", "F", "E", "top_k", "T")) for r in rows(DATA / "moe" / "mq" / "moe.csv")}
+    assert quick == {tuple(r) for r in expanded["moe_host"]["quick"]}
+
+
+def test_microbench_matches_measured():
+    """microbench.py's axes against run 1's CSVs (its sweep was never a separate expansion)."""
+    ax = lambda section, name: sweep.axis("microbench", section, name, "full")  # noqa: E731
+    hbm = rows(DATA / "hbm_bandwidth.csv")
+    sizes, s = [], ax("hbm", "first_size_bytes")
+    while s <= ax("hbm", "pool_bytes"):
+        sizes.append(s)
+        s *= 2
+    sizes = sorted(set(sizes + [e for e in ax("hbm", "extra_sizes_bytes") if e <= ax("hbm", "pool_bytes")]))
+    assert sorted({int(r["bytes"]) for r in hbm if r["kind"] == "read_triton"}) == sizes
+    assert sorted({int(r["bytes"]) for r in hbm if r["kind"].startswith("l2_multipass")}) == ax("hbm", "l2_sizes_bytes")
+    assert {r["kind"] for r in hbm if r["kind"].startswith("l2_multipass")} == \
+        {f"l2_multipass_triton_{p}perSM" for p in ax("hbm", "l2_programs_per_sm")}
+    gather = rows(DATA / "gather_bandwidth.csv")
+    assert sorted({int(r["granule_bytes"]) for r in gather}) == ax("gather", "granule_bytes")
+    gemm = rows(DATA / "gemm.csv")
+    decode = {(int(r["M"]), int(r["K"]), int(r["N"])) for r in gemm if r["kind"] == "decode"}
+    assert decode == {(m, k, n) for m in ax("gemm", "M") for k, n in ax("gemm", "KN")}
+    assert {int(r["M"]) for r in gemm if r["kind"] == "large_square"} == set(ax("gemm", "square"))
+    att = rows(DATA / "attention.csv")
+    assert {(int(r["B"]), int(r["L"])) for r in att} == \
+        {(b, ll) for b in ax("attention", "batches") for ll in ax("attention", "contexts")}
+    assert {(int(r["Hq"]), int(r["Hkv"]), int(r["D"])) for r in att} == {tuple(ax("attention", "heads"))}
+
+
+def test_decode_step_matches_measured():
+    steps = rows(DATA / "decode_steps.csv")
+    ax = lambda name: sweep.axis("decode_step", "steps", name, "full")  # noqa: E731
+    assert {(int(r["batch"]), int(r["context"])) for r in steps} == \
+        {(b, c) for b in ax("batches") for c in ax("contexts")}
+    assert {int(r["batch"]) for r in steps if r["graph"] == "false"} == set(ax("eager_batches"))
+
+
+def test_axes_name_their_modes():
+    """Every per-mode axis names only the known modes; a missing mode is an error, not a default."""
+    for path in sorted(sweep.SWEEPS.glob("*.yaml")):
+        for section, axes in sweep.load(path.stem).items():
+            for name, value in axes.items():
+                if isinstance(value, dict) and set(value) & set(sweep.MODES):
+                    assert set(value) <= set(sweep.MODES), (path.name, section, name)
+    with pytest.raises(KeyError, match="no 'cpu' value"):
+        sweep.axis("kernels", "fp8_static", "M", "cpu")
