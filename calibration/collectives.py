@@ -42,7 +42,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
-from _common import CsvOut, machine_facts, nvidia_smi_snapshot, pct, write_json  # noqa: E402
+from harness import CsvOut, machine_facts, nvidia_smi_snapshot, pct, write_json  # noqa: E402
 from sweep import axis  # noqa: E402
 
 # the sizes: calibration/sweeps/collectives.yaml

@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from _common import CsvOut, log, machine_facts, nvidia_smi_snapshot, pct, write_json  # noqa: E402
+from harness import CsvOut, log, machine_facts, nvidia_smi_snapshot, pct, synced_step_ms, write_json  # noqa: E402
 from sweep import axis  # noqa: E402
 
 LLAMA3_8B = dict(layers=32, hidden=4096, n_q=32, n_kv=8, head_dim=128, ffn=14336, vocab=128256,
@@ -173,32 +173,6 @@ def is_kernel(name):
     return not (n.startswith("memcpy") or n.startswith("memset"))
 
 
-def time_steps(fn, reps, cuda, warmup=3):
-    """Each step is synchronized (as a serving loop does after sampling). Returns (event_ms, wall_ms)."""
-    for _ in range(warmup):
-        fn()
-    if cuda:
-        torch.cuda.synchronize()
-    ev, wall = [], []
-    for _ in range(reps):
-        if cuda:
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            e0.record()
-            fn()
-            e1.record()
-            torch.cuda.synchronize()
-            wall.append((time.perf_counter() - t0) * 1e3)
-            ev.append(e0.elapsed_time(e1))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            wall.append((time.perf_counter() - t0) * 1e3)
-            ev.append(wall[-1])
-    return ev, wall
-
-
 def host_profile(W, cfg, dev, dt, cuda, outdir, facts):
     """Diagnostic (not a validation point): where the host time of an eager step goes, and eager
     step time with the SDPA backend forced. Writes decode_host_ops.csv, decode_eager_variants.csv."""
@@ -231,10 +205,10 @@ def host_profile(W, cfg, dev, dt, cuda, outdir, facts):
         for name, bl in backends:
             try:
                 if bl is None:
-                    ev, wall = time_steps(dec.step, 15 if cuda else 2, cuda, warmup=2)
+                    ev, wall = synced_step_ms(dec.step, 15 if cuda else 2, cuda, warmup=2)
                 else:
                     with sdpa_kernel(bl):
-                        ev, wall = time_steps(dec.step, 15 if cuda else 2, cuda, warmup=2)
+                        ev, wall = synced_step_ms(dec.step, 15 if cuda else 2, cuda, warmup=2)
                 var.row(batch=B, context=L, variant=f"eager_sdpa_{name}", median_ms=statistics.median(ev),
                         p10_ms=pct(ev, 10), p90_ms=pct(ev, 90), wall_median_ms=statistics.median(wall),
                         n_reps=len(ev))
@@ -343,7 +317,7 @@ def main():
                 for n, v in sorted(c_layer.items(), key=lambda kv: -kv[1]):
                     kern.row(batch=B, context=L, scope="layer", kernel_name=n, count=v, is_kernel=is_kernel(n))
                 if B in eager_batches:
-                    ev, wall = time_steps(dec.step, args.eager_reps if cuda else 3, cuda, warmup=2)
+                    ev, wall = synced_step_ms(dec.step, args.eager_reps if cuda else 3, cuda, warmup=2)
                     med = statistics.median(ev)
                     steps.row(batch=B, context=L, graph="false", median_ms=med, p10_ms=pct(ev, 10),
                               p90_ms=pct(ev, 90), wall_median_ms=statistics.median(wall),
@@ -376,7 +350,7 @@ def main():
                     except Exception as e:  # noqa: BLE001
                         k_graph = -1
                         notes[tag + "_graph_profile_error"] = repr(e)
-                    ev, wall = time_steps(g.replay, args.graph_reps, cuda, warmup=3)
+                    ev, wall = synced_step_ms(g.replay, args.graph_reps, cuda, warmup=3)
                     med = statistics.median(ev)
                     steps.row(batch=B, context=L, graph="true", median_ms=med, p10_ms=pct(ev, 10),
                               p90_ms=pct(ev, 90), wall_median_ms=statistics.median(wall),

@@ -116,7 +116,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from _common import GB, CsvOut, Timer, log, machine_facts, nvidia_smi_snapshot, pct, write_json  # noqa: E402
+from harness import (GB, Budget, CsvOut, Timer, capture_graph, log, machine_facts, nvidia_smi_snapshot, pct,  # noqa: E402
+                     queued_replays_us, run_mode, write_json)
 from sweep import coverage_order  # noqa: E402
 from sweep import axis as sweep_axis  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
@@ -333,10 +334,10 @@ class Bench:
     def __init__(self, args):
         self.args = args
         self.cuda = not args.cpu
-        self.mode = "cpu" if args.cpu else ("quick" if args.quick else "full")
+        self.mode = run_mode(args)
         self.dev = torch.device("cuda" if self.cuda else "cpu")
-        self.t_start = time.time()
-        self.deadline = self.t_start + args.budget_s
+        self.budget = Budget(args.budget_s)
+        self.deadline = self.budget.deadline
         self.truncated = False
         props = torch.cuda.get_device_properties(0) if self.cuda else None
         self.nsm = props.multi_processor_count if self.cuda else 4
@@ -362,7 +363,7 @@ class Bench:
 
     def elapsed_s(self) -> float:
         """Seconds since start."""
-        return time.time() - self.t_start
+        return self.budget.elapsed_s()
 
     def sync(self):
         """Wait for the device (no-op on CPU)."""
@@ -428,32 +429,12 @@ class Bench:
         return max(1, min(reps, cap))
 
     def time_graph(self, fn, reps: int, between=None) -> list:
-        """Per-invocation microseconds, one value per replay of a graph of `reps` invocations."""
-        main = torch.cuda.current_stream()
-        side = torch.cuda.Stream()
-        side.wait_stream(main)
-        with torch.cuda.stream(side):
-            for i in range(2):
-                fn(i)
-        main.wait_stream(side)
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for i in range(reps):
-                fn(i)
+        """Per-invocation microseconds, one value per replay of a graph of `reps` invocations
+        (the replays queued behind one backlog; one untimed replay first)."""
+        g, _ = capture_graph(fn, reps, warmup_calls=2)
         g.replay()
         torch.cuda.synchronize()
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                  for _ in range(self.replays)]
-        torch.cuda._sleep(SLEEP_CYCLES)
-        for a, b in events:
-            a.record()
-            g.replay()
-            b.record()
-            if between is not None:
-                between()
-        torch.cuda.synchronize()
-        us = [a.elapsed_time(b) * 1e3 / reps for a, b in events]
+        us = [t / reps for t in queued_replays_us(g, self.replays, SLEEP_CYCLES, between)]
         del g
         return us
 

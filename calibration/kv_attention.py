@@ -108,7 +108,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
-from _common import GB, CsvOut, log, machine_facts, nvidia_smi_snapshot, pct, write_json  # noqa: E402
+from harness import (GB, CsvOut, backlog, capture_graph, log, machine_facts, nvidia_smi_snapshot, pct,  # noqa: E402
+                     replay_us, run_mode, write_json)
 from sweep import axis, corners_first  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
@@ -972,7 +973,7 @@ def graph_time_us(call, copies, cuda, target_replay_us=2000.0):
         call(j)
     torch.cuda.synchronize()
     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda._sleep(BACKLOG_SLEEP_CYCLES)
+    backlog(BACKLOG_SLEEP_CYCLES)
     e0.record()
     call(0)
     e1.record()
@@ -980,30 +981,16 @@ def graph_time_us(call, copies, cuda, target_replay_us=2000.0):
     est_us = max(1.0, e0.elapsed_time(e1) * 1e3)  # eager, so it includes launch gaps
     R = max(int(target_replay_us / est_us), min(copies, MAX_COPIES), 1)
     R = min(R, 1000)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(R):
-            call(i % copies)
+    g, _ = capture_graph(lambda i: call(i % copies), R, warmup_calls=0)
     g.replay()
     g.replay()
     torch.cuda.synchronize()
-    replay_us = _timed_replay_us(g, e0, e1)
-    n = int(min(20, max(7, 40_000 / max(replay_us, 1.0))))
-    us = [_timed_replay_us(g, e0, e1) / R for _ in range(n)]
+    # each replay behind a ~0.5 ms backlog, so host submission stays out of the interval
+    first_us = replay_us(g, BACKLOG_SLEEP_CYCLES, (e0, e1))
+    n = int(min(20, max(7, 40_000 / max(first_us, 1.0))))
+    us = [replay_us(g, BACKLOG_SLEEP_CYCLES, (e0, e1)) / R for _ in range(n)]
     del g
     return us, R
-
-
-def _timed_replay_us(g, e0, e1):
-    """One graph replay bracketed by CUDA events; a ~0.5 ms ``torch.cuda._sleep`` queued first
-    keeps the GPU busy while the host submits the events and the graph, so host submission
-    time stays out of the interval."""
-    torch.cuda._sleep(BACKLOG_SLEEP_CYCLES)
-    e0.record()
-    g.replay()
-    e1.record()
-    e1.synchronize()
-    return e0.elapsed_time(e1) * 1e3
 
 
 def sdpa_profile(impls, cuda):
@@ -1279,11 +1266,6 @@ def precompile(run, sh, fmts, impl_filter):
     dt = time.time() - t0
     log(f"precompile: {len(jobs)} split-kernel variants in {dt:.1f} s")
     return dt
-
-
-def run_mode(args) -> str:
-    """full, quick or cpu (the key of the sweep file's per-mode axes)."""
-    return "cpu" if args.cpu else ("quick" if args.quick else "full")
 
 
 def default_heads(args) -> str:

@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from _common import (GB, ClockSampler, CsvOut, Timer, log, machine_facts, nvidia_smi_snapshot,  # noqa: E402
+from harness import (GB, ClockSampler, CsvOut, Timer, log, machine_facts, nvidia_smi_snapshot,  # noqa: E402
                      pct, reps_for, summarize, write_json)
 from sweep import axis  # noqa: E402
 

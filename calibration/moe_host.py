@@ -99,7 +99,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from _common import ClockSampler, CsvOut, log, machine_facts, nvidia_smi_snapshot, pct, write_json  # noqa: E402
+from harness import (ClockSampler, CsvOut, capture_graph, host_times_us, log, machine_facts,  # noqa: E402
+                     nvidia_smi_snapshot, pct, replay_us, write_json)
 from sweep import axis  # noqa: E402
 from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
 
@@ -732,52 +733,12 @@ def choose_invocations(case: MoeCase, impl: GraphImpl):
     return int(min(MAX_INVOCATIONS, max(1, r)))
 
 
-def capture_graph(call, n_invocations):
-    """Warms `call(i)` up on a side stream, then captures n invocations; returns graph and outputs."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for i in range(min(n_invocations, 2)):
-            call(i)
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    outs = []
-    with torch.cuda.graph(g):
-        for i in range(n_invocations):
-            outs.append(call(i))
-    return g, outs
-
-
 def time_replays(ctx, g, n_invocations, n_replays):
-    """Per-invocation microseconds of n_replays replays (CUDA events, queue backed up first)."""
+    """Per-invocation microseconds of n_replays replays (CUDA events, each behind a ~100 us backlog)."""
     g.replay()
     torch.cuda.synchronize()
-    us = []
-    for _ in range(n_replays):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        ctx.sleep_us(100)
-        e0.record()
-        g.replay()
-        e1.record()
-        torch.cuda.synchronize()
-        us.append(e0.elapsed_time(e1) * 1e3 / n_invocations)
-    return us
-
-
-def time_host_calls(ctx, call, reps, warmup=2):
-    """Host microseconds of call(i) between two synchronize() calls, after warm-up calls."""
-    for i in range(warmup):
-        call(i)
-    ctx.sync()
-    us = []
-    for i in range(reps):
-        ctx.sync()
-        t0 = time.perf_counter()
-        call(i)
-        ctx.sync()
-        us.append((time.perf_counter() - t0) * 1e6)
-    return us
+    cycles = int(100 * ctx.cycles_per_us)
+    return [replay_us(g, cycles) / n_invocations for _ in range(n_replays)]
 
 
 # ============================================================================ kernel profiles
@@ -901,12 +862,12 @@ def measure_graph_impl(ctx, case, impl: GraphImpl, ref):
         return impl.invoke(case, case.slot(i % n_inv), plans[i % n_inv])
 
     if not ctx.cuda:
-        us = time_host_calls(ctx, call, reps=3, warmup=1)
+        us = host_times_us(call, reps=3, warmup=1, sync=ctx.sync)
         out = call(0)
         fields = {"timing": "cpu_eager_per_invocation", "invocations_per_graph": 1, "n_timed": len(us),
                   "rel_err": rel_err(out, ref), "note": "cpu: eager, no CUDA graph", **summarize_us(us)}
         return fields, (lambda: call(0)), 1, None
-    g, outs = capture_graph(call, n_inv)
+    g, outs = capture_graph(call, n_inv, warmup_calls=min(n_inv, 2), keep_outputs=True)
     us = time_replays(ctx, g, n_inv, GRAPH_REPLAYS)
     fields = {"timing": "graph_replay_per_invocation", "invocations_per_graph": n_inv,
               "n_timed": len(us), "rel_err": rel_err(outs[0], ref), **summarize_us(us)}
@@ -924,7 +885,7 @@ def measure_eager(ctx, case, ref, reps):
         slot = case.slot(i)
         return hf_eager_moe(case.x, case.router_for(i), slot.w13, slot.w2, s.top_k)
 
-    us = time_host_calls(ctx, call, reps=reps)
+    us = host_times_us(call, reps=reps, warmup=2, sync=ctx.sync)
     out = call(0)
     fields = {"timing": "eager_wall_end_to_end", "n_timed": len(us), "rel_err": rel_err(out, ref),
               **summarize_us(us)}

@@ -104,7 +104,8 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "calibration"))
-from _common import CsvOut, log, machine_facts, nvidia_smi_snapshot, pct, write_json  # noqa: E402
+import harness  # noqa: E402
+from harness import CsvOut, log, machine_facts, nvidia_smi_snapshot, pct, write_json  # noqa: E402
 
 try:
     import triton
@@ -964,48 +965,23 @@ def summary_ms(times_ms):
 
 def capture_graph(step: DecodeStep, warmup: int = 2):
     """Warm up on a side stream (the loop's routing is read here), then capture one step."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(warmup):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    graph, _ = harness.capture_graph(lambda i: step(), 1, warmup_calls=warmup)
     torch.cuda.synchronize()
     return graph
 
 
 def time_graph(graph, reps: int):
-    """Replays, each bracketed by CUDA events and synchronized (one untimed replay first)."""
+    """Milliseconds of replays, each bracketed by CUDA events and synchronized (one untimed replay
+    first; no backlog: a step's host submission is part of what a serving loop pays)."""
     graph.replay()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return times
+    return [harness.replay_us(graph) / 1e3 for _ in range(reps)]
 
 
 def time_eager(step: DecodeStep, reps: int, warmup: int, cuda: bool):
-    """Host-clock time of whole eager steps, each followed by a synchronize."""
+    """Host-clock milliseconds of whole eager steps, each followed by a synchronize."""
     sync = torch.cuda.synchronize if cuda else (lambda: None)
-    for _ in range(warmup):
-        step()
-    sync()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        step()
-        sync()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return times
+    return [us / 1e3 for us in harness.host_times_us(lambda i: step(), reps, warmup, sync)]
 
 
 # ----------------------------------------------------------------------------- profiling
