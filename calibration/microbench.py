@@ -38,49 +38,10 @@ KiB, MiB, GiB = 1024, 1024 ** 2, 1024 ** 3
 
 try:
     import triton
-    import triton.language as tl
+    from ops.stream import _gather_kernel, _l2_multipass_kernel, _read_kernel
     HAVE_TRITON = True
 except Exception:  # noqa: BLE001
     HAVE_TRITON = False
-
-if HAVE_TRITON:
-    @triton.jit
-    def _read_kernel(x_ptr, out_ptr, n_elem, iters, BLOCK: tl.constexpr):
-        """Persistent streaming read: every element read exactly once, one fp32 partial per program.
-        iters = cdiv(n_elem, nprog * BLOCK)."""
-        pid = tl.program_id(0)
-        nprog = tl.num_programs(0)
-        acc = tl.zeros([BLOCK], dtype=tl.float32)
-        for it in range(iters):
-            offs = (it * nprog + pid) * BLOCK + tl.arange(0, BLOCK)
-            acc += tl.load(x_ptr + offs, mask=offs < n_elem, other=0.0)
-        tl.store(out_ptr + pid, tl.sum(acc, axis=0))
-
-    @triton.jit
-    def _l2_multipass_kernel(x_ptr, out_ptr, n_elem, passes, iters, BLOCK: tl.constexpr):
-        """Reads the whole buffer `passes` times; loads bypass L1 (.cg) and each pass shifts which
-        program reads which block, so after the first pass the data comes from L2."""
-        pid = tl.program_id(0)
-        nprog = tl.num_programs(0)
-        acc = tl.zeros([BLOCK], dtype=tl.float32)
-        for p in range(passes):
-            vpid = (pid + p * 37) % nprog
-            for it in range(iters):
-                offs = (it * nprog + vpid) * BLOCK + tl.arange(0, BLOCK)
-                acc += tl.load(x_ptr + offs, mask=offs < n_elem, other=0.0, cache_modifier=".cg")
-        tl.store(out_ptr + pid, tl.sum(acc, axis=0))
-
-    @triton.jit
-    def _gather_kernel(tab_ptr, idx_ptr, out_ptr, n_rows, G: tl.constexpr, BR: tl.constexpr):
-        """out[r, :] = tab[idx[r], :]; rows of G int32 (granule = 4*G bytes)."""
-        pid = tl.program_id(0)
-        r = pid * BR + tl.arange(0, BR)
-        rm = r < n_rows
-        ix = tl.load(idx_ptr + r, mask=rm, other=0)
-        c = tl.arange(0, G)
-        v = tl.load(tab_ptr + ix[:, None] * G + c[None, :], mask=rm[:, None], other=0)
-        tl.store(out_ptr + r[:, None].to(tl.int64) * G + c[None, :], v, mask=rm[:, None])
-
 
 class Ctx:
     def __init__(self, args):
