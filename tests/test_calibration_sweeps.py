@@ -166,7 +166,7 @@ def test_validation_case_order_unchanged(mode):
 
 @pytest.mark.parametrize("folder, module", [
     ("calibration", m) for m in ("microbench", "decode_step", "collectives", "host_ops", "kernels", "kv_attention",
-                                 "moe_host")] + [("validation", "whole_step")])
+                                 "moe_host")] + [("calibration/energy", "bench"), ("validation", "whole_step")])
 def test_scripts_import(folder, module):
     """Every measuring script (and the split whole_step.py with its modules) imports cleanly: the
     harness, the sweep files and the kernel modules resolve, with torch stubbed."""
@@ -174,3 +174,20 @@ def test_scripts_import(folder, module):
     from tests.calibration import torch_stub
     with torch_stub.installed(str(ROOT / folder), str(ROOT / "calibration")):
         importlib.import_module(module)
+
+
+def test_energy_matches_measured():
+    """energy/bench.py's axes against its committed run (names and duties of every window)."""
+    ax = lambda section, name: sweep.axis("energy", section, name, "full")  # noqa: E731
+    MiB = 2**20
+    want = {(f"hbm_copy_{s // MiB}MiB", d) for s in ax("memory", "copy_sizes_bytes") for d in ax("memory", "duties")}
+    want |= {(f"hbm_read_{s // MiB}MiB", d) for s in ax("memory", "read_sizes_bytes") for d in ax("memory", "duties")[:2]}
+    l2 = ax("memory", "l2_size_bytes") // MiB
+    want |= {(f"l2_{kind}_{l2}MiB", d) for kind in ("copy", "read") for d in ax("memory", "duties")[:2]}
+    for dtype in ax("gemms", "dtypes"):
+        for m, n, k in ax("gemms", "MNK"):
+            duties = ax("gemms", "duties_square") if m >= 4096 else [1.0, 0.5]
+            want |= {(f"gemm_{dtype}_{m}x{n}x{k}", d) for d in duties}
+    want |= {(name, 0.0) for name in ("idle_start", "idle_end", "spin_start", "spin_end")}
+    measured = {(r["name"], float(r["duty"])) for r in rows(ROOT / "calibration" / "energy" / "data" / "energy_bench.csv")}
+    assert measured == want
