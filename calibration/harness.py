@@ -35,6 +35,12 @@ def log(*a):
     sys.stdout.flush()
 
 
+def one_line(e: BaseException) -> str:
+    """Exception type and the first line of its message, at most 300 characters (a row's `error`)."""
+    msg = (str(e).strip().splitlines() or [""])[0]
+    return f"{type(e).__name__}: {msg}"[:300]
+
+
 def run_mode(args) -> str:
     """full, quick or cpu: the key of the sweep files' per-mode axes."""
     return "cpu" if args.cpu else ("quick" if getattr(args, "quick", False) else "full")

@@ -117,7 +117,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from harness import (GB, Budget, CsvOut, Timer, capture_graph, log, machine_facts, nvidia_smi_snapshot, pct,  # noqa: E402
-                     queued_replays_us, run_mode, write_json)
+                     one_line, queued_replays_us, run_mode, write_json)
 from sweep import coverage_order  # noqa: E402
 from sweep import axis as sweep_axis  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
@@ -211,12 +211,6 @@ class SectionStats:
     skipped_budget: int = 0
     not_started: bool = False
     first_errors: list = field(default_factory=list)
-
-
-def one_line(e: BaseException) -> str:
-    """Exception type and first line of its message, for the `error` column."""
-    msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
-    return f"{type(e).__name__}: {msg}"[:300]
 
 
 def cdiv(a: int, b: int) -> int:

@@ -108,7 +108,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 from harness import (GB, CsvOut, backlog, capture_graph, log, machine_facts, nvidia_smi_snapshot, pct,  # noqa: E402
-                     replay_us, run_mode, write_json)
+                     one_line, replay_us, run_mode, write_json)
 from sweep import axis, corners_first  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
@@ -664,11 +664,6 @@ class Run:
     def over_budget(self):
         """True once no new configuration may start."""
         return self.elapsed() > self.args.budget_s
-
-
-def one_line(e):
-    """Exception as one short line."""
-    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
 
 
 def make_impl(run, name, fmt, sh, pool, qpool):

@@ -31,7 +31,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from harness import (GB, ClockSampler, CsvOut, Timer, log, machine_facts, nvidia_smi_snapshot,  # noqa: E402
-                     pct, reps_for, summarize, write_json)
+                     reps_for, run_mode, summarize, write_json)
 from sweep import axis  # noqa: E402
 
 KiB, MiB, GiB = 1024, 1024 ** 2, 1024 ** 3
@@ -54,7 +54,7 @@ class Ctx:
         self.nsm = torch.cuda.get_device_properties(0).multi_processor_count if self.cuda else 4
         self.l2 = (getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 60 * MiB)
                    if self.cuda else 4 * MiB)
-        self.mode = "cpu" if args.cpu else "full"
+        self.mode = run_mode(args)
         self.t_start = time.time()
         self.notes = {}
         self.triton_ok = HAVE_TRITON and (self.cuda or os.environ.get("TRITON_INTERPRET") == "1")

@@ -100,7 +100,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from harness import (ClockSampler, CsvOut, capture_graph, host_times_us, log, machine_facts,  # noqa: E402
-                     nvidia_smi_snapshot, pct, replay_us, write_json)
+                     nvidia_smi_snapshot, one_line, pct, replay_us, write_json)
 from sweep import axis  # noqa: E402
 from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
 
@@ -200,12 +200,6 @@ def calibrate_sleep(ctx):
     torch.cuda.synchronize()
     ctx.cycles_per_us = cycles / (e0.elapsed_time(e1) * 1e3)
     ctx.notes["sleep_cycles_per_us"] = ctx.cycles_per_us
-
-
-def one_line(exc):
-    """Exception type and first line of its message, at most 300 characters."""
-    msg = (str(exc).strip().splitlines() or [""])[0]
-    return f"{type(exc).__name__}: {msg}"[:300]
 
 
 def summarize_us(us):

@@ -95,7 +95,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "calibration"))
 
 import torch  # noqa: E402
-from harness import log, machine_facts, nvidia_smi_snapshot, write_json  # noqa: E402
+from harness import log, machine_facts, nvidia_smi_snapshot, run_mode, write_json  # noqa: E402
 
 from cases import select_cases  # noqa: E402
 from comparison import print_table, selftest_grouped  # noqa: E402
@@ -130,7 +130,7 @@ def main(argv=None) -> int:
         raise SystemExit("no CUDA device: use --cpu for the plumbing check")
     cases = select_cases(args)
     runner = Runner(args)
-    mode = "cpu" if args.cpu else ("quick" if args.quick else "full")
+    mode = run_mode(args)
     log(f"whole_step: {len(cases)} cases, mode {mode}, budget {args.budget_s:.0f} s, out {args.out}")
     summary = {"script": "validation/whole_step.py", "mode": mode, "args": vars(args),
                "machine": machine_facts(runner.cuda), "triton_interpret": INTERPRET}
