@@ -107,7 +107,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
-from harness import (GB, CsvOut, backlog, capture_graph, log, machine_facts, nvidia_smi_snapshot, pct,  # noqa: E402
+from harness import (GB, Budget, CsvOut, backlog, capture_graph, log, machine_facts, nvidia_smi_snapshot, pct,  # noqa: E402
                      one_line, replay_us, run_mode, write_json)
 from sweep import axis, corners_first  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
@@ -648,7 +648,6 @@ class Run:
     csv: CsvOut
     kcsv: CsvOut
     tiles: dict = field(default_factory=dict)
-    t0: float = field(default_factory=time.time)
     compile_info: dict = field(default_factory=dict)
     backends: dict = field(default_factory=dict)
     skipped: list = field(default_factory=list)
@@ -656,14 +655,18 @@ class Run:
     truncated: bool = False
     table: list = field(default_factory=list)
     profiled_shapes: int = 0
+    budget: Budget = field(init=False)  # started with the run
+
+    def __post_init__(self):
+        self.budget = Budget(self.args.budget_s)
 
     def elapsed(self):
         """Seconds since the run started."""
-        return time.time() - self.t0
+        return self.budget.elapsed_s()
 
     def over_budget(self):
         """True once no new configuration may start."""
-        return self.elapsed() > self.args.budget_s
+        return self.budget.spent()
 
 
 def make_impl(run, name, fmt, sh, pool, qpool):

@@ -99,7 +99,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from harness import (ClockSampler, CsvOut, capture_graph, host_times_us, log, machine_facts,  # noqa: E402
+from harness import (Budget, ClockSampler, CsvOut, capture_graph, host_times_us, log, machine_facts,  # noqa: E402
                      nvidia_smi_snapshot, one_line, pct, replay_us, write_json)
 from sweep import axis  # noqa: E402
 from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
@@ -158,7 +158,7 @@ class Ctx:
         self.cuda = not args.cpu
         self.dev = torch.device("cuda" if self.cuda else "cpu")
         self.dtype = torch.bfloat16
-        self.t_start = time.time()
+        self.budget = Budget(args.budget_s)
         self.interpret = os.environ.get("TRITON_INTERPRET") == "1"
         self.triton_ok = HAVE_TRITON and (self.cuda or self.interpret)
         self.cycles_per_us = 1500.0
@@ -171,7 +171,7 @@ class Ctx:
 
     def elapsed_s(self):
         """Seconds since the script started."""
-        return time.time() - self.t_start
+        return self.budget.elapsed_s()
 
     def sync(self):
         """Waits for the device (no-op on CPU)."""

@@ -173,7 +173,7 @@ class Runner:
         self.args = args
         self.cuda = not args.cpu
         self.device = torch.device("cuda" if self.cuda else "cpu")
-        self.t0 = time.time()
+        self.budget = harness.Budget(args.budget_s)
         self.out = Path(args.out)
         self.out.mkdir(parents=True, exist_ok=True)
         self.steps = CsvOut(str(self.out / "steps.csv"), STEP_FIELDS)
@@ -193,7 +193,8 @@ class Runner:
         self.grouped_cfg = GroupedConfig(sm_count=sm) if self.cuda else GroupedConfig(block_k=32, sm_count=sm)
 
     def elapsed(self) -> float:
-        return time.time() - self.t0
+        """Seconds since the run started."""
+        return self.budget.elapsed_s()
 
     def sync(self):
         if self.cuda:
