@@ -42,12 +42,14 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
-from _common import CsvOut, machine_facts, nvidia_smi_snapshot, pct, write_json  # noqa: E402
+from harness import CsvOut, machine_facts, nvidia_smi_snapshot, pct, write_json  # noqa: E402
+from sweep import axis  # noqa: E402
 
-AR_BATCH = [1, 2, 4, 8, 16, 32, 64]
-AR_HIDDEN = [4096, 8192]
-A2A_TOKENS = [1, 4, 16, 64, 128, 256, 512, 1024]
-A2A_HIDDEN = [4096, 7168]
+# the sizes: calibration/sweeps/collectives.yaml
+AR_BATCH = axis("collectives", "all_reduce", "batch", "full")
+AR_HIDDEN = axis("collectives", "all_reduce", "hidden", "full")
+A2A_TOKENS = axis("collectives", "all_to_all", "tokens", "full")
+A2A_HIDDEN = axis("collectives", "all_to_all", "hidden", "full")
 
 
 def _free_port():

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import math
 import os
 import statistics
 import sys
@@ -31,7 +30,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from _common import CsvOut, log, machine_facts, nvidia_smi_snapshot, pct, write_json  # noqa: E402
+from harness import CsvOut, log, machine_facts, nvidia_smi_snapshot, pct, synced_step_ms, write_json  # noqa: E402
+from sweep import axis  # noqa: E402
 
 LLAMA3_8B = dict(layers=32, hidden=4096, n_q=32, n_kv=8, head_dim=128, ffn=14336, vocab=128256,
                  eps=1e-5, rope_theta=500000.0)
@@ -172,32 +172,6 @@ def is_kernel(name):
     return not (n.startswith("memcpy") or n.startswith("memset"))
 
 
-def time_steps(fn, reps, cuda, warmup=3):
-    """Each step is synchronized (as a serving loop does after sampling). Returns (event_ms, wall_ms)."""
-    for _ in range(warmup):
-        fn()
-    if cuda:
-        torch.cuda.synchronize()
-    ev, wall = [], []
-    for _ in range(reps):
-        if cuda:
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            e0.record()
-            fn()
-            e1.record()
-            torch.cuda.synchronize()
-            wall.append((time.perf_counter() - t0) * 1e3)
-            ev.append(e0.elapsed_time(e1))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            wall.append((time.perf_counter() - t0) * 1e3)
-            ev.append(wall[-1])
-    return ev, wall
-
-
 def host_profile(W, cfg, dev, dt, cuda, outdir, facts):
     """Diagnostic (not a validation point): where the host time of an eager step goes, and eager
     step time with the SDPA backend forced. Writes decode_host_ops.csv, decode_eager_variants.csv."""
@@ -230,10 +204,10 @@ def host_profile(W, cfg, dev, dt, cuda, outdir, facts):
         for name, bl in backends:
             try:
                 if bl is None:
-                    ev, wall = time_steps(dec.step, 15 if cuda else 2, cuda, warmup=2)
+                    ev, wall = synced_step_ms(dec.step, 15 if cuda else 2, cuda, warmup=2)
                 else:
                     with sdpa_kernel(bl):
-                        ev, wall = time_steps(dec.step, 15 if cuda else 2, cuda, warmup=2)
+                        ev, wall = synced_step_ms(dec.step, 15 if cuda else 2, cuda, warmup=2)
                 var.row(batch=B, context=L, variant=f"eager_sdpa_{name}", median_ms=statistics.median(ev),
                         p10_ms=pct(ev, 10), p90_ms=pct(ev, 90), wall_median_ms=statistics.median(wall),
                         n_reps=len(ev))
@@ -262,6 +236,15 @@ def host_profile(W, cfg, dev, dt, cuda, outdir, facts):
     var.close()
 
 
+def step_grid(args, mode):
+    """(batches, contexts, eagerly timed batches): the arguments, else calibration/sweeps/decode_step.yaml."""
+    def ints(text, name):
+        return [int(x) for x in text.split(",")] if text else axis("decode_step", "steps", name, mode)
+    batches, contexts = ints(args.batches, "batches"), ints(args.contexts, "contexts")
+    eager = set(ints(args.eager_batches, "eager_batches")) if mode == "full" else set(batches)
+    return batches, contexts, eager
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -270,7 +253,7 @@ def main():
     ap.add_argument("--contexts", default=None)
     ap.add_argument("--graph-reps", type=int, default=30)
     ap.add_argument("--eager-reps", type=int, default=20)
-    ap.add_argument("--eager-batches", default="1,8,32",
+    ap.add_argument("--eager-batches", default=None,
                     help="batches also timed eagerly (the brief requires 1)")
     ap.add_argument("--host-profile", action="store_true", help="also write host-time diagnostics")
     args = ap.parse_args()
@@ -279,9 +262,7 @@ def main():
     dev = torch.device("cuda" if cuda else "cpu")
     dt = torch.bfloat16
     cfg = LLAMA3_8B if cuda else TINY
-    batches = [int(x) for x in (args.batches or ("1,8,32" if cuda else "1,2")).split(",")]
-    contexts = [int(x) for x in (args.contexts or ("1024,4096,16384" if cuda else "64,128")).split(",")]
-    eager_batches = {int(x) for x in args.eager_batches.split(",")} if cuda else set(batches)
+    batches, contexts, eager_batches = step_grid(args, "full" if cuda else "cpu")
     t_start = time.time()
 
     facts = machine_facts(cuda)
@@ -335,7 +316,7 @@ def main():
                 for n, v in sorted(c_layer.items(), key=lambda kv: -kv[1]):
                     kern.row(batch=B, context=L, scope="layer", kernel_name=n, count=v, is_kernel=is_kernel(n))
                 if B in eager_batches:
-                    ev, wall = time_steps(dec.step, args.eager_reps if cuda else 3, cuda, warmup=2)
+                    ev, wall = synced_step_ms(dec.step, args.eager_reps if cuda else 3, cuda, warmup=2)
                     med = statistics.median(ev)
                     steps.row(batch=B, context=L, graph="false", median_ms=med, p10_ms=pct(ev, 10),
                               p90_ms=pct(ev, 90), wall_median_ms=statistics.median(wall),
@@ -368,7 +349,7 @@ def main():
                     except Exception as e:  # noqa: BLE001
                         k_graph = -1
                         notes[tag + "_graph_profile_error"] = repr(e)
-                    ev, wall = time_steps(g.replay, args.graph_reps, cuda, warmup=3)
+                    ev, wall = synced_step_ms(g.replay, args.graph_reps, cuda, warmup=3)
                     med = statistics.median(ev)
                     steps.row(batch=B, context=L, graph="true", median_ms=med, p10_ms=pct(ev, 10),
                               p90_ms=pct(ev, 90), wall_median_ms=statistics.median(wall),

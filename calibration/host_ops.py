@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from _common import CsvOut, machine_facts, write_json  # noqa: E402
+from harness import CsvOut, machine_facts, write_json  # noqa: E402
 
 
 def timed(fn, calls: int, busy: bool, cuda: bool) -> float:

@@ -30,56 +30,18 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from _common import (GB, ClockSampler, CsvOut, Timer, log, machine_facts, nvidia_smi_snapshot,  # noqa: E402
-                     pct, reps_for, summarize, write_json)
+from harness import (GB, ClockSampler, CsvOut, Timer, log, machine_facts, nvidia_smi_snapshot,  # noqa: E402
+                     reps_for, run_mode, summarize, write_json)
+from sweep import axis  # noqa: E402
 
 KiB, MiB, GiB = 1024, 1024 ** 2, 1024 ** 3
 
 try:
     import triton
-    import triton.language as tl
+    from ops.stream import _gather_kernel, _l2_multipass_kernel, _read_kernel
     HAVE_TRITON = True
 except Exception:  # noqa: BLE001
     HAVE_TRITON = False
-
-if HAVE_TRITON:
-    @triton.jit
-    def _read_kernel(x_ptr, out_ptr, n_elem, iters, BLOCK: tl.constexpr):
-        """Persistent streaming read: every element read exactly once, one fp32 partial per program.
-        iters = cdiv(n_elem, nprog * BLOCK)."""
-        pid = tl.program_id(0)
-        nprog = tl.num_programs(0)
-        acc = tl.zeros([BLOCK], dtype=tl.float32)
-        for it in range(iters):
-            offs = (it * nprog + pid) * BLOCK + tl.arange(0, BLOCK)
-            acc += tl.load(x_ptr + offs, mask=offs < n_elem, other=0.0)
-        tl.store(out_ptr + pid, tl.sum(acc, axis=0))
-
-    @triton.jit
-    def _l2_multipass_kernel(x_ptr, out_ptr, n_elem, passes, iters, BLOCK: tl.constexpr):
-        """Reads the whole buffer `passes` times; loads bypass L1 (.cg) and each pass shifts which
-        program reads which block, so after the first pass the data comes from L2."""
-        pid = tl.program_id(0)
-        nprog = tl.num_programs(0)
-        acc = tl.zeros([BLOCK], dtype=tl.float32)
-        for p in range(passes):
-            vpid = (pid + p * 37) % nprog
-            for it in range(iters):
-                offs = (it * nprog + vpid) * BLOCK + tl.arange(0, BLOCK)
-                acc += tl.load(x_ptr + offs, mask=offs < n_elem, other=0.0, cache_modifier=".cg")
-        tl.store(out_ptr + pid, tl.sum(acc, axis=0))
-
-    @triton.jit
-    def _gather_kernel(tab_ptr, idx_ptr, out_ptr, n_rows, G: tl.constexpr, BR: tl.constexpr):
-        """out[r, :] = tab[idx[r], :]; rows of G int32 (granule = 4*G bytes)."""
-        pid = tl.program_id(0)
-        r = pid * BR + tl.arange(0, BR)
-        rm = r < n_rows
-        ix = tl.load(idx_ptr + r, mask=rm, other=0)
-        c = tl.arange(0, G)
-        v = tl.load(tab_ptr + ix[:, None] * G + c[None, :], mask=rm[:, None], other=0)
-        tl.store(out_ptr + r[:, None].to(tl.int64) * G + c[None, :], v, mask=rm[:, None])
-
 
 class Ctx:
     def __init__(self, args):
@@ -92,12 +54,21 @@ class Ctx:
         self.nsm = torch.cuda.get_device_properties(0).multi_processor_count if self.cuda else 4
         self.l2 = (getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 60 * MiB)
                    if self.cuda else 4 * MiB)
+        self.mode = run_mode(args)
         self.t_start = time.time()
         self.notes = {}
         self.triton_ok = HAVE_TRITON and (self.cuda or os.environ.get("TRITON_INTERPRET") == "1")
 
     def elapsed(self):
         return time.time() - self.t_start
+
+    def axis(self, section, name):
+        """One axis of a section's sweep at this run's mode (calibration/sweeps/microbench.yaml)."""
+        return axis("microbench", section, name, self.mode)
+
+    def pool_bytes(self):
+        """The HBM section's buffer (also the gather table): 4 GiB, or --cpu-pool-mib."""
+        return self.args.cpu_pool_mib * MiB if self.cpu else self.axis("hbm", "pool_bytes")
 
     def sync(self):
         self.timer.sync()
@@ -115,14 +86,14 @@ def _triton_read(ctx, x, partial):
 
 def bench_hbm(ctx):
     cpu = ctx.cpu
-    pool_bytes = ctx.args.cpu_pool_mib * MiB if cpu else 4 * GiB
+    pool_bytes = ctx.pool_bytes()
     max_size = pool_bytes
     sizes = []
-    s = 64 * KiB
+    s = ctx.axis("hbm", "first_size_bytes")
     while s <= max_size:
         sizes.append(s)
         s *= 2
-    extra = [24 * MiB, 40 * MiB, 48 * MiB, 80 * MiB, 96 * MiB, 192 * MiB] if not cpu else [192 * KiB]
+    extra = ctx.axis("hbm", "extra_sizes_bytes")
     sizes = sorted(set(sizes + [e for e in extra if e <= max_size]))
     # for CPU the "L2" is notional
     l2_limit = 48 * MiB if not cpu else 2 * MiB
@@ -214,13 +185,12 @@ def bench_hbm(ctx):
     # explicit L2 bandwidth: multi-pass kernel over an L2-resident buffer
     if ctx.triton_ok:
         passes = 32 if ctx.cuda else 2
-        l2_sizes = ([2 * MiB, 4 * MiB, 8 * MiB, 16 * MiB, 24 * MiB, 32 * MiB, 40 * MiB, 48 * MiB,
-                     64 * MiB, 128 * MiB] if ctx.cuda else [64 * KiB, 128 * KiB])
+        l2_sizes = ctx.axis("hbm", "l2_sizes_bytes")
         BLOCK = 4096 if ctx.cuda else 64
         for S in l2_sizes:
             x = src[: S // 4]
             n = x.numel()
-            for per_sm in (4, 8):
+            for per_sm in ctx.axis("hbm", "l2_programs_per_sm"):
                 grid = (min(ctx.nsm * per_sm, triton.cdiv(n, BLOCK)),)
 
                 iters = triton.cdiv(n, grid[0] * BLOCK)
@@ -250,7 +220,7 @@ def bench_gather(ctx, table_f32):
     table_bytes = table_f32.numel() * 4
     tab_i32 = table_f32.view(torch.int32)
     gathered = 256 * MiB if ctx.cuda else min(1 * MiB, table_bytes // 8)
-    for g in (16, 32, 64, 128, 256, 512, 1024, 4096):
+    for g in ctx.axis("gather", "granule_bytes"):
         G = g // 4
         R = table_bytes // g
         tab = tab_i32.view(R, G)
@@ -298,18 +268,13 @@ def bench_gather(ctx, table_f32):
 
 # ----------------------------------------------------------------------------- GEMM
 
-DECODE_KN = [(4096, 4096), (4096, 6144), (4096, 28672), (14336, 4096), (8192, 8192),
-             (8192, 57344), (28672, 8192), (4096, 128256)]
-DECODE_M = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
-
-
 def bench_gemm(ctx):
     out = CsvOut(os.path.join(ctx.out, "gemm.csv"),
                  ["kind", "layout", "M", "K", "N", "median_us", "p10_us", "p90_us", "weight_bytes",
                   "flops", "achieved_GBps", "achieved_TFLOPs", "n_reps", "weight_copies", "rel_err"])
     dt = torch.bfloat16
-    scale = 1 if ctx.cuda else 32
-    ms = DECODE_M if ctx.cuda else [1, 4, 16]
+    scale = 1 if ctx.cuda else ctx.axis("gemm", "cpu_shape_divisor")
+    ms = ctx.axis("gemm", "M")
     # correctness check once
     a = torch.randn(64, 256, device=ctx.dev, dtype=dt)
     b = torch.randn(256, 128, device=ctx.dev, dtype=dt)
@@ -317,7 +282,7 @@ def bench_gemm(ctx):
     rel = ((a @ b).double() - ref).norm() / ref.norm()
     ctx.notes["gemm_rel_err_bf16"] = float(rel)
     log("gemm check rel err", float(rel))
-    for (K, N) in DECODE_KN:
+    for (K, N) in ctx.axis("gemm", "KN"):
         K_, N_ = K // scale, N // scale
         wbytes = K_ * N_ * 2
         copies = max(2, math.ceil(256 * MiB / wbytes)) if ctx.cuda else 2
@@ -355,7 +320,7 @@ def bench_gemm(ctx):
             torch.cuda.empty_cache()
     # large compute-bound GEMMs
     sampler = ClockSampler().start() if ctx.cuda else None
-    for n in ((4096, 8192, 16384) if ctx.cuda else (128, 256)):
+    for n in ctx.axis("gemm", "square"):
         A = torch.randn(n, n, device=ctx.dev, dtype=dt)
         B = torch.randn(n, n, device=ctx.dev, dtype=dt)
         C = torch.empty(n, n, device=ctx.dev, dtype=dt)
@@ -411,9 +376,9 @@ def bench_attention(ctx):
                  ["backend", "B", "L", "Hq", "Hkv", "D", "median_us", "p10_us", "p90_us", "kv_bytes",
                   "achieved_GBps", "n_reps", "copies", "rel_err", "note"])
     dt = torch.bfloat16
-    Hq, Hkv, D = 32, 8, 128
-    Bs = (1, 8, 32) if ctx.cuda else (1, 2)
-    Ls = (1024, 4096, 16384, 32768) if ctx.cuda else (64, 256)
+    Hq, Hkv, D = ctx.axis("attention", "heads")
+    Bs = ctx.axis("attention", "batches")
+    Ls = ctx.axis("attention", "contexts")
     backends = [("default", None), ("flash", [SDPBackend.FLASH_ATTENTION]),
                 ("efficient", [SDPBackend.EFFICIENT_ATTENTION]),
                 ("cudnn", [SDPBackend.CUDNN_ATTENTION])]
@@ -664,7 +629,7 @@ def main():
                     ctx.notes["clocks_during_hbm"] = sampler.stop()
             elif name == "gather":
                 if src is None:
-                    pool = (ctx.args.cpu_pool_mib * MiB if ctx.cpu else 4 * GiB) // 4
+                    pool = ctx.pool_bytes() // 4
                     src = torch.randn(pool, device=ctx.dev)
                 del dst
                 dst = None

@@ -99,25 +99,24 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from _common import ClockSampler, CsvOut, log, machine_facts, nvidia_smi_snapshot, pct, write_json  # noqa: E402
+from harness import (Budget, ClockSampler, CsvOut, capture_graph, host_times_us, log, machine_facts,  # noqa: E402
+                     nvidia_smi_snapshot, one_line, pct, replay_us, write_json)
+from sweep import axis  # noqa: E402
 from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
 
 try:
     import triton
-    import triton.language as tl
+    from ops.moe import (_fused_moe_gemm_kernel, _moe_align_kernel, _moe_scatter_kernel, _profile_marker_kernel,
+                         _silu_mul_kernel)
     HAVE_TRITON = True
 except Exception:  # noqa: BLE001
     HAVE_TRITON = False
 
 MiB = 1024 ** 2
 BF16_BYTES = 2
-H_LEVELS = (1024, 2048, 4096, 7168)
-F_LEVELS = (512, 768, 1408, 2048, 4096, 14336)
-E_LEVELS = (8, 16, 64, 128, 256)
-TOPK_LEVELS = (1, 2, 4, 8)
-T_LEVELS = (1, 4, 16, 64)
-LEVELS = (H_LEVELS, F_LEVELS, E_LEVELS, TOPK_LEVELS, T_LEVELS)
-WEIGHT_CAP_BYTES = 4e9                 # decimal GB, all E experts of one layer
+# the grid (H, F, E, top_k, T) and the weight cap: calibration/sweeps/moe_host.yaml
+LEVELS = tuple(tuple(v) for v in axis("moe_host", "grid", "levels", "full").values())
+WEIGHT_CAP_BYTES = axis("moe_host", "grid", "weight_cap_bytes", "full")
 POOL_TARGET_BYTES = 512 * MiB          # weight copies so the pool is >= 8x the 60 MiB L2
 GRAPH_READ_TARGET_BYTES = 256 * MiB    # weights one graph replay reads, at least
 REPLAY_TARGET_US = 2000.0
@@ -149,114 +148,6 @@ HOST_FIELDS = ["repeat", "op", "variant", "calls", "blocks", "device_busy", "blo
                "note", "error"]
 
 
-# ============================================================================ Triton kernels
-
-if HAVE_TRITON:
-    @triton.jit(do_not_specialize=["n_pairs", "n_experts", "em_max"])
-    def _moe_align_kernel(ids_ptr, n_pairs, n_experts, em_max, sorted_ids_ptr, expert_ids_ptr,
-                          expert_start_ptr, total_ptr, BLOCK_M: tl.constexpr, E_PAD: tl.constexpr,
-                          CHUNK: tl.constexpr, FILL: tl.constexpr):
-        """One program: pairs per expert padded to BLOCK_M, expert start rows, total padded rows,
-        the expert of every BLOCK_M block, and the sentinel (n_pairs) in every sorted slot."""
-        e = tl.arange(0, E_PAD)
-        counts = tl.zeros([E_PAD], dtype=tl.int32)
-        for c0 in range(0, n_pairs, CHUNK):
-            offs = c0 + tl.arange(0, CHUNK)
-            ids = tl.load(ids_ptr + offs, mask=offs < n_pairs, other=-1)
-            counts += tl.sum((ids[None, :] == e[:, None]).to(tl.int32), axis=1)
-        padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
-        ends = tl.cumsum(padded, axis=0)
-        tl.store(expert_start_ptr + e, ends - padded, mask=e < n_experts)
-        tl.store(total_ptr, tl.sum(padded, axis=0))
-        n_blocks = em_max // BLOCK_M
-        for b0 in range(0, n_blocks, CHUNK):
-            b = b0 + tl.arange(0, CHUNK)
-            owner = tl.sum((ends[None, :] <= (b * BLOCK_M)[:, None]).to(tl.int32), axis=1)
-            tl.store(expert_ids_ptr + b, tl.minimum(owner, n_experts - 1), mask=b < n_blocks)
-        for p0 in range(0, em_max, FILL):
-            p = p0 + tl.arange(0, FILL)
-            tl.store(sorted_ids_ptr + p, tl.zeros([FILL], dtype=tl.int32) + n_pairs, mask=p < em_max)
-
-    @triton.jit(do_not_specialize=["n_pairs"])
-    def _moe_scatter_kernel(ids_ptr, n_pairs, expert_start_ptr, sorted_ids_ptr, CHUNK: tl.constexpr):
-        """Writes pair i to sorted slot start[expert] + (number of earlier pairs of that expert)."""
-        pid = tl.program_id(0)
-        i = pid * CHUNK + tl.arange(0, CHUNK)
-        valid = i < n_pairs
-        ei = tl.load(ids_ptr + i, mask=valid, other=-1)
-        rank = tl.zeros([CHUNK], dtype=tl.int32)
-        for j0 in range(0, (pid + 1) * CHUNK, CHUNK):
-            j = j0 + tl.arange(0, CHUNK)
-            ej = tl.load(ids_ptr + j, mask=j < n_pairs, other=-2)
-            same = (ej[None, :] == ei[:, None]) & (j[None, :] < i[:, None])
-            rank += tl.sum(same.to(tl.int32), axis=1)
-        start = tl.load(expert_start_ptr + ei, mask=valid, other=0)
-        tl.store(sorted_ids_ptr + start + rank, i, mask=valid)
-
-    @triton.jit(do_not_specialize=["em_max", "n_valid", "a_row_div"])
-    def _fused_moe_gemm_kernel(a_ptr, b_ptr, c_ptr, topk_w_ptr, sorted_ids_ptr, expert_ids_ptr,
-                               total_ptr, N, K, em_max, n_valid, a_row_div,
-                               stride_am, stride_be, stride_bn, stride_bk, stride_cm,
-                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                               GROUP_M: tl.constexpr, MUL_WEIGHT: tl.constexpr,
-                               DOT_F32: tl.constexpr):
-        """C[pair, :] = A[pair // a_row_div, :] @ B[expert].T for one BLOCK_M block of sorted pairs
-        (all of one expert) and one BLOCK_N tile; optionally times the pair's routing weight.
-        B is [E, N, K] (nn.Linear layout). Blocks past the padded total exit at once."""
-        pid = tl.program_id(0)
-        num_pid_m = tl.cdiv(em_max, BLOCK_M)
-        num_pid_n = tl.cdiv(N, BLOCK_N)
-        num_pid_in_group = GROUP_M * num_pid_n
-        first_pid_m = (pid // num_pid_in_group) * GROUP_M
-        group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
-        pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
-        pid_n = (pid % num_pid_in_group) // group_size_m
-        if pid_m * BLOCK_M >= tl.load(total_ptr):
-            return
-        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        pair = tl.load(sorted_ids_ptr + offs_m)
-        valid = pair < n_valid
-        a_row = (pair // a_row_div).to(tl.int64)
-        expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
-        offs_n = ((pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N).to(tl.int64)
-        offs_k = tl.arange(0, BLOCK_K)
-        a_ptrs = a_ptr + a_row[:, None] * stride_am + offs_k[None, :]
-        b_ptrs = b_ptr + expert * stride_be + offs_n[None, :] * stride_bn + offs_k[:, None] * stride_bk
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for k0 in range(0, tl.cdiv(K, BLOCK_K)):
-            k_left = K - k0 * BLOCK_K
-            a = tl.load(a_ptrs, mask=valid[:, None] & (offs_k[None, :] < k_left), other=0.0)
-            b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
-            if DOT_F32:  # the Triton 3.6 interpreter gets bf16 tl.dot wrong; GPU runs bf16
-                acc += tl.dot(a.to(tl.float32), b.to(tl.float32))
-            else:
-                acc += tl.dot(a, b)
-            a_ptrs += BLOCK_K
-            b_ptrs += BLOCK_K * stride_bk
-        if MUL_WEIGHT:
-            w = tl.load(topk_w_ptr + pair, mask=valid, other=0.0)
-            acc = acc * w[:, None]
-        offs_cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        c_ptrs = c_ptr + pair[:, None].to(tl.int64) * stride_cm + offs_cn[None, :]
-        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=valid[:, None] & (offs_cn[None, :] < N))
-
-    @triton.jit
-    def _silu_mul_kernel(in_ptr, out_ptr, n_cols, BLOCK: tl.constexpr):
-        """out[r, c] = silu(in[r, c]) * in[r, n_cols + c], computed in fp32."""
-        row = tl.program_id(0).to(tl.int64)
-        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-        m = cols < n_cols
-        g = tl.load(in_ptr + row * 2 * n_cols + cols, mask=m, other=0.0).to(tl.float32)
-        u = tl.load(in_ptr + row * 2 * n_cols + n_cols + cols, mask=m, other=0.0).to(tl.float32)
-        y = g / (1.0 + tl.exp(-g)) * u
-        tl.store(out_ptr + row * n_cols + cols, y.to(out_ptr.dtype.element_ty), mask=m)
-
-    @triton.jit
-    def _profile_marker_kernel(ptr):
-        """A one-thread kernel whose name separates executions in a profiler trace."""
-        tl.store(ptr, 1)
-
-
 # ============================================================================ context
 
 class Ctx:
@@ -267,7 +158,7 @@ class Ctx:
         self.cuda = not args.cpu
         self.dev = torch.device("cuda" if self.cuda else "cpu")
         self.dtype = torch.bfloat16
-        self.t_start = time.time()
+        self.budget = Budget(args.budget_s)
         self.interpret = os.environ.get("TRITON_INTERPRET") == "1"
         self.triton_ok = HAVE_TRITON and (self.cuda or self.interpret)
         self.cycles_per_us = 1500.0
@@ -280,7 +171,7 @@ class Ctx:
 
     def elapsed_s(self):
         """Seconds since the script started."""
-        return time.time() - self.t_start
+        return self.budget.elapsed_s()
 
     def sync(self):
         """Waits for the device (no-op on CPU)."""
@@ -309,12 +200,6 @@ def calibrate_sleep(ctx):
     torch.cuda.synchronize()
     ctx.cycles_per_us = cycles / (e0.elapsed_time(e1) * 1e3)
     ctx.notes["sleep_cycles_per_us"] = ctx.cycles_per_us
-
-
-def one_line(exc):
-    """Exception type and first line of its message, at most 300 characters."""
-    msg = (str(exc).strip().splitlines() or [""])[0]
-    return f"{type(exc).__name__}: {msg}"[:300]
 
 
 def summarize_us(us):
@@ -423,13 +308,9 @@ def sample_configs(n, seed):
 
 def fixed_configs(args):
     """The configurations of --quick and --cpu runs (None for the sampled sweep)."""
-    if args.cpu:
-        return [MoeShape(64, 32, 4, 2, 16), MoeShape(64, 32, 8, 2, 4), MoeShape(128, 64, 16, 4, 8),
-                MoeShape(64, 32, 8, 1, 1)]
-    if args.quick:
-        return [MoeShape(1024, 512, 8, 2, 4), MoeShape(2048, 768, 64, 8, 16),
-                MoeShape(1024, 512, 8, 2, 64)]
-    return None
+    if not (args.cpu or args.quick):
+        return None
+    return [MoeShape(*row) for row in axis("moe_host", "grid", "fixed", "cpu" if args.cpu else "quick")]
 
 
 # ============================================================================ routing and weights
@@ -739,52 +620,12 @@ def choose_invocations(case: MoeCase, impl: GraphImpl):
     return int(min(MAX_INVOCATIONS, max(1, r)))
 
 
-def capture_graph(call, n_invocations):
-    """Warms `call(i)` up on a side stream, then captures n invocations; returns graph and outputs."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for i in range(min(n_invocations, 2)):
-            call(i)
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    outs = []
-    with torch.cuda.graph(g):
-        for i in range(n_invocations):
-            outs.append(call(i))
-    return g, outs
-
-
 def time_replays(ctx, g, n_invocations, n_replays):
-    """Per-invocation microseconds of n_replays replays (CUDA events, queue backed up first)."""
+    """Per-invocation microseconds of n_replays replays (CUDA events, each behind a ~100 us backlog)."""
     g.replay()
     torch.cuda.synchronize()
-    us = []
-    for _ in range(n_replays):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        ctx.sleep_us(100)
-        e0.record()
-        g.replay()
-        e1.record()
-        torch.cuda.synchronize()
-        us.append(e0.elapsed_time(e1) * 1e3 / n_invocations)
-    return us
-
-
-def time_host_calls(ctx, call, reps, warmup=2):
-    """Host microseconds of call(i) between two synchronize() calls, after warm-up calls."""
-    for i in range(warmup):
-        call(i)
-    ctx.sync()
-    us = []
-    for i in range(reps):
-        ctx.sync()
-        t0 = time.perf_counter()
-        call(i)
-        ctx.sync()
-        us.append((time.perf_counter() - t0) * 1e6)
-    return us
+    cycles = int(100 * ctx.cycles_per_us)
+    return [replay_us(g, cycles) / n_invocations for _ in range(n_replays)]
 
 
 # ============================================================================ kernel profiles
@@ -908,12 +749,12 @@ def measure_graph_impl(ctx, case, impl: GraphImpl, ref):
         return impl.invoke(case, case.slot(i % n_inv), plans[i % n_inv])
 
     if not ctx.cuda:
-        us = time_host_calls(ctx, call, reps=3, warmup=1)
+        us = host_times_us(call, reps=3, warmup=1, sync=ctx.sync)
         out = call(0)
         fields = {"timing": "cpu_eager_per_invocation", "invocations_per_graph": 1, "n_timed": len(us),
                   "rel_err": rel_err(out, ref), "note": "cpu: eager, no CUDA graph", **summarize_us(us)}
         return fields, (lambda: call(0)), 1, None
-    g, outs = capture_graph(call, n_inv)
+    g, outs = capture_graph(call, n_inv, warmup_calls=min(n_inv, 2), keep_outputs=True)
     us = time_replays(ctx, g, n_inv, GRAPH_REPLAYS)
     fields = {"timing": "graph_replay_per_invocation", "invocations_per_graph": n_inv,
               "n_timed": len(us), "rel_err": rel_err(outs[0], ref), **summarize_us(us)}
@@ -931,7 +772,7 @@ def measure_eager(ctx, case, ref, reps):
         slot = case.slot(i)
         return hf_eager_moe(case.x, case.router_for(i), slot.w13, slot.w2, s.top_k)
 
-    us = time_host_calls(ctx, call, reps=reps)
+    us = host_times_us(call, reps=reps, warmup=2, sync=ctx.sync)
     out = call(0)
     fields = {"timing": "eager_wall_end_to_end", "n_timed": len(us), "rel_err": rel_err(out, ref),
               **summarize_us(us)}

@@ -35,8 +35,11 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # calibration/: harness, sweep
 
 import torch  # noqa: E402
+from harness import capture_graph  # noqa: E402
+from sweep import axis  # noqa: E402
 
 from meter import Meter  # noqa: E402
 
@@ -82,19 +85,13 @@ class Bench:
 
     def graph_of(self, fn, inner: int):
         """A CUDA graph of ``inner`` calls of fn (warmed up first)."""
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(2):
-                fn()
-        torch.cuda.current_stream().wait_stream(s)
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for _ in range(inner):
-                fn()
+        g, _ = capture_graph(lambda i: fn(), inner, warmup_calls=2)
         torch.cuda.synchronize()
         return g
+
+    def axis(self, section, name):
+        """One axis of the energy sweep at this run's mode (calibration/sweeps/energy.yaml)."""
+        return axis("energy", section, name, "quick" if self.args.quick else "full")
 
     def work_time(self, g, reps: int = 5) -> float:
         g.replay()
@@ -166,10 +163,9 @@ class Bench:
         self.emit(row)
 
     def memory(self):
-        q = self.args.quick
-        copy_sizes = [4 * MiB] if q else [128 * MiB, 512 * MiB, 2048 * MiB]
-        read_sizes = [8 * MiB] if q else [256 * MiB, 1024 * MiB, 4096 * MiB]
-        duties = [1.0, 0.5] if q else [1.0, 0.5, 0.25]
+        copy_sizes = self.axis("memory", "copy_sizes_bytes")
+        read_sizes = self.axis("memory", "read_sizes_bytes")
+        duties = self.axis("memory", "duties")
         for size in copy_sizes:
             src = torch.empty(size // 2, dtype=torch.bfloat16, device="cuda").normal_()
             dst = torch.empty_like(src)
@@ -187,10 +183,10 @@ class Bench:
                         {"hbm_bytes": size}, size_bytes=size, dtype="bf16")
             del g, x
             torch.cuda.empty_cache()
-        size = 1 * MiB if q else 8 * MiB
+        size = self.axis("memory", "l2_size_bytes")
         src = torch.empty(size // 2, dtype=torch.bfloat16, device="cuda").normal_()
         dst = torch.empty_like(src)
-        inner = 20 if q else 400
+        inner = self.axis("memory", "l2_calls_per_replay")
         g = self.graph_of(lambda: dst.copy_(src), inner)
         self.window(f"l2_copy_{size // MiB}MiB", "l2_copy", g, inner, duties[:2], {"l2_bytes": 2 * size},
                     size_bytes=size, dtype="bf16")
@@ -201,11 +197,9 @@ class Bench:
         torch.cuda.empty_cache()
 
     def gemms(self):
-        q = self.args.quick
-        shapes = [(256, 256, 256)] if q else [(8192, 8192, 8192), (4096, 4096, 4096), (256, 28672, 8192),
-                                               (64, 28672, 8192)]
-        duties_sq = [1.0, 0.5] if q else [1.0, 0.5, 0.25]
-        for dtype in ("bf16", "fp8"):
+        shapes = self.axis("gemms", "MNK")
+        duties_sq = self.axis("gemms", "duties_square")
+        for dtype in self.axis("gemms", "dtypes"):
             for m, n, k in shapes:
                 name = f"gemm_{dtype}_{m}x{n}x{k}"
                 try:

@@ -43,16 +43,19 @@ sys.path.insert(0, str(REPO / "validation"))
 sys.path.insert(0, str(REPO / "calibration"))
 sys.path.insert(0, str(HERE / "calibration" / "energy"))
 
-import whole_step as ws  # noqa: E402
+from cases import ARCH as CASE_ARCH  # noqa: E402
+from cases import Arch, load_shape  # noqa: E402
+from measuring import capture_graph, time_graph  # noqa: E402
+from model import DecodeStep, GroupedConfig, apply_rotary_pos_emb, build_weights  # noqa: E402
 from meter import Meter  # noqa: E402
 
 FIELDS = ["case_id", "model", "kv", "weights", "execution", "batch", "context", "layers_run", "graph_ms_median",
           "step_s", "avg_W", "power_samples_W", "energy_step_J", "reps", "ticks", "tick_span_s", "window_s",
           "meter", "sm_MHz", "mem_MHz", "temp_C", "power_limit_W", "build_s", "error"]
-ARCH = dict(ws.ARCH, **{"llama-3-8b": ws.Arch(rope_theta=500000.0)})
+ARCH = dict(CASE_ARCH, **{"llama-3-8b": Arch(rope_theta=500000.0)})
 
 
-class Int8KVStep(ws.DecodeStep):
+class Int8KVStep(DecodeStep):
     """The whole_step decode step with an int8 KV cache and the triton_group_int8 attention."""
 
     def __init__(self, weights, batch, context, device, seed):
@@ -78,7 +81,7 @@ class Int8KVStep(ws.DecodeStep):
         q = q.view(bsz, 1, -1, s.head_dim).transpose(1, 2)
         k = k.view(bsz, 1, -1, s.head_dim).transpose(1, 2)
         v = v.view(bsz, 1, -1, s.head_dim).transpose(1, 2)
-        q, k = ws.apply_rotary_pos_emb(q, k, cos, sin)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
         view = self.pool.views[i]
         for t, codes, scales in ((k, "kc", "ks"), (v, "vc", "vs")):
             scale = t.abs().amax(-1, keepdim=True).float().clamp_min(1e-6) / 127.0
@@ -117,10 +120,10 @@ class Runner:
             self.weights = None
             gc.collect()
             torch.cuda.empty_cache()
-            shape = ws.load_shape(case["model"])
+            shape = load_shape(case["model"])
             if self.args.quick:
                 shape = replace(shape, layers=2)
-            self.weights = ws.build_weights(shape, ARCH[case["model"]], case["weights"] == "fp8", "cuda")
+            self.weights = build_weights(shape, ARCH[case["model"]], case["weights"] == "fp8", "cuda")
             self.weights_key = key
         return self.weights
 
@@ -135,12 +138,12 @@ class Runner:
             if case["kv"] == "int8":
                 step = Int8KVStep(w, case["batch"], case["context"], "cuda", seed=1)
             else:
-                step = ws.DecodeStep(w, case["batch"], case["context"], case.get("execution") or "loop", "cuda",
-                                     seed=1, grouped_cfg=ws.GroupedConfig() if case.get("execution") == "grouped"
-                                     else None)
-            graph = ws.capture_graph(step)
+                step = DecodeStep(w, case["batch"], case["context"], case.get("execution") or "loop", "cuda",
+                                  seed=1, grouped_cfg=GroupedConfig() if case.get("execution") == "grouped"
+                                  else None)
+            graph = capture_graph(step)
             row["build_s"] = time.perf_counter() - t0
-            times = ws.time_graph(graph, 10)
+            times = time_graph(graph, 10)
             row["graph_ms_median"] = sorted(times)[len(times) // 2]
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             torch.cuda.synchronize()

@@ -1,7 +1,13 @@
-"""Shared helpers for the calibration scripts (timing, machine facts, CSV output).
+"""The measuring harness every calibration script and validation/whole_step.py time through.
 
-Runs on a CUDA device (real measurements) or on the CPU (``--cpu``: plumbing
-check only, tiny sizes, host timers; numbers are meaningless).
+What is shared: the run mode (full device sweep, ``--quick`` GPU smoke run with tiny shapes,
+``--cpu`` plumbing check whose numbers mean nothing), the wall-clock budget, warm-up and CUDA
+graph capture, replays timed with CUDA events behind a ``torch.cuda._sleep`` backlog (so host
+submission stays out of the interval), host-clock timing of synchronized calls, medians and
+percentiles, CSV rows flushed as they come, JSON summaries, machine facts and NVML clock
+samples. What a script measures is its sweep (calibration/sweeps/*.yaml, read by sweep.py);
+how one point runs is its kernel code. Keeping HBM cold is each script's rotation of buffer
+copies (sized from the pool and the 60 MiB L2), not a flush here.
 """
 from __future__ import annotations
 
@@ -24,8 +30,40 @@ BF16_DENSE_PEAK_TFLOPS = 989.4  # H100/H200 SXM datasheet, dense
 
 
 def log(*a):
+    """A progress line, flushed at once (device logs are read while the run goes on)."""
     print(*a, flush=True)
     sys.stdout.flush()
+
+
+def one_line(e: BaseException) -> str:
+    """Exception type and the first line of its message, at most 300 characters (a row's `error`)."""
+    msg = (str(e).strip().splitlines() or [""])[0]
+    return f"{type(e).__name__}: {msg}"[:300]
+
+
+def run_mode(args) -> str:
+    """full, quick or cpu: the key of the sweep files' per-mode axes."""
+    return "cpu" if args.cpu else ("quick" if getattr(args, "quick", False) else "full")
+
+
+class Budget:
+    """Wall-clock budget of a run: configurations are not started once it is spent."""
+
+    def __init__(self, seconds: float):
+        self.t_start = time.time()
+        self.deadline = self.t_start + seconds
+
+    def elapsed_s(self) -> float:
+        """Seconds since the run started."""
+        return time.time() - self.t_start
+
+    def left_s(self) -> float:
+        """Seconds until the deadline (negative once spent)."""
+        return self.deadline - time.time()
+
+    def spent(self) -> bool:
+        """True once the deadline has passed."""
+        return time.time() > self.deadline
 
 
 # ----------------------------------------------------------------------------- timing
@@ -83,7 +121,109 @@ class Timer:
         return out
 
 
+def backlog(cycles: int) -> None:
+    """Queue a GPU spin of `cycles` clock cycles, so the host can enqueue what follows before the
+    device reaches it (the events around the next kernel or replay then see device time only)."""
+    torch.cuda._sleep(cycles)
+
+
+def capture_graph(call, invocations: int, warmup_calls: int = 2, keep_outputs: bool = False):
+    """call(i) warmed up `warmup_calls` times on a side stream (lazy init, autotuning and the
+    allocator stay out of the capture), then `invocations` calls captured into one CUDA graph.
+    Returns the graph and, with keep_outputs, the outputs of the captured calls (each then keeps
+    its own memory in the graph's pool; without, a freed output's memory is reused by the next
+    invocation, as a decode step reuses its buffers)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for i in range(warmup_calls):
+            call(i)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    outs = []
+    with torch.cuda.graph(graph):
+        for i in range(invocations):
+            out = call(i)
+            if keep_outputs:
+                outs.append(out)
+            del out
+    return graph, outs
+
+
+def replay_us(graph, backlog_cycles: int = 0, events=None) -> float:
+    """Microseconds of one replay between CUDA events, waited for (behind a backlog if given)."""
+    e0, e1 = events or (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+    if backlog_cycles:
+        backlog(backlog_cycles)
+    e0.record()
+    graph.replay()
+    e1.record()
+    e1.synchronize()
+    return e0.elapsed_time(e1) * 1e3
+
+
+def queued_replays_us(graph, replays: int, backlog_cycles: int, between=None) -> list:
+    """Microseconds of `replays` replays queued back to back behind one backlog, each between its
+    own CUDA events; between(), if given, runs on the host after each replay is queued (e.g. fresh
+    random indices; it must not synchronize). One wait at the end."""
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+              for _ in range(replays)]
+    backlog(backlog_cycles)
+    for a, b in events:
+        a.record()
+        graph.replay()
+        b.record()
+        if between is not None:
+            between()
+    torch.cuda.synchronize()
+    return [a.elapsed_time(b) * 1e3 for a, b in events]
+
+
+def host_times_us(call, reps: int, warmup: int, sync) -> list:
+    """Host microseconds of call(i), each call followed by sync() inside the interval, after
+    `warmup` untimed calls and a sync()."""
+    for i in range(warmup):
+        call(i)
+    sync()
+    out = []
+    for i in range(reps):
+        t0 = time.perf_counter()
+        call(i)
+        sync()
+        out.append((time.perf_counter() - t0) * 1e6)
+    return out
+
+
+def synced_step_ms(fn, reps, cuda, warmup=3):
+    """Each call synchronized (as a serving loop does after sampling): (CUDA-event ms, host ms)
+    per call; on the CPU both are host ms."""
+    for _ in range(warmup):
+        fn()
+    if cuda:
+        torch.cuda.synchronize()
+    ev, wall = [], []
+    for _ in range(reps):
+        if cuda:
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            e0.record()
+            fn()
+            e1.record()
+            torch.cuda.synchronize()
+            wall.append((time.perf_counter() - t0) * 1e3)
+            ev.append(e0.elapsed_time(e1))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            wall.append((time.perf_counter() - t0) * 1e3)
+            ev.append(wall[-1])
+    return ev, wall
+
+
 def pct(xs, q):
+    """The q-th percentile of xs, linearly interpolated (nan for no values)."""
     xs = sorted(xs)
     if not xs:
         return float("nan")
@@ -94,6 +234,7 @@ def pct(xs, q):
 
 
 def summarize(us):
+    """median, p10, p90 and count of a list of microseconds (a result row's timing columns)."""
     return {"median_us": statistics.median(us), "p10_us": pct(us, 10), "p90_us": pct(us, 90),
             "n_reps": len(us)}
 
@@ -248,5 +389,6 @@ class ClockSampler:
 
 
 def write_json(path, obj):
+    """A summary or machine-facts file (rewritten whole, so a cut run keeps the last one)."""
     with open(path, "w") as fh:
         json.dump(obj, fh, indent=2, default=str)
