@@ -166,8 +166,8 @@ def test_model_terms_are_the_cost_models(kind, n, size):
     costs = CostModel(hw)
     access = Access("link", size, "link")
     op = Work(kind="collective", accesses=(access,), collective=(kind, size, n))
-    assert costs._link_bytes(op, access) == fit_links.wire_bytes(kind, n, size)
-    assert costs.collective_latency_ns(op) == pytest.approx(
+    assert costs.links.wire_bytes(op, access) == fit_links.wire_bytes(kind, n, size)
+    assert costs.links.collective_latency_ns(op) == pytest.approx(
         links.per_message_overhead_ns.value + fit_links.steps(kind, n) * links.latency_ns.value)
 
 
