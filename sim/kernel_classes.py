@@ -41,15 +41,17 @@ CLASSES: dict[str, ClassSpec] = {c.name: c for c in (
               default_for=("collective", "p2p")),
     ClassSpec("host", "work the host does between kernels", default_for=("host",)),
 )}
-NAMES: tuple[str, ...] = tuple(CLASSES)
 FALLBACK = "elementwise"  # the class of an op kind no class claims
-MATRIX: frozenset[str] = frozenset(c.name for c in CLASSES.values() if c.matrix)
-_DEFAULT = {kind: c.name for c in CLASSES.values() for kind in c.default_for}
+
+
+def names() -> tuple[str, ...]:
+    """The declared classes, in order (the schemas build their choices from it when imported)."""
+    return tuple(CLASSES)
 
 
 def default_class(kind: str) -> str:
     """The class an op of ``kind`` runs as when the stack names no kernels for it."""
-    return _DEFAULT.get(kind, FALLBACK)
+    return next((c.name for c in CLASSES.values() if kind in c.default_for), FALLBACK)
 
 
 def check(names, allowed_extra: tuple[str, ...] = ()) -> None:
@@ -57,4 +59,4 @@ def check(names, allowed_extra: tuple[str, ...] = ()) -> None:
     ``allowed_extra``), with the classes listed; the schemas' validators call it."""
     unknown = [n for n in names if n not in CLASSES and n not in allowed_extra]
     if unknown:
-        raise ValueError(f"unknown kernel class {unknown[0]!r}; classes: {', '.join((*allowed_extra, *NAMES))}")
+        raise ValueError(f"unknown kernel class {unknown[0]!r}; classes: {', '.join((*allowed_extra, *CLASSES))}")

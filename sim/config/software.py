@@ -64,7 +64,7 @@ from sim.config.loader import load_yaml, validate
 from sim.config.quantity import Frac, Num, Share, Strict
 from sim.errors import ConfigError
 from sim.formats.spec import KVQuant
-from sim.kernel_classes import CLASSES, NAMES
+from sim.kernel_classes import CLASSES, names
 from sim.kernel_classes import check as check_classes
 from sim.paths import bundled
 from sim.paths import resolve as resolve_path
@@ -92,7 +92,7 @@ class Kernel(Strict):
     """One kernel of an op: its class, the roles it reads and writes, its temporaries."""
 
     name: str
-    kclass: Literal[NAMES] = Field(alias="class")  # a class of sim.kernel_classes
+    kclass: Literal[names()] = Field(alias="class")  # a class of sim.kernel_classes
     reads: tuple[str, ...] = ()
     writes: tuple[str, ...] = ()
     temp: float = Field(default=0.0, ge=0, le=64)  # intermediate bytes, in units of the op's output bytes

@@ -42,7 +42,7 @@ class KernelWork:
     the bytes it moves, its work, its parallelism and how many times it is launched."""
 
     name: str
-    kclass: str  # matrix | attention | elementwise | reduction | index | copy | cast | collective | host
+    kclass: str  # a class of sim.kernel_classes
     accesses: tuple[Access, ...]
     matrix_flops: int = 0
     matrix_m: int = 1

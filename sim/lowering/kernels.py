@@ -33,9 +33,8 @@ from dataclasses import dataclass
 from sim.config.software import Kernel
 from sim.errors import ConfigError
 from sim.formats.spec import KVQuant
-from sim.kernel_classes import CLASSES, MATRIX, default_class
+from sim.kernel_classes import CLASSES, default_class
 from sim.lowering.graph import Access, KernelWork
-
 
 
 @functools.lru_cache(maxsize=1024)
@@ -155,7 +154,7 @@ class _Split:
     def of(cls, specs, main_role: str, parts, matrix_flops: int, vector_ops: int, dequant_ops: int) -> _Split:
         main = {i: [share for role, share in (_share(s, parts) for s in k.reads) if role == main_role]
                 for i, k in enumerate(specs)}
-        matrix = {i: sum(main[i]) if main[i] else 1.0 for i, k in enumerate(specs) if k.kclass in MATRIX}
+        matrix = {i: sum(main[i]) if main[i] else 1.0 for i, k in enumerate(specs) if CLASSES[k.kclass].matrix}
         total = sum(matrix.values()) or 1.0
         casts = tuple(i for i, k in enumerate(specs) if CLASSES[k.kclass].unfused_dequant and main[i])
         others = tuple(i for i in range(len(specs)) if i not in matrix)
