@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from sim import load_profile
 from sim.config.hardware import KernelCosts
 from sim.config.loader import load_yaml
-from sim import load_profile
 from sim.config.software import Kernel, SoftwareStack, software_dir
 from sim.costs import CostModel
 from sim.formats.spec import KVQuant

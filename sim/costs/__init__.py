@@ -27,12 +27,11 @@ from sim.costs.compute import Tiles
 from sim.costs.kernels import KernelClasses, breakdown
 from sim.costs.links import Links
 from sim.costs.memory import Memory
-from sim.costs.records import CATEGORY_ROW, COMPUTE, Flow, HostTimes, KernelCost, OpCost, loads_ns, merge, merged_limit
+from sim.costs.records import CATEGORY_ROW, COMPUTE, Flow, HostTimes, KernelCost, OpCost, loads_ns, merge
 from sim.kernel_classes import default_class
 from sim.lowering.graph import KernelWork, Work
 
-__all__ = ["CATEGORY_ROW", "COMPUTE", "MEMO_LIMIT", "CostModel", "Flow", "HostTimes", "KernelCost", "OpCost", "merge",
-           "merged_limit"]
+__all__ = ["CATEGORY_ROW", "COMPUTE", "MEMO_LIMIT", "CostModel", "Flow", "HostTimes", "KernelCost", "OpCost", "merge"]
 
 MEMO_LIMIT = 8192  # distinct works a CostModel keeps (a step graph has tens; more means works that do not recur)
 
@@ -93,10 +92,6 @@ class CostModel:
         costs = [self.kernel_cost(op, k, first=i == 0) for i, k in enumerate(kernels)]
         overlap = self.stack.overlap.value if self.stack is not None and self.stack.overlap is not None else 0.0
         startup = sum(c.startup_ns * (1.0 if i == 0 else 1.0 - overlap) for i, c in enumerate(costs))
-        rows: dict[str, float] = {}
-        for c in costs:
-            for row, t in c.rows:
-                rows[row] = rows.get(row, 0.0) + t
         dispatch = sum(c.launches * (self.kernels.dispatch_ns(c.kclass) + k.host_ns)
                        for c, k in zip(costs, kernels, strict=True) if k.dispatched)
         host_launch = self.kernels.dispatch_ns(default_class("matmul"), self.host.launch_ns)
@@ -106,7 +101,7 @@ class CostModel:
                       sum(c.dequant_ns for c in costs), self.links.fill_ns(op), 0.0, startup,
                       ideal_body_ns=sum(c.body_ns for c in costs),
                       host_ns=op.host_ns + op.host_launches * host_launch + op.host_syncs * self.host.sync_ns,
-                      kernels=tuple(costs), rows=tuple(rows.items()), dispatch_ns=dispatch)
+                      kernels=tuple(costs), rows=_summed_rows(costs), dispatch_ns=dispatch)
 
     def kernel_cost(self, op: Work, k: KernelWork, first: bool) -> KernelCost:
         """One kernel alone on the chip: start-up, then the slowest of its loads and its compute."""
@@ -133,6 +128,15 @@ class CostModel:
         if measured is not None:
             return measured
         return gap + self.memory.first_byte_ns(flows, first)
+
+
+def _summed_rows(costs) -> tuple[tuple[str, float], ...]:
+    """The breakdown rows of an op's kernels, summed by row in the order they first appear."""
+    rows: dict[str, float] = {}
+    for c in costs:
+        for row, t in c.rows:
+            rows[row] = rows.get(row, 0.0) + t
+    return tuple(rows.items())
 
 
 def _byte_model_kernel(op: Work) -> KernelWork:

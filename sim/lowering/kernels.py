@@ -5,11 +5,13 @@ returns ``KernelWork`` records: each kernel's class, the op bytes it moves (by r
 shares such as ``w:0.5`` for one of two projections that split a weight), intermediate
 temporaries, and its part of the op's work:
 
-* matrix FLOPs go to the ``matrix``/``attention`` kernels, in proportion to the weight (or
-  KV) share each reads;
-* dequantization goes to the kernel that reads the weights or the cache (fused) or to a
-  ``cast`` kernel that reads them (an unfused dequantize);
+* matrix FLOPs go to the kernels of matrix classes (``matrix``, ``attention``), in proportion
+  to the weight (or KV) share each reads;
+* dequantization goes to the kernel that reads the weights or the cache (fused) or to an
+  unfused-dequantizing (``cast``) kernel that reads them;
 * other vector work is split evenly between the other kernels.
+
+What each class takes is its declaration in sim.kernel_classes.
 
 Temporaries: ``temp: k`` writes and reads back ``k`` times a size (``temp_of``, the op's
 output bytes by default) in the kernel itself; ``makes`` writes a named temporary that a later
