@@ -54,9 +54,9 @@ def default_class(kind: str) -> str:
     return next((c.name for c in CLASSES.values() if kind in c.default_for), FALLBACK)
 
 
-def check(names, allowed_extra: tuple[str, ...] = ()) -> None:
-    """Raise ValueError naming the first of ``names`` that is no kernel class (nor one of
+def check(given, allowed_extra: tuple[str, ...] = ()) -> None:
+    """Raise ValueError naming the first of ``given`` that is no kernel class (nor one of
     ``allowed_extra``), with the classes listed; the schemas' validators call it."""
-    unknown = [n for n in names if n not in CLASSES and n not in allowed_extra]
+    unknown = [n for n in given if n not in CLASSES and n not in allowed_extra]
     if unknown:
         raise ValueError(f"unknown kernel class {unknown[0]!r}; classes: {', '.join((*allowed_extra, *CLASSES))}")
