@@ -38,7 +38,7 @@ A2A_TOKENS = [1, 4, 16, 64, 128, 256, 512, 1024]
 
 
 def model_ns(kind: str, n: int, size: float, fig: dict, gap: float = GAP_NS) -> float:
-    """The simulator's collective time written out independently of fit_links (sim/costs.py)."""
+    """The simulator's collective time written out independently of fit_links (sim/costs/links.py)."""
     if kind == "allreduce":
         k, wire = 2 * (n - 1), math.ceil(2 * (n - 1) * size / n)
     else:
@@ -159,15 +159,15 @@ def test_a_row_labelled_plumbing_check_is_refused_whatever_its_world_size(tmp_pa
 @settings(max_examples=40, deadline=None)
 @given(kind=st.sampled_from(["allreduce", "alltoall"]), n=st.integers(2, 64), size=st.integers(1, 10 ** 9))
 def test_model_terms_are_the_cost_models(kind, n, size):
-    """steps(n) and wire_bytes are what sim/costs.py charges on the switch topology."""
+    """steps(n) and wire_bytes are what sim/costs/links.py charges on the switch topology."""
     hw = load_profile("h200-sxm-x8")
     links = hw.system.links
     assert links.topology in fit_links.TOPOLOGIES
     costs = CostModel(hw)
     access = Access("link", size, "link")
     op = Work(kind="collective", accesses=(access,), collective=(kind, size, n))
-    assert costs._link_bytes(op, access) == fit_links.wire_bytes(kind, n, size)
-    assert costs.collective_latency_ns(op) == pytest.approx(
+    assert costs.links.wire_bytes(op, access) == fit_links.wire_bytes(kind, n, size)
+    assert costs.links.collective_latency_ns(op) == pytest.approx(
         links.per_message_overhead_ns.value + fit_links.steps(kind, n) * links.latency_ns.value)
 
 

@@ -194,7 +194,7 @@ def test_stages_in_different_groups_talk_over_the_scaleout_links():
     cross = costs.cost(recv[1].work)
     inside = costs.cost(recv[0].work)
     assert cross.total_ns > inside.total_ns
-    assert costs.collective_latency_ns(recv[1].work) == pytest.approx(5000)
+    assert costs.links.collective_latency_ns(recv[1].work) == pytest.approx(5000)
 
 
 def test_fit_policy_places_what_fits_in_sram_and_stages_the_rest():

@@ -27,6 +27,7 @@ from pydantic import Field, field_validator, model_validator
 
 from sim.config.energy import Energy, energy_tiers
 from sim.config.quantity import Count, Frac, Num, Pos, Share, Strict, Table, by_dtype
+from sim.kernel_classes import check as check_classes
 from sim.units import GB, MB
 
 
@@ -340,10 +341,7 @@ class KernelCosts(Strict):
     @field_validator("classes")
     @classmethod
     def _known(cls, table: dict) -> dict:
-        known = {"matrix", "attention", "elementwise", "reduction", "index", "copy", "cast", "collective", "host"}
-        unknown = sorted(set(table) - known)
-        if unknown:
-            raise ValueError(f"unknown kernel class {unknown[0]!r}; classes: {', '.join(sorted(known))}")
+        check_classes(table)
         return table
 
 

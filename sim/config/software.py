@@ -63,10 +63,12 @@ from pydantic import Field, field_validator, model_validator
 from sim.config.loader import load_yaml, validate
 from sim.config.quantity import Frac, Num, Share, Strict
 from sim.errors import ConfigError
+from sim.formats.spec import KVQuant
+from sim.kernel_classes import CLASSES, names
+from sim.kernel_classes import check as check_classes
 from sim.paths import bundled
 from sim.paths import resolve as resolve_path
 
-KERNEL_CLASSES = ("matrix", "attention", "elementwise", "reduction", "index", "copy", "cast", "collective", "host")
 ROLES = ("x", "w", "y", "res", "kv", "cache", "idx", "link", "pcie", "noc", "fetch")
 SIZES = ("kv_dense", "new_kv")  # sizes an op knows besides its roles (sim.lowering.ops)
 # the ops the lowering emits (sim.lowering.decode, .moe, .ops; tests/test_stacks.py checks the list)
@@ -90,8 +92,7 @@ class Kernel(Strict):
     """One kernel of an op: its class, the roles it reads and writes, its temporaries."""
 
     name: str
-    kclass: Literal["matrix", "attention", "elementwise", "reduction", "index", "copy", "cast", "collective",
-                    "host"] = Field(alias="class")
+    kclass: Literal[names()] = Field(alias="class")  # a class of sim.kernel_classes
     reads: tuple[str, ...] = ()
     writes: tuple[str, ...] = ()
     temp: float = Field(default=0.0, ge=0, le=64)  # intermediate bytes, in units of the op's output bytes
@@ -221,13 +222,12 @@ class AttentionImpl(Strict):
     codebook_ps: Num | None = None
     source: str = ""
 
-    def ps_per_value(self, quant: tuple) -> float:
-        """Picoseconds per dequantized value for a format (sim.lowering.ops.kv_quant)."""
-        bits, group, outliers, per_channel, codebook = quant
-        ps = self.value_ps.value + self.unpack_ps.value * max(0.0, 8.0 / bits - 1.0)
-        ps += self.group_ps.value / group if group else 0.0
-        ps += self.outlier_ps.value * outliers + (self.channel_ps.value if per_channel else 0.0)
-        if codebook and self.codebook_ps is not None:
+    def ps_per_value(self, quant: KVQuant) -> float:
+        """Picoseconds per dequantized value for a KV format (sim.formats.spec.kv_quant)."""
+        ps = self.value_ps.value + self.unpack_ps.value * max(0.0, 8.0 / quant.bits - 1.0)
+        ps += self.group_ps.value / quant.group_size if quant.group_size else 0.0
+        ps += self.outlier_ps.value * quant.outlier_fraction + (self.channel_ps.value if quant.k_per_channel else 0.0)
+        if quant.codebook and self.codebook_ps is not None:
             ps += self.codebook_ps.value
         return ps
 
@@ -267,13 +267,19 @@ class SoftwareStack(Strict):
     @field_validator("dispatch_ns")
     @classmethod
     def _classes(cls, table: dict) -> dict:
-        unknown = [k for k in table if k not in (*KERNEL_CLASSES, "default")]
-        if unknown:
-            raise ValueError(f"unknown kernel class {unknown[0]!r}; classes: default, {', '.join(KERNEL_CLASSES)}")
+        check_classes(table, allowed_extra=("default",))
         return table
 
     @model_validator(mode="after")
     def _names(self):
+        for where, kernel in self._kernels():
+            problem = self._unknown_name(kernel)
+            if problem is not None:
+                raise ValueError(f"{where}.{kernel.name}: {problem}")
+        return self
+
+    def _kernels(self) -> list[tuple[str, Kernel]]:
+        """(key path, kernel) of every kernel the stack declares."""
         kernels = [(f"ops.{key}", k) for key, entry in self.ops.items() for k in entry.kernels]
         for dtype, entry in self.matrix_prologue.items():
             if isinstance(entry, PrologueChoices):
@@ -283,19 +289,21 @@ class SoftwareStack(Strict):
                 kernels += [(f"matrix_prologue.{dtype}", k) for k in entry]
         kernels += [(f"kv_formats.{fmt}.{op}", k) for fmt, table in self.kv_formats.items()
                     for op, entry in table.items() for k in entry.kernels]
-        for where, kernel in kernels:
-            if (kernel.impl is not None and kernel.kclass == "attention" and kernel.impl not in self.attention
-                    and kernel.impl not in self.impls):
-                raise ValueError(f"{where}: attention impl {kernel.impl!r} is in neither attention: "
-                                 f"{', '.join(self.attention) or '(none)'} nor impls")
-            if kernel.impl is not None and kernel.kclass != "attention" and kernel.impl not in self.impls:
-                raise ValueError(f"{where}.{kernel.name}: impl {kernel.impl!r} is not in impls: "
-                                 f"{', '.join(self.impls) or '(none)'}")
-            unknown = [c for c in kernel.calls if c not in self.host_calls_ns]
-            if unknown:
-                raise ValueError(f"{where}.{kernel.name}: framework call {unknown[0]!r} is not in host_calls_ns: "
-                                 f"{', '.join(self.host_calls_ns) or '(none)'}")
-        return self
+        return kernels
+
+    def _unknown_name(self, kernel: Kernel) -> str | None:
+        """What ``kernel`` names that the stack does not declare (an implementation, a framework
+        call), or None. A cache-reading kernel's implementation may be an attention one."""
+        if kernel.impl is not None and kernel.impl not in self.impls:
+            if not CLASSES[kernel.kclass].cache_dequant:
+                return f"impl {kernel.impl!r} is not in impls: {', '.join(self.impls) or '(none)'}"
+            if kernel.impl not in self.attention:
+                return (f"attention impl {kernel.impl!r} is in neither attention: "
+                        f"{', '.join(self.attention) or '(none)'} nor impls")
+        unknown = [c for c in kernel.calls if c not in self.host_calls_ns]
+        if unknown:
+            return f"framework call {unknown[0]!r} is not in host_calls_ns: {', '.join(self.host_calls_ns) or '(none)'}"
+        return None
 
     def unknown_key(self) -> tuple[str, str] | None:
         """(key path, what is wrong) for the first op key, group member or KV-format op that

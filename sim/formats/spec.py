@@ -33,6 +33,7 @@ position, as KVQuant's dense-and-sparse split does.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import Field, model_validator
@@ -89,29 +90,44 @@ class Quant(Strict):
 
     @model_validator(mode="after")
     def _consistent(self):
-        if self.encoding == "float":
-            if self.float_format is None:
-                raise ValueError("encoding: float needs a float_format (fp16, bf16, e4m3, e5m2)")
-            if FLOAT_BITS[self.float_format] != self.bits:
-                raise ValueError(f"float_format {self.float_format} has {FLOAT_BITS[self.float_format]} bits, "
-                                 f"not bits: {self.bits}")
-            if not self.symmetric or self.zero_dtype != "none":
-                raise ValueError("a float encoding is symmetric and has no zero point")
-        elif self.float_format is not None:
-            raise ValueError("float_format is only used with encoding: float")
-        if self.encoding == "codebook":
-            if self.bits > 8:
-                raise ValueError(f"a codebook has at most 8 bits (256 levels), got bits: {self.bits}")
-            if self.levels is None:
-                raise ValueError("encoding: codebook needs levels (nf, kmeans or a list)")
-            if isinstance(self.levels, list):
-                table = self.levels
-                if len(table) != 2 ** self.bits:
-                    raise ValueError(f"levels must list 2^bits = {2 ** self.bits} values, got {len(table)}")
-                if any(b <= a for a, b in zip(table[:-1], table[1:], strict=True)) or min(table) < -1 or max(table) > 1:
-                    raise ValueError("levels must be strictly increasing values in [-1, 1]")
-        elif self.levels is not None:
-            raise ValueError("levels are only used with encoding: codebook")
+        self._check_float()
+        self._check_codebook()
+        self._check_scales()
+        return self
+
+    def _check_float(self) -> None:
+        """A float encoding names its minifloat, of ``bits`` bits, symmetric and without zero point."""
+        if self.encoding != "float":
+            if self.float_format is not None:
+                raise ValueError("float_format is only used with encoding: float")
+            return
+        if self.float_format is None:
+            raise ValueError("encoding: float needs a float_format (fp16, bf16, e4m3, e5m2)")
+        if FLOAT_BITS[self.float_format] != self.bits:
+            raise ValueError(f"float_format {self.float_format} has {FLOAT_BITS[self.float_format]} bits, "
+                             f"not bits: {self.bits}")
+        if not self.symmetric or self.zero_dtype != "none":
+            raise ValueError("a float encoding is symmetric and has no zero point")
+
+    def _check_codebook(self) -> None:
+        """A codebook has at most 256 levels: named, or listed as 2^bits increasing values in [-1, 1]."""
+        if self.encoding != "codebook":
+            if self.levels is not None:
+                raise ValueError("levels are only used with encoding: codebook")
+            return
+        if self.bits > 8:
+            raise ValueError(f"a codebook has at most 8 bits (256 levels), got bits: {self.bits}")
+        if self.levels is None:
+            raise ValueError("encoding: codebook needs levels (nf, kmeans or a list)")
+        if isinstance(self.levels, list):
+            table = self.levels
+            if len(table) != 2 ** self.bits:
+                raise ValueError(f"levels must list 2^bits = {2 ** self.bits} values, got {len(table)}")
+            if any(b <= a for a, b in zip(table[:-1], table[1:], strict=True)) or min(table) < -1 or max(table) > 1:
+                raise ValueError("levels must be strictly increasing values in [-1, 1]")
+
+    def _check_scales(self) -> None:
+        """Scales and zero points agree with the encoding, the symmetry and the grouping."""
         if self.encoding in ("int", "codebook") and self.scale_dtype == "none" and self.bits < 16:
             raise ValueError(f"an {self.encoding} encoding below 16 bits needs a scale_dtype")
         if self.symmetric and self.zero_dtype != "none":
@@ -122,7 +138,6 @@ class Quant(Strict):
             raise ValueError("per: tensor has one scale per tensor; group_size must be null")
         if self.scale_dtype == "none" and self.per != "tensor" and self.group_size is not None:
             raise ValueError("group_size needs a scale_dtype")
-        return self
 
     @property
     def meta_bits_per_group(self) -> int:
@@ -149,3 +164,27 @@ class FormatSpec(Quant):
 
     def quant_fields(self) -> dict:
         return {key: getattr(self, key) for key in Quant.model_fields}
+
+
+@dataclass(frozen=True, slots=True)
+class KVQuant:
+    """What a dequantizing attention kernel's cost depends on for a quantized KV format (its
+    implementation prices each value by these: sim.config.software.AttentionImpl)."""
+
+    bits: float  # mean value bits of K and V
+    group_size: int  # values per scale group (0: one scale per row or channel)
+    outlier_fraction: float  # of the values kept in high precision (the larger of K's and V's)
+    k_per_channel: bool  # K quantized per channel (KIVI)
+    codebook: bool  # K or V looks its levels up in a codebook
+
+
+def kv_quant(fmt) -> KVQuant | None:
+    """The dequantization a KV format (``fmt.k``, ``fmt.v``: Quant) asks of attention; None for
+    a 16-bit cache (nothing to dequantize)."""
+    k, v = fmt.k, fmt.v
+    if k.bits >= 16 and v.bits >= 16:
+        return None
+    outliers = max((q.outliers.fraction for q in (k, v) if q.outliers is not None), default=0.0)
+    return KVQuant(bits=(k.bits + v.bits) / 2, group_size=k.group_size or v.group_size or 0,
+                   outlier_fraction=float(outliers), k_per_channel=k.per == "column",
+                   codebook=k.encoding == "codebook" or v.encoding == "codebook")

@@ -21,6 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from sim.formats.spec import KVQuant
+
 
 @dataclass(frozen=True, slots=True)
 class Access:
@@ -40,7 +42,7 @@ class KernelWork:
     the bytes it moves, its work, its parallelism and how many times it is launched."""
 
     name: str
-    kclass: str  # matrix | attention | elementwise | reduction | index | copy | cast | collective | host
+    kclass: str  # a class of sim.kernel_classes
     accesses: tuple[Access, ...]
     matrix_flops: int = 0
     matrix_m: int = 1
@@ -51,7 +53,7 @@ class KernelWork:
     launches: int = 1
     impl: str | None = None  # a measured implementation (attention kernels)
     values: int = 0  # quantized values it dequantizes (attention over a quantized cache)
-    quant: tuple = ()  # (bits, group size, outlier fraction) of the format it dequantizes
+    quant: KVQuant | None = None  # the quantized KV format it dequantizes (attention)
     dispatched: bool = True  # the host launches it itself in eager mode
     host_ns: float = 0.0  # eager host time of the kernel-less framework calls before each launch
 

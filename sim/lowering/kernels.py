@@ -5,11 +5,13 @@ returns ``KernelWork`` records: each kernel's class, the op bytes it moves (by r
 shares such as ``w:0.5`` for one of two projections that split a weight), intermediate
 temporaries, and its part of the op's work:
 
-* matrix FLOPs go to the ``matrix``/``attention`` kernels, in proportion to the weight (or
-  KV) share each reads;
-* dequantization goes to the kernel that reads the weights or the cache (fused) or to a
-  ``cast`` kernel that reads them (an unfused dequantize);
+* matrix FLOPs go to the kernels of matrix classes (``matrix``, ``attention``), in proportion
+  to the weight (or KV) share each reads;
+* dequantization goes to the kernel that reads the weights or the cache (fused) or to an
+  unfused-dequantizing (``cast``) kernel that reads them;
 * other vector work is split evenly between the other kernels.
+
+What each class takes is its declaration in sim.kernel_classes.
 
 Temporaries: ``temp: k`` writes and reads back ``k`` times a size (``temp_of``, the op's
 output bytes by default) in the kernel itself; ``makes`` writes a named temporary that a later
@@ -28,14 +30,13 @@ are launched once per expert the op touches (a per-expert loop); their bytes are
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 from sim.config.software import Kernel
 from sim.errors import ConfigError
+from sim.formats.spec import KVQuant
+from sim.kernel_classes import CLASSES, default_class
 from sim.lowering.graph import Access, KernelWork
-
-DEFAULT_CLASS = {"matmul": "matrix", "attention": "attention", "vector": "elementwise", "collective": "collective",
-                 "p2p": "collective", "host": "host"}
-MATRIX_CLASSES = ("matrix", "attention")
 
 
 @functools.lru_cache(maxsize=1024)
@@ -97,79 +98,128 @@ def _size(spec: str, accesses, sizes: dict[str, tuple[str, int]], act_level: str
 
 def expand(specs: tuple[Kernel, ...] | None, kind: str, accesses: tuple[Access, ...], *, matrix_flops: int,
            matrix_m: int, vector_ops: int, dequant_ops: int, dtype: str, parallelism: float,
-           parts: dict[str, float] | None = None, active: int = 1, values: int = 0, quant: tuple = (),
+           parts: dict[str, float] | None = None, active: int = 1, values: int = 0, quant: KVQuant | None = None,
            act_level: str = "", calls_ns=None, sizes: dict[str, tuple[str, int]] | None = None
            ) -> tuple[KernelWork, ...]:
     """The kernels of one op (see the module docstring). ``sizes`` maps the size names an op
     knows besides its roles to (level, bytes)."""
     parts = parts or {}
-    sizes = sizes or {}
     if specs is None:
-        return (KernelWork(name=kind, kclass=DEFAULT_CLASS.get(kind, "elementwise"), accesses=accesses,
+        return (KernelWork(name=kind, kclass=default_class(kind), accesses=accesses,
                            matrix_flops=matrix_flops, matrix_m=matrix_m, vector_ops=vector_ops,
                            dequant_ops=dequant_ops, dtype=dtype, parallelism=parallelism,
                            values=values, quant=quant),)
-    y_bytes = sum(a.bytes for a in accesses if a.role == "y" and a.write)
-    temp_level = act_level or next((a.level for a in accesses if a.role in ("y", "x")), "")
-    main_role = "kv" if kind == "attention" else "w"
-    matrix_share = {}
-    for i, k in enumerate(specs):
-        if k.kclass in MATRIX_CLASSES:
-            shares = [share for role, share in (_share(s, parts) for s in k.reads) if role == main_role]
-            matrix_share[i] = sum(shares) if shares else 1.0
-    total_matrix = sum(matrix_share.values()) or 1.0
-    cast_reads_main = [i for i, k in enumerate(specs) if k.kclass == "cast"
-                       and any(_share(s, parts)[0] == main_role for s in k.reads)]
-    others = [i for i, k in enumerate(specs) if i not in matrix_share]
+    split = _Split.of(specs, "kv" if kind == "attention" else "w", parts, matrix_flops, vector_ops, dequant_ops)
+    temps = _Temps(accesses, sizes or {}, act_level or next((a.level for a in accesses if a.role in ("y", "x")), ""))
     out = []
-    made: dict[str, tuple[str, int]] = {}
     for i, k in enumerate(specs):
-        acc: list[Access] = []
-        for spec in k.reads:
+        acc = [*_role_accesses(k, accesses, parts), *temps.of(k)]
+        share, flops, vec, deq = split.work(i)
+        spec = CLASSES[k.kclass]
+        out.append(KernelWork(
+            name=k.name, kclass=k.kclass, accesses=tuple(acc), matrix_flops=flops, matrix_m=matrix_m, vector_ops=vec,
+            dequant_ops=deq, dtype=dtype if spec.matrix else "bf16",
+            parallelism=max(1.0, parallelism * (share if i in split.matrix else 1.0)),
+            launches=k.launches * (max(1, active) if k.per_expert else 1),
+            impl=k.impl, values=values if spec.cache_dequant else 0,
+            quant=quant if spec.cache_dequant else None, dispatched=k.dispatched,
+            host_ns=calls_ns(k) if calls_ns is not None and k.calls else 0.0))
+    return tuple(out)
+
+
+def _role_accesses(k: Kernel, accesses, parts: dict[str, float]) -> list[Access]:
+    """The op's accesses that kernel ``k`` reads and writes, by role and share."""
+    acc: list[Access] = []
+    for specs, write in ((k.reads, False), (k.writes, True)):
+        for spec in specs:
             role, share = _share(spec, parts)
-            acc += _scaled(accesses, role, share, write=False)
-        for spec in k.writes:
-            role, share = _share(spec, parts)
-            acc += _scaled(accesses, role, share, write=True)
-        if k.temp and k.temp_of == "y" and y_bytes and temp_level:
-            tmp = round(k.temp * y_bytes)
-            acc += [Access(temp_level, tmp, "act", False, None, "temp"), Access(temp_level, tmp, "act", True, None, "temp")]
-        elif k.temp and k.temp_of != "y":
-            level, n = _size(k.temp_of, accesses, sizes, temp_level)
-            tmp = round(k.temp * n)
-            if tmp and level:
-                acc += [Access(level, tmp, "act", False, None, "temp"), Access(level, tmp, "act", True, None, "temp")]
+            acc += _scaled(accesses, role, share, write=write)
+    return acc
+
+
+@dataclass(frozen=True)
+class _Split:
+    """How an op's work divides between its kernels: matrix FLOPs (and the parallelism) by
+    the share of the main operand each matrix kernel reads; dequantization to the unfused
+    casts that read the main operand, else with the matrix work, else evenly; other vector
+    work evenly between the non-matrix kernels, else with the matrix work."""
+
+    matrix: dict[int, float]  # kernel index -> its share of the op's matrix work
+    casts: tuple[int, ...]  # unfused dequantizing kernels that read the main operand
+    others: tuple[int, ...]  # kernels that are not matrix kernels
+    kernels: int
+    matrix_flops: int
+    vector_ops: int
+    dequant_ops: int
+
+    @classmethod
+    def of(cls, specs, main_role: str, parts, matrix_flops: int, vector_ops: int, dequant_ops: int) -> _Split:
+        main = {i: [share for role, share in (_share(s, parts) for s in k.reads) if role == main_role]
+                for i, k in enumerate(specs)}
+        matrix = {i: sum(main[i]) if main[i] else 1.0 for i, k in enumerate(specs) if CLASSES[k.kclass].matrix}
+        total = sum(matrix.values()) or 1.0
+        casts = tuple(i for i, k in enumerate(specs) if CLASSES[k.kclass].unfused_dequant and main[i])
+        others = tuple(i for i in range(len(specs)) if i not in matrix)
+        return cls({i: m / total for i, m in matrix.items()}, casts, others, len(specs), matrix_flops, vector_ops,
+                   dequant_ops)
+
+    def work(self, i: int) -> tuple[float, int, int, int]:
+        """(matrix share, matrix FLOPs, vector ops with the dequantization, dequantization ops) of kernel ``i``."""
+        share = self.matrix.get(i, 0.0)
+        flops = round(self.matrix_flops * share) if self.matrix else (self.matrix_flops if i == 0 else 0)
+        base = max(0, self.vector_ops - self.dequant_ops)
+        if self.others:
+            vec = base // len(self.others) if i in self.others else 0
+        else:
+            vec = round(base * share)
+        deq = self._dequant(i, share)
+        return share, flops, vec + deq, deq
+
+    def _dequant(self, i: int, share: float) -> int:
+        if self.casts:
+            return self.dequant_ops // len(self.casts) if i in self.casts else 0
+        if self.matrix:
+            return round(self.dequant_ops * share)
+        return self.dequant_ops // self.kernels
+
+
+class _Temps:
+    """The temporaries of an op's kernels: each kernel's own (``temp``) and the named ones
+    earlier kernels make and later ones use."""
+
+    def __init__(self, accesses, sizes: dict[str, tuple[str, int]], level: str):
+        self.accesses, self.sizes, self.level = accesses, sizes, level
+        self.y_bytes = sum(a.bytes for a in accesses if a.role == "y" and a.write)
+        self.made: dict[str, tuple[str, int]] = {}
+
+    def of(self, k: Kernel) -> list[Access]:
+        """Kernel ``k``'s temporary accesses, in order: its own, those it uses, those it makes."""
+        acc = self._own(k)
         for name in k.uses:
-            level, n = made[name]
+            level, n = self.made[name]
             if n and level:
                 acc.append(Access(level, n, "act", False, None, "temp"))
         for name, spec in k.makes.items():
-            level, n = made[name] = _size(spec, accesses, sizes, temp_level)
+            level, n = self.made[name] = _size(spec, self.accesses, self.sizes, self.level)
             if n and level:
                 acc.append(Access(level, n, "act", True, None, "temp"))
-        share = matrix_share.get(i, 0.0) / total_matrix if i in matrix_share else 0.0
-        flops = round(matrix_flops * share) if matrix_share else (matrix_flops if i == 0 else 0)
-        base = max(0, vector_ops - dequant_ops)
-        if others:
-            vec = base // len(others) if i in others else 0
+        return acc
+
+    def _own(self, k: Kernel) -> list[Access]:
+        """``temp`` times a size, written and read back by the kernel itself."""
+        if not k.temp:
+            return []
+        if k.temp_of == "y":  # the op's output bytes
+            level, n = self.level, self.y_bytes
+            tmp = round(k.temp * n)
+            kept = n and level
         else:
-            vec = round(base * share)
-        if cast_reads_main:
-            deq = dequant_ops // len(cast_reads_main) if i in cast_reads_main else 0
-        elif matrix_share:
-            deq = round(dequant_ops * share)
-        else:
-            deq = dequant_ops // len(specs)
-        vec += deq
-        launches = k.launches * (max(1, active) if k.per_expert else 1)
-        out.append(KernelWork(
-            name=k.name, kclass=k.kclass, accesses=tuple(acc), matrix_flops=flops, matrix_m=matrix_m, vector_ops=vec,
-            dequant_ops=deq, dtype=dtype if k.kclass in MATRIX_CLASSES else "bf16",
-            parallelism=max(1.0, parallelism * (share if i in matrix_share else 1.0)), launches=launches,
-            impl=k.impl, values=values if k.kclass == "attention" else 0,
-            quant=quant if k.kclass == "attention" else (), dispatched=k.dispatched,
-            host_ns=calls_ns(k) if calls_ns is not None and k.calls else 0.0))
-    return tuple(out)
+            level, n = _size(k.temp_of, self.accesses, self.sizes, self.level)
+            tmp = round(k.temp * n)
+            kept = tmp and level
+        if not kept:
+            return []
+        return [Access(level, tmp, "act", False, None, "temp"), Access(level, tmp, "act", True, None, "temp")]
 
 
 def with_prologue(specs: tuple[Kernel, ...] | None, prologue: tuple[Kernel, ...], kind: str,
@@ -180,14 +230,15 @@ def with_prologue(specs: tuple[Kernel, ...] | None, prologue: tuple[Kernel, ...]
     if (not prologue and not epilogue) or kind != "matmul":
         return specs
     if specs is None:
-        specs = (Kernel.model_validate({"name": "gemm", "class": "matrix", "reads": ["x", "w", "res"],
+        specs = (Kernel.model_validate({"name": "gemm", "class": default_class("matmul"), "reads": ["x", "w", "res"],
                                         "writes": ["y"]}),)
     out: list[Kernel] = []
     for k in specs:
-        if k.kclass == "matrix":
+        gemm = CLASSES[k.kclass].gemm
+        if gemm:
             out.extend(prologue)
         out.append(k)
-        if k.kclass == "matrix":
+        if gemm:
             out.extend(epilogue)
     return tuple(out)
 

@@ -12,6 +12,7 @@ from collections import Counter
 from sim.config.setup import ACT_BYTES, Setup
 from sim.errors import ConfigError
 from sim.formats import get_format
+from sim.formats.spec import kv_quant
 from sim.lowering.graph import Access, Builder, Op
 from sim.lowering.kernels import expand, with_prologue
 
@@ -76,7 +77,7 @@ def op_expander(setup: Setup):
     head_variants = (f"d{m.head_dim}",)
     new_kv_share = (setup.k_width + setup.v_width) / (setup.q_width + setup.k_width + setup.v_width)
 
-    def run(name: str, kind: str, accesses, work: dict, parts=None, values: int = 0, quant: tuple = (),
+    def run(name: str, kind: str, accesses, work: dict, parts=None, values: int = 0, quant=None,
             active: int = 1):
         variants = norm_variants if name in NORM_OPS else (head_variants if name == "attention" else ())
         specs = stack.kernels_for(name, kv=kv, variants=variants)
@@ -190,19 +191,6 @@ def prefill_attention(setup: Setup, b: Builder, layer: int, prefill: tuple[tuple
                  dtype="bf16", parallelism=max(splits, queries / 64) * setup.kv_heads, tags=(("tokens", pairs),),
                  values=sum(before + c for c, before in prefill) * (setup.k_width + setup.v_width),
                  quant=kv_quant(setup.kv))
-
-
-def kv_quant(fmt) -> tuple:
-    """What a dequantizing attention kernel's cost depends on, for a KV format: (mean value
-    bits of K and V, group size (0 = per row/channel), outlier fraction, K quantized per
-    channel, codebook levels). Empty for a 16-bit cache (nothing to dequantize)."""
-    k, v = fmt.k, fmt.v
-    if k.bits >= 16 and v.bits >= 16:
-        return ()
-    outliers = max((q.outliers.fraction for q in (k, v) if q.outliers is not None and hasattr(q.outliers, "fraction")),
-                   default=0.0)
-    return ((k.bits + v.bits) / 2, k.group_size or v.group_size or 0, float(outliers), k.per == "column",
-            k.encoding == "codebook" or v.encoding == "codebook")
 
 
 def kv_traffic(setup: Setup, contexts: tuple[int, ...]) -> tuple[int, int, int, int, int, float]:

@@ -1,0 +1,146 @@
+"""Per-op costs on a hardware profile: the one place where an op meets the hardware numbers.
+
+Both the discrete-event engine and the analytic model read an ``OpCost``; the engine
+turns its flows into shared-bandwidth transfers, the analytic model adds them up in closed
+form. All times in ns, rates in bytes/ns (= GB/s). The ``CostModel`` composes what each
+part of the chip contributes, each in its own module:
+
+* memory tiers and HBM striping (``memory``): what an access consumes and how fast it goes;
+* links and topology (``links``): collectives' wire bytes and latency steps, NoC and host link;
+* compute on the tiles (``compute``): matrix and vector time, rounded to the clock;
+* kernel classes (``kernels``): measured start-up and stream rates, the stack's implementations.
+
+``fill`` is paid before the body (first-byte latency of the slowest source, or the latency
+steps of a collective, plus the NoC's latency for each hop and the host link's for each
+message), ``drain`` after it, and ``gap`` (kernel boundaries) before everything.
+
+Costs are keyed by the op's ``Work`` (sim.lowering.graph), so the op of every layer that
+asks the same shares one ``OpCost``; the memo belongs to the CostModel instance.
+"""
+
+from __future__ import annotations
+
+import math
+
+from sim.config.hardware import HardwareProfile
+from sim.costs.compute import Tiles
+from sim.costs.kernels import KernelClasses, breakdown
+from sim.costs.links import Links
+from sim.costs.memory import Memory
+from sim.costs.records import CATEGORY_ROW, COMPUTE, Flow, HostTimes, KernelCost, OpCost, loads_ns, merge
+from sim.kernel_classes import default_class
+from sim.lowering.graph import KernelWork, Work
+
+__all__ = ["CATEGORY_ROW", "COMPUTE", "MEMO_LIMIT", "CostModel", "Flow", "HostTimes", "KernelCost", "OpCost", "merge"]
+
+MEMO_LIMIT = 8192  # distinct works a CostModel keeps (a step graph has tens; more means works that do not recur)
+
+
+class CostModel:
+    """Costs of ops on one hardware profile under one software stack (None: the byte model's
+    kernels, one per op unless the lowering says otherwise)."""
+
+    def __init__(self, hw: HardwareProfile, stack=None):
+        self.hw = hw
+        self.stack = stack
+        self.memory = Memory(hw)
+        self.links = Links(hw)
+        self.compute = Tiles(hw.compute)
+        self.kernels = KernelClasses(hw, stack)
+        self.capacity: dict[str, float] = {**self.memory.capacity(), COMPUTE: 1.0, **self.links.capacity()}
+        host = hw.host
+        self.host = HostTimes(host.launch_overhead_ns.value, host.graph_launch_ns.value,
+                              host.sync_round_trip_ns.value)
+        self._memo: dict[Work, OpCost] = {}
+
+    @property
+    def tiles(self) -> int:
+        """The chip's compute tiles."""
+        return self.hw.compute.tiles.value
+
+    @property
+    def tile_m(self) -> int:
+        """The rows the matrix unit pads M to."""
+        return self.hw.compute.matrix_tile_m.value
+
+    def flow(self, op: Work, access, tiles: float, store_cap: float = math.inf) -> Flow:
+        """An access as a flow: on a link by its wire bytes, on a memory level by its efficiency
+        and striping; ``store_cap`` caps an access to the backing store (the kernel class's rate)."""
+        if access.level not in self.memory.levels:  # link, scaleout, pcie, noc
+            return self.links.flow(op, access)
+        return self.memory.flow(access, tiles, store_cap)
+
+    # -- the op ---------------------------------------------------------------------------
+    def cost(self, work: Work) -> OpCost:
+        """The cost of ``work``; ops that ask the same of the hardware (the same op in every
+        layer) share one OpCost."""
+        cost = self._memo.get(work)
+        if cost is None:
+            if len(self._memo) >= MEMO_LIMIT:  # bounded: a long run's memory does not grow with its steps
+                self._memo.clear()
+            cost = self._memo[work] = self._cost(work)
+        return cost
+
+    def cost_once(self, work: Work) -> OpCost:
+        """The cost of ``work`` from the memo if it is there, else computed and not kept (for
+        works that will not come again, such as one step's attention in a serving replay)."""
+        cost = self._memo.get(work)
+        return cost if cost is not None else self._cost(work)
+
+    def _cost(self, op: Work) -> OpCost:
+        kernels = op.kernels_run or (_byte_model_kernel(op),)
+        costs = [self.kernel_cost(op, k, first=i == 0) for i, k in enumerate(kernels)]
+        overlap = self.stack.overlap.value if self.stack is not None and self.stack.overlap is not None else 0.0
+        startup = sum(c.startup_ns * (1.0 if i == 0 else 1.0 - overlap) for i, c in enumerate(costs))
+        dispatch = sum(c.launches * (self.kernels.dispatch_ns(c.kclass) + k.host_ns)
+                       for c, k in zip(costs, kernels, strict=True) if k.dispatched)
+        host_launch = self.kernels.dispatch_ns(default_class("matmul"), self.host.launch_ns)
+        return OpCost(tuple(f for c in costs for f in c.flows), sum(c.compute_ns for c in costs),
+                      max((c.tiles for c in costs), default=1.0) / self.tiles,
+                      sum(c.matrix_ns for c in costs), sum(c.vector_ns for c in costs),
+                      sum(c.dequant_ns for c in costs), self.links.fill_ns(op), 0.0, startup,
+                      ideal_body_ns=sum(c.body_ns for c in costs),
+                      host_ns=op.host_ns + op.host_launches * host_launch + op.host_syncs * self.host.sync_ns,
+                      kernels=tuple(costs), rows=_summed_rows(costs), dispatch_ns=dispatch)
+
+    def kernel_cost(self, op: Work, k: KernelWork, first: bool) -> KernelCost:
+        """One kernel alone on the chip: start-up, then the slowest of its loads and its compute."""
+        tiles = self.compute.tiles_for(k)
+        store_cap = self.kernels.store_cap(k)
+        flows = [self.flow(op, a, tiles, store_cap) for a in k.accesses]
+        matrix = self.compute.matrix_ns(k, tiles)
+        dequant = self.compute.vector_ns(k.dequant_ops, tiles)
+        flows, vector, dequant = self.kernels.implemented(k, flows, self.compute.vector_ns(k.vector_ops, tiles),
+                                                          dequant)
+        compute = self.compute.to_cycles(matrix + vector)
+        body = max(compute, loads_ns(flows, self.capacity))
+        rows = breakdown(flows, self.capacity, body, compute, matrix, vector, dequant)
+        return KernelCost(k.name, k.kclass, self._startup_ns(op, k, flows, first) * k.launches, body, tuple(flows),
+                          compute, tiles, matrix, vector, dequant, k.launches, tuple(rows))
+
+    def _startup_ns(self, op: Work, k: KernelWork, flows, first: bool) -> float:
+        """One launch's start-up: a collective's latency steps, else the measured class's
+        start-up, else (the byte model) the kernel gap and the first-byte latency."""
+        gap = self.hw.host.kernel_gap_ns.value
+        if op.collective is not None:
+            return gap + self.links.collective_latency_ns(op)
+        measured = self.kernels.startup_ns(k)
+        if measured is not None:
+            return measured
+        return gap + self.memory.first_byte_ns(flows, first)
+
+
+def _summed_rows(costs) -> tuple[tuple[str, float], ...]:
+    """The breakdown rows of an op's kernels, summed by row in the order they first appear."""
+    rows: dict[str, float] = {}
+    for c in costs:
+        for row, t in c.rows:
+            rows[row] = rows.get(row, 0.0) + t
+    return tuple(rows.items())
+
+
+def _byte_model_kernel(op: Work) -> KernelWork:
+    """An op the stack does not expand: one kernel of its default class that does all its work."""
+    return KernelWork(name=op.kind, kclass=default_class(op.kind), accesses=op.accesses,
+                      matrix_flops=op.matrix_flops, matrix_m=op.matrix_m, vector_ops=op.vector_ops,
+                      dequant_ops=op.dequant_ops, dtype=op.dtype, parallelism=op.parallelism, launches=op.kernels)

@@ -1,0 +1,103 @@
+"""Kernel classes on a chip: what one kernel costs beyond its bytes and its work.
+
+A profile that measures its kernel classes (``kernels.classes``, sim.config.hardware) gives
+each class a start-up (the kernel's launch-to-first-work and tail inside a captured graph)
+and the rate its reads of the backing store reach, as a fraction of the store's sustained
+rate; a class whose grid is one CTA per row is further capped at its rows' CTA bandwidth.
+The software stack's implementations scale that rate by their measured efficiency (and may
+bring their own start-up); a cache-dequantizing kernel's implementation prices each value it
+dequantizes (``ps_per_value``), which replaces the work the lowering counted. A profile
+without measured classes keeps the byte model: the kernel gap plus the first-byte latency.
+The eager host dispatch of a kernel is the stack's figure for its class, else the profile's
+launch overhead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from sim.config.hardware import HardwareProfile
+from sim.costs.records import CATEGORY_ROW
+
+
+class KernelClasses:
+    """The profile's measured kernel classes and the stack's implementations."""
+
+    def __init__(self, hw: HardwareProfile, stack=None):
+        self.hw, self.stack = hw, stack
+        self.store = hw.store
+
+    def measured(self, kclass: str):
+        """The profile's figures for ``kclass`` (sim.config.hardware.KernelClass), or None."""
+        return self.hw.kernels.classes.get(kclass) if self.hw.kernels is not None else None
+
+    def store_cap(self, k) -> float:
+        """The rate kernel ``k``'s accesses to the backing store reach together (bytes/ns)."""
+        klass = self.measured(k.kclass)
+        if klass is None:
+            return math.inf
+        cap = klass.stream_fraction.value * self.store.sustained_GBps
+        if klass.parallel == "rows":
+            per_cta = klass.cta_bandwidth_GBps if klass.cta_bandwidth_GBps is not None else self.hw.kernels.cta_bandwidth_GBps
+            per_cta = per_cta.value
+            cap = min(cap, k.parallelism * per_cta)
+        return cap
+
+    def implemented(self, k, flows: list, vector: float, dequant: float) -> tuple[list, float, float]:
+        """(flows, vector ns, dequant ns) of ``k`` under its implementation: a cache-dequantizing
+        one's measured per-value cost replaces the counted dequantization, and each
+        implementation's efficiency scales the rate its store accesses reach."""
+        if self.stack is None or not k.impl:
+            return flows, vector, dequant
+        impl = self.stack.attention.get(k.impl)
+        if impl is not None and k.quant:
+            measured = k.values * impl.ps_per_value(k.quant) / 1e3
+            vector += measured - dequant
+            dequant = measured
+            flows = self._scaled(flows, impl.efficiency.value)
+        kimpl = self.stack.impls.get(k.impl)
+        if kimpl is not None:
+            flows = self._scaled(flows, kimpl.efficiency.value)
+        return flows, vector, dequant
+
+    def _scaled(self, flows: list, efficiency: float) -> list:
+        return [dataclasses.replace(f, tile_cap=f.tile_cap * efficiency) if f.link == self.store.name else f
+                for f in flows]
+
+    def startup_ns(self, k) -> float | None:
+        """One launch's start-up of ``k`` by its measured class (its implementation's own where
+        it has one); None without a measured class."""
+        klass = self.measured(k.kclass)
+        if klass is None:
+            return None
+        kimpl = self.stack.impls.get(k.impl) if self.stack is not None and k.impl else None
+        if kimpl is not None and kimpl.startup_ns is not None:
+            return kimpl.startup_ns.value
+        return klass.startup_ns.value
+
+    def dispatch_ns(self, kclass: str, default: float | None = None) -> float:
+        """Host time to launch one kernel of ``kclass`` eagerly: the stack's measured figure,
+        else ``default`` (the profile's launch overhead)."""
+        if self.stack is not None:
+            value = self.stack.dispatch(kclass)
+            if value:
+                return value
+        return self.hw.host.launch_overhead_ns.value if default is None else default
+
+
+def breakdown(flows, capacity: dict[str, float], body: float, compute: float, matrix: float, vector: float,
+              dequant: float) -> list[tuple[str, float]]:
+    """The rows of a kernel's ``body`` ns: compute and dequantization where the compute bounds
+    it, else the loads' rows in proportion to each row's time alone."""
+    by_row: dict[str, float] = {}
+    for f in flows:
+        row = CATEGORY_ROW.get(f.category, f.category)
+        by_row[row] = by_row.get(row, 0.0) + max(f.bytes * f.weight / capacity[f.link], f.bytes / f.rate_limit)
+    if compute >= max(by_row.values(), default=0.0):
+        total = matrix + vector
+        rows = [("dequant", body * dequant / total)] if total and dequant else []
+        rows.append(("compute", body * (1 - (dequant / total if total else 0.0))))
+        return rows
+    total = sum(by_row.values())
+    return [(row, body * t / total) for row, t in by_row.items()]

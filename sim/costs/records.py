@@ -1,0 +1,141 @@
+"""What the costs hand the engine and the analytic model: flows, kernel costs and op costs.
+
+A ``Flow`` is one access of a kernel as a transfer on one link (a memory level, a chip link,
+the NoC, the host link, or ``compute`` for the op's tile time); an ``OpCost`` is one op alone
+on the chip: its start-up (``gap``), ``fill`` before the body, the body's flows and compute,
+and ``drain`` after. Times in ns, rates in bytes/ns (= GB/s). Records are frozen.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import NamedTuple
+
+COMPUTE = "compute"
+CATEGORY_ROW = {"weights": "weights", "kv": "kv", "act": "activations", "outliers": "outliers",
+                "expert": "expert_weights", "staged": "staged_weights", "link": "links", "pcie": "host_link", "noc": "activations"}
+
+
+@dataclass(frozen=True, slots=True)
+class Flow:
+    """One access as a transfer: its useful bytes on ``link``, the link capacity each byte
+    consumes (1 / efficiency) and the rates that cap it alone and with the op's other accesses."""
+
+    link: str
+    bytes: int  # useful bytes moved
+    weight: float  # link capacity consumed per useful byte (1 / efficiency)
+    cap: float  # max rate of this access alone (the channels its addresses cover), bytes/ns
+    category: str
+    write: bool
+    tile_cap: float = math.inf  # max rate of all the op's accesses to this level together (its tiles)
+
+    @property
+    def rate_limit(self) -> float:
+        return min(self.cap, self.tile_cap)
+
+
+def merged_limit(flows) -> float:
+    """The rate limit of an op's accesses to one level at one efficiency, moving together:
+    their tiles' load bandwidth, or the sum of what each access's channels allow."""
+    return min(min(f.tile_cap for f in flows), sum(f.cap for f in flows))
+
+
+@dataclass(frozen=True, slots=True)
+class KernelCost:
+    """One kernel alone on the chip: its start-up (all launches), its body, and the rows of
+    the breakdown the body belongs to."""
+
+    name: str
+    kclass: str
+    startup_ns: float
+    body_ns: float
+    flows: tuple
+    compute_ns: float
+    tiles: float
+    matrix_ns: float
+    vector_ns: float
+    dequant_ns: float
+    launches: int
+    rows: tuple
+
+
+class HostTimes(NamedTuple):
+    """The host's costs the engine charges: per eager kernel launch, per graph launch, per sync."""
+
+    launch_ns: float
+    graph_launch_ns: float
+    sync_ns: float
+
+
+@dataclass(frozen=True)
+class OpCost:
+    """One op alone on the chip: its kernels' flows and compute, and the times around the body."""
+
+    flows: tuple[Flow, ...]
+    compute_ns: float  # with the op's tiles, uncontended
+    tiles_share: float  # fraction of the chip's tiles it uses
+    matrix_ns: float
+    vector_ns: float
+    dequant_ns: float
+    fill_ns: float
+    drain_ns: float
+    gap_ns: float
+    ideal_body_ns: float = 0.0  # body_ns(capacity) of the cost model that made it
+    host_ns: float = 0.0  # host work after the op when the host waits for it (sync dispatch)
+    kernels: tuple = ()  # KernelCost of each kernel, in order
+    rows: tuple = ()  # (breakdown row, ns) of the body when alone
+    dispatch_ns: float = 0.0  # host time to launch the op's kernels eagerly
+
+    @functools.cached_property
+    def merged(self) -> tuple:
+        """The body's flows merged by (link, weight) (see ``merge``): built when an engine first
+        needs them (the analytic model never does)."""
+        return merge(self)
+
+    @functools.cached_property
+    def total_ns(self) -> float:
+        """The op's time alone on the chip: gap, fill, body and drain."""
+        return self.gap_ns + self.fill_ns + self.ideal_body_ns + self.drain_ns
+
+    def body_ns(self, capacity: dict[str, float]) -> float:
+        """Uncontended body time: the slowest of the flows and the compute. Flows of one op
+        on the same link with the same efficiency and cap move as one (as the engine does)."""
+        return max(self.compute_ns, loads_ns(self.flows, capacity))
+
+
+def loads_ns(flows, capacity: dict[str, float]) -> float:
+    """How long ``flows`` take together, uncontended: the busiest link, or the slowest group of
+    accesses to one link at one efficiency held to their merged rate limit."""
+    per_link: dict[str, float] = {}
+    together: dict[tuple, list] = {}
+    for f in flows:
+        per_link[f.link] = per_link.get(f.link, 0.0) + f.bytes * f.weight / capacity[f.link]
+        together.setdefault((f.link, f.weight), []).append(f)
+    capped = [sum(f.bytes for f in group) / merged_limit(group) for group in together.values()]
+    return max([*per_link.values(), *capped], default=0.0)
+
+
+def merge(cost: OpCost) -> tuple:
+    """The body of ``cost`` as flows ``(link, weight, cap, bytes, parts)``: accesses on the same
+    link at the same efficiency move as one flow, at most min(tile cap, sum of caps); the
+    compute is a flow on the ``compute`` link of ``compute_ns x share`` units capped at its
+    tile share. ``parts`` keeps each access's log kind and bytes."""
+    specs = [(f.link, f.bytes, f.weight, f.cap, f.tile_cap, ("write" if f.write else "read") + ":" + f.category)
+             for f in cost.flows]
+    if cost.compute_ns > 0:
+        share = cost.tiles_share
+        specs.append((COMPUTE, cost.compute_ns * share, 1.0, share, math.inf, "tile.compute"))
+    groups: dict[tuple, list] = {}
+    for spec in specs:
+        if spec[1] > 0:
+            groups.setdefault((spec[0], spec[2]), []).append(spec)
+    out = []
+    for (link, weight), group in groups.items():
+        size = sum(g[1] for g in group)
+        cap = min(min(g[4] for g in group), sum(g[3] for g in group))
+        if cost.ideal_body_ns > 0:  # the op's kernels run one after another: alone, it takes their summed body
+            cap = min(cap, size / cost.ideal_body_ns)
+        out.append((link, weight, cap, size, tuple((g[5], g[1]) for g in group)))
+    return tuple(out)
