@@ -142,12 +142,13 @@ class RunResult:
 
 
 class _Step:
-    """The runner's state between steps: the last graph, its op costs and op counts."""
+    """The runner's state between steps: the last graph, its op costs, their durations alone
+    (``total_ns``) and the op counts."""
 
-    __slots__ = ("graph", "costs", "keys")
+    __slots__ = ("graph", "costs", "durations", "keys")
 
-    def __init__(self, graph, costs, keys):
-        self.graph, self.costs, self.keys = graph, costs, keys
+    def __init__(self, graph, costs, durations, keys):
+        self.graph, self.costs, self.durations, self.keys = graph, costs, durations, keys
 
 
 def simulate(spec: RunSpec | dict | None = None, *, keep_ops: bool = False, keep_log: bool = False,
@@ -180,9 +181,10 @@ def simulate(spec: RunSpec | dict | None = None, *, keep_ops: bool = False, keep
         graph = cache.lower(step.contexts, step.index, position)
         state = _advance(state, graph, costs, cache.changed)
         if des:
-            outcome = Simulation(graph, state.costs, costs.capacity, costs.host, setup.graph, log=keep_log).run()
+            outcome = Simulation(graph, state.costs, costs.capacity, costs.host, setup.graph, log=keep_log,
+                                 durations=state.durations).run()
         else:
-            outcome = analyse(graph, state.costs, costs.host, setup.graph)
+            outcome = analyse(graph, state.costs, costs.host, setup.graph, state.durations)
         events += outcome.events
         sums = ledger.graph_sums_from(state.keys, state.costs)
         breakdown = ledger.step_breakdown(sums, outcome)
@@ -206,27 +208,38 @@ def _advance(state: _Step | None, graph, costs: CostModel, changed: tuple[int, .
     ops = graph.ops
     if state is not None and changed is not None:
         old_ops, op_costs, keys = state.graph.ops, list(state.costs), dict(state.keys)
-        net: dict[tuple, int] = {}  # op key -> change in its count
-        holder: dict[tuple, int] = {}  # op key -> an op of the new graph that has it
-        work = cost = None
+        durations = list(state.durations)
+        runs: list[list] = []  # [old key, new key, ops, last op, their rows] per run of changed ops alike
+        work = previous = cost = None
         for idx in changed:
-            old_key, new_key = op_key(old_ops[idx]), op_key(ops[idx])
-            if ops[idx].work is not work:  # the re-lowered ops share one Work
-                work, previous = ops[idx].work, old_ops[idx].work
+            op, old = ops[idx], old_ops[idx]
+            # the re-lowered ops share one Work: consecutive ops alike share their keys and cost
+            if (op.work is not work or old.work is not previous or not runs
+                    or (op.row, op.compute_row, old.row, old.compute_row) != runs[-1][4]):
+                work, previous = op.work, old.work
                 # unchanged work keeps its cost; a new one (a step's attention) is not memoised
                 cost = op_costs[idx] if work == previous else costs.cost_once(work)
+                runs.append([op_key(old), op_key(op), 0, idx, (op.row, op.compute_row, old.row, old.compute_row)])
+            run = runs[-1]
+            run[2] += 1
+            run[3] = idx
             op_costs[idx] = cost
-            net[old_key] = net.get(old_key, 0) - 1
-            net[new_key] = net.get(new_key, 0) + 1
+            durations[idx] = cost.total_ns
+        net: dict[tuple, int] = {}  # op key -> change in its count
+        holder: dict[tuple, int] = {}  # op key -> an op of the new graph that has it
+        for old_key, new_key, n, idx, _rows in runs:
+            net[old_key] = net.get(old_key, 0) - n
+            net[new_key] = net.get(new_key, 0) + n
             holder[new_key] = idx
         for key, delta in net.items():
             if delta:
                 _count(keys, key, ops, delta, holder.get(key))
-        return _Step(graph, op_costs, keys)
+        return _Step(graph, op_costs, durations, keys)
     keys: dict[tuple, list] = {}
     for op in ops:
         _count(keys, op_key(op), ops, 1, op.idx)
-    return _Step(graph, [costs.cost(op.work) for op in ops], keys)
+    op_costs = [costs.cost(op.work) for op in ops]
+    return _Step(graph, op_costs, [c.total_ns for c in op_costs], keys)
 
 
 def _count(keys: dict, key: tuple, ops, delta: int, idx: int | None = None) -> None:
