@@ -33,8 +33,8 @@ from sim.lowering.placement import staging_limit
 from sim.results import Ledger, bound_of, op_key, percentile
 from sim.units import GB, ns_to_ms
 
-__all__ = ["RunSpec", "RunResult", "RUN_FIELDS", "simulate", "resolve", "capacity", "kv_bytes", "kv_pool_bytes",
-           "apply_run_overrides"]
+__all__ = ["RunSpec", "RunResult", "RUN_FIELDS", "simulate", "resolve", "capacity", "kv_bytes", "kv_layer_bytes",
+           "kv_pool_bytes", "apply_run_overrides"]
 
 
 # -- capacity --------------------------------------------------------------------------------
@@ -48,41 +48,14 @@ def capacity(setup: Setup) -> dict:
     tier does; ``needed_bytes`` / ``available_bytes`` are those of the tier that overflows most
     (the home tier when all fit)."""
     model, hw = setup.model, setup.hardware
-    footprint = setup.kv.kv_footprint
-    per_layer_kv = max(sum(n * footprint(c, setup.k_width, setup.v_width) for c, n in Counter(step.contexts).items())
+    per_layer_kv = max(sum(n * kv_layer_bytes(setup, c) for c, n in Counter(step.contexts).items())
                        for step in setup.steps)
     batch = max(step.batch for step in setup.steps)
     activations = batch * (4 * model.hidden + 2 * model.ffn // setup.tp + setup.vocab) * 4
-    weights_place, experts_place, kv_place = hw.place("weights"), hw.place("experts"), hw.place("kv")
     tiers: dict[str, dict] = {}
     worst_stage: dict[str, int] = {}
     for stage in range(setup.pp):
-        dense = weight_bytes_by_unit(setup, stage, experts=False)
-        experts = weight_bytes_by_unit(setup, stage, experts=True)
-        attn_units = sum(1 for _, part in setup.stage_units(stage) if part == "attn")
-        need: dict[str, dict[str, int]] = {}
-
-        def hold(tier: str, what: str, size: int) -> None:
-            if size:
-                need.setdefault(tier, {})[what] = need.get(tier, {}).get(what, 0) + size
-
-        hold(weights_place.tier, "weights", sum(dense.values()))
-        if weights_place.mode == "streamed":
-            staged = [size for size in largest_staged_reads(setup, stage) if size <= staging_limit(setup)]
-            hold(weights_place.buffer, "weight staging buffers", 2 * max(staged, default=0))
-        hold(experts_place.tier, "expert weights", sum(experts.values()))
-        if experts_place.mode == "streamed" and setup.moe is not None:
-            moe = model.moe
-            active = min(moe.experts, batch * moe.top_k)
-            per_op = math.ceil(max(experts.values(), default=0) * active / moe.experts)
-            if per_op <= staging_limit(setup):  # larger expert sets stream through (sim.lowering.placement)
-                hold(experts_place.buffer, "expert staging buffers", 2 * per_op)
-        hold(kv_place.tier, "kv cache", per_layer_kv * attn_units)
-        if setup.moe is not None and setup.moe.pinned_bytes:  # experts the MoE plan pins in on-chip SRAM
-            stage_moe = sum(1 for layer, part in setup.stage_units(stage) if part == "ffn" and setup.is_moe_layer(layer))
-            hold(setup.moe.sram_level, "pinned experts", setup.moe.pinned_bytes * stage_moe // len(setup.moe.moe_index))
-        hold(setup.store, "activations", activations)
-        for tier, parts in need.items():
+        for tier, parts in _stage_needs(setup, stage, batch, per_layer_kv, activations).items():
             total = sum(parts.values())
             if tier not in tiers or total > tiers[tier]["needed_bytes"]:
                 tiers[tier] = {"needed_bytes": total, "available_bytes": _available(hw, tier), "holds": parts}
@@ -98,10 +71,53 @@ def capacity(setup: Setup) -> dict:
             "available_bytes": worst["available_bytes"], "fits": not over, "tiers": tiers}
 
 
+def _stage_needs(setup: Setup, stage: int, batch: int, per_layer_kv: int, activations: int) -> dict[str, dict[str, int]]:
+    """What one chip of ``stage`` holds, by tier and by what it is."""
+    hw = setup.hardware
+    weights_place, experts_place, kv_place = hw.place("weights"), hw.place("experts"), hw.place("kv")
+    dense = weight_bytes_by_unit(setup, stage, experts=False)
+    experts = weight_bytes_by_unit(setup, stage, experts=True)
+    attn_units = sum(1 for _, part in setup.stage_units(stage) if part == "attn")
+    need: dict[str, dict[str, int]] = {}
+
+    def hold(tier: str, what: str, size: int) -> None:
+        if size:
+            need.setdefault(tier, {})[what] = need.get(tier, {}).get(what, 0) + size
+
+    hold(weights_place.tier, "weights", sum(dense.values()))
+    if weights_place.mode == "streamed":
+        staged = [size for size in largest_staged_reads(setup, stage) if size <= staging_limit(setup)]
+        hold(weights_place.buffer, "weight staging buffers", 2 * max(staged, default=0))
+    hold(experts_place.tier, "expert weights", sum(experts.values()))
+    if experts_place.mode == "streamed" and setup.moe is not None:
+        per_op = _expert_staging_bytes(setup, batch, experts)
+        if per_op <= staging_limit(setup):  # larger expert sets stream through (sim.lowering.placement)
+            hold(experts_place.buffer, "expert staging buffers", 2 * per_op)
+    hold(kv_place.tier, "kv cache", per_layer_kv * attn_units)
+    if setup.moe is not None and setup.moe.pinned_bytes:  # experts the MoE plan pins in on-chip SRAM
+        stage_moe = sum(1 for layer, part in setup.stage_units(stage) if part == "ffn" and setup.is_moe_layer(layer))
+        hold(setup.moe.sram_level, "pinned experts", setup.moe.pinned_bytes * stage_moe // len(setup.moe.moe_index))
+    hold(setup.store, "activations", activations)
+    return need
+
+
+def _expert_staging_bytes(setup: Setup, batch: int, experts: dict) -> int:
+    """The expert weights one MoE op of the stage stages: its share of the active experts."""
+    moe = setup.model.moe
+    active = min(moe.experts, batch * moe.top_k)
+    return math.ceil(max(experts.values(), default=0) * active / moe.experts)
+
+
+def kv_layer_bytes(setup: Setup, tokens: int) -> int:
+    """KV-cache bytes one sequence of ``tokens`` tokens holds in one layer on one chip: its
+    format's footprint (sim.formats). The one KV footprint of capacity, serving and reports."""
+    return setup.kv.kv_footprint(tokens, setup.k_width, setup.v_width)
+
+
 def kv_bytes(setup: Setup, tokens: int) -> int:
     """KV-cache bytes one sequence of ``tokens`` tokens holds on the fullest chip: its
     format's footprint per layer times the layers whose attention that chip's stage holds."""
-    return setup.kv.kv_footprint(tokens, setup.k_width, setup.v_width) * setup.layers_per_stage
+    return kv_layer_bytes(setup, tokens) * setup.layers_per_stage
 
 
 def kv_pool_bytes(setup: Setup, cap: dict) -> int:
