@@ -4,12 +4,17 @@ Run: ``python bench/bench_speed.py`` (add ``--steps N``, ``--repeats N``, ``--js
 with ``taskset -c 0 python bench/bench_speed.py``). It first measures bare SimPy (a process
 yielding timeouts) so every figure can be read as a ratio to what SimPy itself can do on
 this machine, then simulates llama-3-8b (bf16) and llama-3-70b (int8) at batch 16, context
-1k and 32k, on h200-sxm with the DES engine and the analytic model, and finally the CPU
-time of one ``decodesim run --steps 1`` process (start-up included).
+1k and 32k, on h200-sxm with the DES engine and the analytic model; then the milliseconds
+per configuration in-process (``simulate(steps=1)`` of llama-3-8b at batch 1..32), the wall
+time of a cached re-run of a bundled study (``python -m sim study hbm-bandwidth-what-if --out
+DIR`` run twice: the second finds every point cached) and the CPU time of one ``decodesim run
+--steps 1`` process (start-up included).
 
+``ops/s / bare`` is a row's ops per wall second over bare SimPy's events per second: what a
+simulated op costs against one SimPy event (above 1 when single-stream ops pay no event).
 Events per step must not grow with context length or model bytes (they grow with ops).
-Aims (issue 10): >= 1,000 llama-3-8b DES steps/s and >= 400 llama-3-70b int8 DES steps/s
-on one core, and under 0.25 s of CPU for ``decodesim run --steps 1``.
+Aims (issue 26): >= 5,000 llama-3-8b DES steps/s at batch 16 on one core (>= 3x bare
+SimPy's rate per op), <= 1 ms per configuration in-process, a cached study re-run <= 1 s.
 """
 
 from __future__ import annotations
@@ -65,6 +70,33 @@ def measure(model: str, weights: str, context: int, steps: int, engine: str = "d
             "per_token_ms": s["per_token_ms_p50"]}
 
 
+def ms_per_configuration(batches=range(1, 33), repeats: int = 3) -> float:
+    """Milliseconds per ``simulate(steps=1)`` of llama-3-8b over ``batches`` in this process
+    (what a study or a search pays per point), the best of ``repeats`` sweeps after one warm-up."""
+    for batch in batches:
+        simulate(steps=1, batch=batch, model="llama-3-8b", weights="bf16")
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for batch in batches:
+            simulate(steps=1, batch=batch, model="llama-3-8b", weights="bf16")
+        best = min(best, time.perf_counter() - t0)
+    return 1e3 * best / len(batches)
+
+
+def cached_study_s(name: str = "hbm-bandwidth-what-if") -> tuple[float, float]:
+    """Wall seconds of ``python -m sim study NAME --out DIR`` run twice into one folder: (first
+    run, cached re-run)."""
+    walls = []
+    with tempfile.TemporaryDirectory() as folder:
+        command = [sys.executable, "-m", "sim", "study", name, "--out", os.path.join(folder, name)]
+        for _ in range(2):
+            t0 = time.perf_counter()
+            subprocess.run(command, check=True, capture_output=True)
+            walls.append(time.perf_counter() - t0)
+    return walls[0], walls[1]
+
+
 def startup_cpu_s(repeats: int = 5) -> float:
     """Median CPU seconds (user + system) of ``python -m sim run --steps 1`` in a fresh process,
     started from an empty folder as a user would (so ``-m sim`` finds the installed package,
@@ -89,26 +121,33 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--repeats", type=int, default=3, help="runs per row; the fastest is kept")
     parser.add_argument("--json", default=None, help="also write the rows as JSON here")
+    parser.add_argument("--no-study", action="store_true", help="skip the cached study re-run")
     args = parser.parse_args()
     bare = bare_simpy(repeats=args.repeats)
     rows = [measure(m, w, c, args.steps, e, args.repeats)
             for m, w in CASES for c in (1024, 32768) for e in ("des", "analytic")]
+    per_config = ms_per_configuration(repeats=args.repeats)
+    study = None if args.no_study else cached_study_s()
     startup = startup_cpu_s()
     print(f"python {platform.python_version()} on {platform.machine()}, {args.steps} steps per row, "
           f"best of {args.repeats}; "
           f"bare SimPy {bare:,.0f} events/s")
     print(f"{'model':<13}{'weights':>8}{'context':>8}{'engine':>9}{'steps/s':>9}{'events/step':>12}"
-          f"{'x bare':>8}{'ops':>6}{'kernels':>8}{'ms/token':>9}")
+          f"{'ops/s / bare':>13}{'ops':>6}{'kernels':>8}{'ms/token':>9}")
     for r in rows:
-        ratio = r["steps_per_s"] * r["events_per_step"] / bare if r["events_per_step"] else float("nan")
-        r["event_rate_over_bare"] = ratio
+        r["op_rate_over_bare"] = r["steps_per_s"] * r["ops_per_step"] / bare
         print(f"{r['model']:<13}{r['weights']:>8}{r['context']:>8}{r['engine']:>9}{r['steps_per_s']:>9.0f}"
-              f"{r['events_per_step']:>12.0f}{ratio:>8.2f}{r['ops_per_step']:>6}{r['kernels_per_step']:>8}"
-              f"{r['per_token_ms']:>9.3f}")
+              f"{r['events_per_step']:>12.0f}{r['op_rate_over_bare']:>13.2f}{r['ops_per_step']:>6}"
+              f"{r['kernels_per_step']:>8}{r['per_token_ms']:>9.3f}")
+    print(f"per configuration in-process (llama-3-8b, steps=1, batch 1..32): {per_config:.2f} ms")
+    if study is not None:
+        print(f"study hbm-bandwidth-what-if: first run {study[0]:.2f} s, cached re-run {study[1]:.2f} s wall")
     print(f"decodesim run --steps 1: {startup:.3f} s CPU (median of 5 processes)")
     if args.json:
         with open(args.json, "w") as out:
-            json.dump({"bare_simpy_events_per_s": bare, "startup_cpu_s": startup, "rows": rows}, out, indent=2)
+            json.dump({"bare_simpy_events_per_s": bare, "ms_per_configuration": per_config,
+                       "study_first_s": study and study[0], "study_cached_s": study and study[1],
+                       "startup_cpu_s": startup, "rows": rows}, out, indent=2)
 
 
 if __name__ == "__main__":

@@ -68,6 +68,7 @@ class EnergyModel:
         self.idle_W = e.idle_W.value * self.chips
         self.power_limit_W = e.power_limit_W.value * self.chips if e.power_limit_W is not None else None
         self._memo: dict[tuple, tuple[dict, dict]] = {}
+        self._prefix: tuple[list, tuple] = ([], ())  # (entries, their dynamic sums) of the last step
 
     # -- one op --------------------------------------------------------------------------
     def op_pj(self, op, cost) -> tuple[dict[str, float], dict[str, float]]:
@@ -101,12 +102,30 @@ class EnergyModel:
     def step(self, keys: dict, op_costs: list, breakdown_ns: dict[str, float], time_ns: float,
              tokens: int) -> StepEnergy:
         """A step's energy from its distinct ops (``keys``: op key -> [count, an op]), their
-        costs, its breakdown (ns by row) and its time."""
-        records = []
-        for n, op in keys.values():
+        costs, its breakdown (ns by row) and its time. As the ledger's sums do
+        (sim.results.Ledger.graph_sums_from), the sums over all entries but the last are kept
+        and resumed from when the next step's entries start with the same ones."""
+        entries = list(keys.values())
+        prefix, snapshot = self._prefix
+        if prefix and len(prefix) <= len(entries) and all(a is b for a, b in zip(prefix, entries)):
+            start, by_row, by_part = len(prefix), defaultdict(float, snapshot[0]), defaultdict(float, snapshot[1])
+        else:
+            start, by_row, by_part = 0, defaultdict(float), defaultdict(float)
+        for i in range(start, len(entries)):
+            if i == len(entries) - 1:
+                self._prefix = (entries[:i], (dict(by_row), dict(by_part)))
+            n, op = entries[i]
             rows, parts = self.op_pj(op, op_costs[op.idx])
-            records.append((n * self.tp, rows, parts))
-        return split(records, breakdown_ns, time_ns, self.static_W, self.host_W, self.idle_W, tokens)
+            add_dynamic(by_row, by_part, n * self.tp, rows, parts)
+        return spread(by_row, by_part, breakdown_ns, time_ns, self.static_W, self.host_W, self.idle_W, tokens)
+
+
+def add_dynamic(by_row: dict, by_part: dict, n: int, rows: dict[str, float], parts: dict[str, float]) -> None:
+    """Add ``n`` ops' dynamic energy (pJ by row, pJ by component) to the sums, in J."""
+    for row, pj in rows.items():
+        by_row[row] += n * pj * PJ
+    for part, pj in parts.items():
+        by_part[part] += n * pj * PJ
 
 
 def split(records, breakdown_ns: dict[str, float], time_ns: float, static_W: float, host_W: float,
@@ -116,10 +135,14 @@ def split(records, breakdown_ns: dict[str, float], time_ns: float, static_W: flo
     by_row: dict[str, float] = defaultdict(float)
     by_part: dict[str, float] = defaultdict(float)
     for n, rows, parts in records:
-        for row, pj in rows.items():
-            by_row[row] += n * pj * PJ
-        for part, pj in parts.items():
-            by_part[part] += n * pj * PJ
+        add_dynamic(by_row, by_part, n, rows, parts)
+    return spread(by_row, by_part, breakdown_ns, time_ns, static_W, host_W, idle_W, tokens)
+
+
+def spread(by_row: dict, by_part: dict, breakdown_ns: dict[str, float], time_ns: float, static_W: float,
+           host_W: float, idle_W: float, tokens: int) -> StepEnergy:
+    """The step's energy: the dynamic sums (J, defaultdicts) plus static and host power x
+    ``time_ns``, spread over the rows in proportion to ``breakdown_ns``."""
     seconds = time_ns * NS
     static, host = static_W * seconds, host_W * seconds
     by_part["static"] += static

@@ -33,8 +33,8 @@ from sim.lowering.placement import staging_limit
 from sim.results import Ledger, bound_of, op_key, percentile
 from sim.units import GB, ns_to_ms
 
-__all__ = ["RunSpec", "RunResult", "RUN_FIELDS", "simulate", "resolve", "capacity", "kv_bytes", "kv_pool_bytes",
-           "apply_run_overrides"]
+__all__ = ["RunSpec", "RunResult", "RUN_FIELDS", "simulate", "resolve", "capacity", "kv_bytes", "kv_layer_bytes",
+           "kv_pool_bytes", "apply_run_overrides"]
 
 
 # -- capacity --------------------------------------------------------------------------------
@@ -48,41 +48,14 @@ def capacity(setup: Setup) -> dict:
     tier does; ``needed_bytes`` / ``available_bytes`` are those of the tier that overflows most
     (the home tier when all fit)."""
     model, hw = setup.model, setup.hardware
-    footprint = setup.kv.kv_footprint
-    per_layer_kv = max(sum(n * footprint(c, setup.k_width, setup.v_width) for c, n in Counter(step.contexts).items())
+    per_layer_kv = max(sum(n * kv_layer_bytes(setup, c) for c, n in Counter(step.contexts).items())
                        for step in setup.steps)
     batch = max(step.batch for step in setup.steps)
     activations = batch * (4 * model.hidden + 2 * model.ffn // setup.tp + setup.vocab) * 4
-    weights_place, experts_place, kv_place = hw.place("weights"), hw.place("experts"), hw.place("kv")
     tiers: dict[str, dict] = {}
     worst_stage: dict[str, int] = {}
     for stage in range(setup.pp):
-        dense = weight_bytes_by_unit(setup, stage, experts=False)
-        experts = weight_bytes_by_unit(setup, stage, experts=True)
-        attn_units = sum(1 for _, part in setup.stage_units(stage) if part == "attn")
-        need: dict[str, dict[str, int]] = {}
-
-        def hold(tier: str, what: str, size: int) -> None:
-            if size:
-                need.setdefault(tier, {})[what] = need.get(tier, {}).get(what, 0) + size
-
-        hold(weights_place.tier, "weights", sum(dense.values()))
-        if weights_place.mode == "streamed":
-            staged = [size for size in largest_staged_reads(setup, stage) if size <= staging_limit(setup)]
-            hold(weights_place.buffer, "weight staging buffers", 2 * max(staged, default=0))
-        hold(experts_place.tier, "expert weights", sum(experts.values()))
-        if experts_place.mode == "streamed" and setup.moe is not None:
-            moe = model.moe
-            active = min(moe.experts, batch * moe.top_k)
-            per_op = math.ceil(max(experts.values(), default=0) * active / moe.experts)
-            if per_op <= staging_limit(setup):  # larger expert sets stream through (sim.lowering.placement)
-                hold(experts_place.buffer, "expert staging buffers", 2 * per_op)
-        hold(kv_place.tier, "kv cache", per_layer_kv * attn_units)
-        if setup.moe is not None and setup.moe.pinned_bytes:  # experts the MoE plan pins in on-chip SRAM
-            stage_moe = sum(1 for layer, part in setup.stage_units(stage) if part == "ffn" and setup.is_moe_layer(layer))
-            hold(setup.moe.sram_level, "pinned experts", setup.moe.pinned_bytes * stage_moe // len(setup.moe.moe_index))
-        hold(setup.store, "activations", activations)
-        for tier, parts in need.items():
+        for tier, parts in _stage_needs(setup, stage, batch, per_layer_kv, activations).items():
             total = sum(parts.values())
             if tier not in tiers or total > tiers[tier]["needed_bytes"]:
                 tiers[tier] = {"needed_bytes": total, "available_bytes": _available(hw, tier), "holds": parts}
@@ -98,10 +71,53 @@ def capacity(setup: Setup) -> dict:
             "available_bytes": worst["available_bytes"], "fits": not over, "tiers": tiers}
 
 
+def _stage_needs(setup: Setup, stage: int, batch: int, per_layer_kv: int, activations: int) -> dict[str, dict[str, int]]:
+    """What one chip of ``stage`` holds, by tier and by what it is."""
+    hw = setup.hardware
+    weights_place, experts_place, kv_place = hw.place("weights"), hw.place("experts"), hw.place("kv")
+    dense = weight_bytes_by_unit(setup, stage, experts=False)
+    experts = weight_bytes_by_unit(setup, stage, experts=True)
+    attn_units = sum(1 for _, part in setup.stage_units(stage) if part == "attn")
+    need: dict[str, dict[str, int]] = {}
+
+    def hold(tier: str, what: str, size: int) -> None:
+        if size:
+            need.setdefault(tier, {})[what] = need.get(tier, {}).get(what, 0) + size
+
+    hold(weights_place.tier, "weights", sum(dense.values()))
+    if weights_place.mode == "streamed":
+        staged = [size for size in largest_staged_reads(setup, stage) if size <= staging_limit(setup)]
+        hold(weights_place.buffer, "weight staging buffers", 2 * max(staged, default=0))
+    hold(experts_place.tier, "expert weights", sum(experts.values()))
+    if experts_place.mode == "streamed" and setup.moe is not None:
+        per_op = _expert_staging_bytes(setup, batch, experts)
+        if per_op <= staging_limit(setup):  # larger expert sets stream through (sim.lowering.placement)
+            hold(experts_place.buffer, "expert staging buffers", 2 * per_op)
+    hold(kv_place.tier, "kv cache", per_layer_kv * attn_units)
+    if setup.moe is not None and setup.moe.pinned_bytes:  # experts the MoE plan pins in on-chip SRAM
+        stage_moe = sum(1 for layer, part in setup.stage_units(stage) if part == "ffn" and setup.is_moe_layer(layer))
+        hold(setup.moe.sram_level, "pinned experts", setup.moe.pinned_bytes * stage_moe // len(setup.moe.moe_index))
+    hold(setup.store, "activations", activations)
+    return need
+
+
+def _expert_staging_bytes(setup: Setup, batch: int, experts: dict) -> int:
+    """The expert weights one MoE op of the stage stages: its share of the active experts."""
+    moe = setup.model.moe
+    active = min(moe.experts, batch * moe.top_k)
+    return math.ceil(max(experts.values(), default=0) * active / moe.experts)
+
+
+def kv_layer_bytes(setup: Setup, tokens: int) -> int:
+    """KV-cache bytes one sequence of ``tokens`` tokens holds in one layer on one chip: its
+    format's footprint (sim.formats). The one KV footprint of capacity, serving and reports."""
+    return setup.kv.kv_footprint(tokens, setup.k_width, setup.v_width)
+
+
 def kv_bytes(setup: Setup, tokens: int) -> int:
     """KV-cache bytes one sequence of ``tokens`` tokens holds on the fullest chip: its
     format's footprint per layer times the layers whose attention that chip's stage holds."""
-    return setup.kv.kv_footprint(tokens, setup.k_width, setup.v_width) * setup.layers_per_stage
+    return kv_layer_bytes(setup, tokens) * setup.layers_per_stage
 
 
 def kv_pool_bytes(setup: Setup, cap: dict) -> int:
@@ -142,12 +158,13 @@ class RunResult:
 
 
 class _Step:
-    """The runner's state between steps: the last graph, its op costs and op counts."""
+    """The runner's state between steps: the last graph, its op costs, their durations alone
+    (``total_ns``) and the op counts."""
 
-    __slots__ = ("graph", "costs", "keys")
+    __slots__ = ("graph", "costs", "durations", "keys")
 
-    def __init__(self, graph, costs, keys):
-        self.graph, self.costs, self.keys = graph, costs, keys
+    def __init__(self, graph, costs, durations, keys):
+        self.graph, self.costs, self.durations, self.keys = graph, costs, durations, keys
 
 
 def simulate(spec: RunSpec | dict | None = None, *, keep_ops: bool = False, keep_log: bool = False,
@@ -180,9 +197,10 @@ def simulate(spec: RunSpec | dict | None = None, *, keep_ops: bool = False, keep
         graph = cache.lower(step.contexts, step.index, position)
         state = _advance(state, graph, costs, cache.changed)
         if des:
-            outcome = Simulation(graph, state.costs, costs.capacity, costs.host, setup.graph, log=keep_log).run()
+            outcome = Simulation(graph, state.costs, costs.capacity, costs.host, setup.graph, log=keep_log,
+                                 durations=state.durations).run()
         else:
-            outcome = analyse(graph, state.costs, costs.host, setup.graph)
+            outcome = analyse(graph, state.costs, costs.host, setup.graph, state.durations)
         events += outcome.events
         sums = ledger.graph_sums_from(state.keys, state.costs)
         breakdown = ledger.step_breakdown(sums, outcome)
@@ -206,27 +224,38 @@ def _advance(state: _Step | None, graph, costs: CostModel, changed: tuple[int, .
     ops = graph.ops
     if state is not None and changed is not None:
         old_ops, op_costs, keys = state.graph.ops, list(state.costs), dict(state.keys)
-        net: dict[tuple, int] = {}  # op key -> change in its count
-        holder: dict[tuple, int] = {}  # op key -> an op of the new graph that has it
-        work = cost = None
+        durations = list(state.durations)
+        runs: list[list] = []  # [old key, new key, ops, last op, their rows] per run of changed ops alike
+        work = previous = cost = None
         for idx in changed:
-            old_key, new_key = op_key(old_ops[idx]), op_key(ops[idx])
-            if ops[idx].work is not work:  # the re-lowered ops share one Work
-                work, previous = ops[idx].work, old_ops[idx].work
+            op, old = ops[idx], old_ops[idx]
+            # the re-lowered ops share one Work: consecutive ops alike share their keys and cost
+            if (op.work is not work or old.work is not previous or not runs
+                    or (op.row, op.compute_row, old.row, old.compute_row) != runs[-1][4]):
+                work, previous = op.work, old.work
                 # unchanged work keeps its cost; a new one (a step's attention) is not memoised
                 cost = op_costs[idx] if work == previous else costs.cost_once(work)
+                runs.append([op_key(old), op_key(op), 0, idx, (op.row, op.compute_row, old.row, old.compute_row)])
+            run = runs[-1]
+            run[2] += 1
+            run[3] = idx
             op_costs[idx] = cost
-            net[old_key] = net.get(old_key, 0) - 1
-            net[new_key] = net.get(new_key, 0) + 1
+            durations[idx] = cost.total_ns
+        net: dict[tuple, int] = {}  # op key -> change in its count
+        holder: dict[tuple, int] = {}  # op key -> an op of the new graph that has it
+        for old_key, new_key, n, idx, _rows in runs:
+            net[old_key] = net.get(old_key, 0) - n
+            net[new_key] = net.get(new_key, 0) + n
             holder[new_key] = idx
         for key, delta in net.items():
             if delta:
                 _count(keys, key, ops, delta, holder.get(key))
-        return _Step(graph, op_costs, keys)
+        return _Step(graph, op_costs, durations, keys)
     keys: dict[tuple, list] = {}
     for op in ops:
         _count(keys, op_key(op), ops, 1, op.idx)
-    return _Step(graph, [costs.cost(op.work) for op in ops], keys)
+    op_costs = [costs.cost(op.work) for op in ops]
+    return _Step(graph, op_costs, [c.total_ns for c in op_costs], keys)
 
 
 def _count(keys: dict, key: tuple, ops, delta: int, idx: int | None = None) -> None:

@@ -27,11 +27,15 @@ capacities and the host's times, and counts the events it schedules itself.
 
 from __future__ import annotations
 
+from bisect import bisect_left
+from itertools import accumulate
+
 import simpy
 
 from sim.costs import COMPUTE, HostTimes, OpCost
 from sim.engine.flows import FlowNetwork
 from sim.engine.records import Span, StepOutcome
+from sim.engine.timer import after_sync, issue, segments
 from sim.lowering.graph import OpGraph
 
 
@@ -39,7 +43,7 @@ class Simulation:
     """Declare (graph, costs, capacities, host), build the processes, ``run()``."""
 
     def __init__(self, graph: OpGraph, op_costs: list[OpCost], capacity: dict[str, float], host: HostTimes,
-                 graph_mode: bool, log: bool = False):
+                 graph_mode: bool, log: bool = False, durations: list[float] | None = None):
         self.graph = graph
         self.op_costs = op_costs
         self.graph_mode = graph_mode
@@ -53,7 +57,8 @@ class Simulation:
         self.networks = {stage: FlowNetwork(self.env, capacity, self.log, (stage,))
                          for stage, n in streams_per_stage.items() if n > 1}
         n = len(graph.ops)
-        self.durations = [c.total_ns for c in op_costs]  # each op alone: gap + fill + body + drain
+        # each op alone: gap + fill + body + drain (the runner keeps them between steps)
+        self.durations = durations if durations is not None else [c.total_ns for c in op_costs]
         self.ready = [0.0] * n
         self.start = [0.0] * n
         self.end: list[float | None] = [None] * n
@@ -69,26 +74,14 @@ class Simulation:
 
     # -- host -------------------------------------------------------------------------------
     def issue_kernels(self):
-        """Issue the ops segment by segment; a segment ends at an op the host waits for."""
+        """Issue the ops segment by segment (sim.engine.timer); a segment ends at an op the
+        host waits for."""
         env, ops, host, issue_time = self.env, self.graph.ops, self.host, self.issue_time
         t = env.now
-        ends = list(self.graph.syncs)
-        if ops and (not ends or ends[-1] != len(ops) - 1):
-            ends.append(len(ops) - 1)
-        first = 0
-        for last in ends:
-            if self.graph_mode:
-                t += host.graph_launch_ns
-                self._log_host(ops[first], "host.graph_launch", t - host.graph_launch_ns, t)
-                issue_time[first:last + 1] = [t] * (last + 1 - first)
-            else:
-                for idx in range(first, last + 1):
-                    dispatch = self.op_costs[idx].dispatch_ns
-                    t += dispatch
-                    issue_time[idx] = t
-                    if self.log is not None and dispatch > 0:
-                        self._log_host(ops[idx], "host.dispatch", t - dispatch, t)
-            first = last + 1
+        for first, last in segments(self.graph):
+            t = issue(first, last, t, self.op_costs, host, self.graph_mode, issue_time)
+            if self.log is not None:
+                self._log_issue(first, last, t)
             op = ops[last]
             if op.host_sync:
                 self._publish()
@@ -97,14 +90,23 @@ class Simulation:
                 if self.end[op.idx] > env.now:  # a lone stream knows its ends ahead of simulated time
                     self.events += 1
                     yield env.timeout(self.end[op.idx] - env.now)
-                start = max(t, env.now)
-                t = start + host.sync_ns + self.op_costs[op.idx].host_ns
+                t = after_sync(t, env.now, host, self.op_costs[op.idx])
                 self.host_sync_ns += t - env.now
                 self._log_host(op, "host.sync", env.now, t)
                 if t > env.now:
                     self.events += 1
                     yield env.timeout(t - env.now)
         self._publish()
+
+    def _log_issue(self, first: int, last: int, t: float) -> None:
+        ops = self.graph.ops
+        if self.graph_mode:
+            self._log_host(ops[first], "host.graph_launch", t - self.host.graph_launch_ns, t)
+            return
+        for idx in range(first, last + 1):
+            dispatch = self.op_costs[idx].dispatch_ns
+            if dispatch > 0:
+                self._log_host(ops[idx], "host.dispatch", self.issue_time[idx] - dispatch, self.issue_time[idx])
 
     def _publish(self):
         event, self.published = self.published, self.env.event()
@@ -188,7 +190,9 @@ class LoneStream:
     yet, or the host has not issued it (it waits on that event and returns). An op's end is
     recorded as soon as it is known, ahead of simulated time: whoever reads it (another
     stream, the host) starts at the later of that end and its own clock, which is what it
-    would have done had it waited for the end to happen (the host advances to it first)."""
+    would have done had it waited for the end to happen (the host advances to it first).
+    A run of ops that each wait only for the op before them (``OpGraph.chains``) and are all
+    issued by the time the first is ready is timed in one pass (``_chain``)."""
 
     def __init__(self, sim: Simulation, lane):
         self.sim = sim
@@ -210,7 +214,7 @@ class LoneStream:
         end_of, watched = sim.end, sim.watched
         now = sim.env.now
         ops, external, durations, issue_time = self.ops, self.external, sim.durations, sim.issue_time
-        ready_of, start_of, log = sim.ready, sim.start, sim.log
+        ready_of, start_of, log, chains = sim.ready, sim.start, sim.log, sim.graph.chains
         i, free, n = self.i, self.free, len(ops)
         while i < n:
             idx = ops[i]
@@ -245,7 +249,29 @@ class LoneStream:
                 sim.finish(idx, end)
             else:
                 end_of[idx] = end
+            last = chains[idx] - 1  # ops idx+1 .. last wait only for the op before them
+            if last > idx and log is None:
+                issued = issue_time[last]
+                if issued is not None and issued <= free:  # all issued before they are ready: a chain
+                    free = self._chain(idx + 1, last + 1, free)
+                    i += last - idx
+
         self.i, self.free = i, free
+
+    def _chain(self, a: int, b: int, free: float) -> float:
+        """Time ops ``a .. b-1``, each starting when the one before it ends (from ``free``), and
+        return the last one's end: the same additions, in the same order, as one op at a time."""
+        sim = self.sim
+        ends = list(accumulate(sim.durations[a:b], initial=free))
+        starts = ends[:-1]
+        sim.ready[a:b] = starts
+        sim.start[a:b] = starts
+        sim.end[a:b] = ends[1:]
+        watched = sim.graph.watched_ops
+        for k in range(bisect_left(watched, a), bisect_left(watched, b)):
+            idx = watched[k]
+            sim.finish(idx, sim.end[idx])
+        return ends[-1]
 
 
 class SharedStream:

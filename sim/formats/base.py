@@ -160,6 +160,7 @@ class Format:
     patched: dict = field(default_factory=dict)  # tensor -> keys its patch set (for error paths)
     spec: FormatSpec | None = None
     _kv_memo: dict = field(default_factory=dict, repr=False, compare=False)  # kv_read results (derived data)
+    _bytes_memo: dict = field(default_factory=dict, repr=False, compare=False)  # tensor_bytes results (derived data)
 
     @property
     def bits(self) -> int:
@@ -188,7 +189,19 @@ class Format:
 
     # -- exact accounting ------------------------------------------------------------------
     def tensor_bytes(self, tensor: str, tokens: int, width: int) -> TensorBytes:
-        """Bytes of ``tokens`` rows of ``width`` values of ``tensor`` ("k", "v" or "weight")."""
+        """Bytes of ``tokens`` rows of ``width`` values of ``tensor`` ("k", "v" or "weight"),
+        memoized (a configuration asks for each weight matrix's bytes several times: capacity,
+        lowering, staging; the memo is bounded)."""
+        key = (tensor, tokens, width)
+        memo = self._bytes_memo
+        hit = memo.get(key)
+        if hit is None:
+            if len(memo) > 200_000:
+                memo.clear()
+            hit = memo[key] = self._tensor_bytes(tensor, tokens, width)
+        return hit
+
+    def _tensor_bytes(self, tensor: str, tokens: int, width: int) -> TensorBytes:
         if tokens <= 0 or width <= 0:
             return TensorBytes()
         self.check_width(tensor, width)

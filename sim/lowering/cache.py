@@ -3,7 +3,8 @@
 In a model without MoE layers only attention depends on the sequences' contexts: a step
 with the same batch as the previous one has the same ops except attention. ``GraphCache``
 keeps the previous graph and re-lowers only the attention work, which every layer shares
-(tests check this equals a full lowering). It holds state, so it belongs to one run; the
+(tests check this equals a full lowering). The serving step model (sim.serve.stepmodel)
+lowers its steps' attention through the same cache. It holds state, so it belongs to one run; the
 lowering functions themselves stay pure.
 """
 
@@ -11,8 +12,8 @@ from __future__ import annotations
 
 from sim.config.setup import Setup
 from sim.lowering.decode import lower_step
-from sim.lowering.graph import OpGraph
-from sim.lowering.ops import attention, builder
+from sim.lowering.graph import Op, OpGraph
+from sim.lowering.ops import attention, builder, op_expander, prefill_attention
 
 
 class GraphCache:
@@ -20,6 +21,7 @@ class GraphCache:
 
     def __init__(self, setup: Setup):
         self.setup = setup
+        self._expand = op_expander(setup)
         self._previous: OpGraph | None = None
         self._attention: tuple[int, ...] = ()  # indices of the attention ops
         self.reused = 0
@@ -40,8 +42,16 @@ class GraphCache:
         self._previous = graph
         return graph
 
+    def attention(self, contexts: tuple[int, ...]) -> Op:
+        """The decode attention op over ``contexts``, as every layer of a step asks it."""
+        return attention(self.setup, builder(self.setup, expand=self._expand), 0, contexts)
+
+    def prefill_attention(self, prefill: tuple[tuple[int, int], ...]) -> Op:
+        """The attention op of a step's prompt chunks, as every layer asks it."""
+        return prefill_attention(self.setup, builder(self.setup, expand=self._expand), 0, prefill)
+
     def _relower_attention(self, previous: OpGraph, contexts: tuple[int, ...], step: int) -> OpGraph:
-        fresh = attention(self.setup, builder(self.setup), 0, contexts)
+        fresh = self.attention(contexts)
         ops = list(previous.ops)
         work, tags = fresh.work, fresh.tags
         for idx in self._attention:

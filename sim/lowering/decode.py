@@ -251,7 +251,11 @@ def lower_layers(setup: Setup, b: Builder, layers, contexts: tuple[int, ...], po
             previous = None
             continue
         if previous is not None and _same_ops(previous, span):
-            template = span
+            # the copies share the first layer's Work objects: a memo lookup then finds its key
+            # by identity instead of comparing two equal works field by field
+            del b.ops[start:]
+            b.append_shifted(previous, start - previous[0].idx, layer)
+            template = previous
         previous = span
 
 

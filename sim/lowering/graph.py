@@ -167,12 +167,17 @@ class OpGraph:
     watched: tuple[bool, ...] = field(default=())  # per op: does another stream or the host wait for it
     lanes: tuple["Lane", ...] = field(default=())  # per (stage, stream): its ops in order and their waits
     syncs: tuple[int, ...] = field(default=())  # ops the host waits for, in program order
+    # per op: the end (exclusive) of the run of ops after it that each wait only for the op just
+    # before them on the same stream (a chain the timers walk without looking at dependencies)
+    chains: tuple[int, ...] = field(default=())
+    watched_ops: tuple[int, ...] = field(default=())  # the ops ``watched`` marks, in order
 
     def with_ops(self, ops: tuple[Op, ...], *, step: int, contexts: tuple[int, ...]) -> "OpGraph":
         """The same program (streams, dependencies, syncs) over ``ops``: ops whose work
         changed but not their place in it (re-lowered attention)."""
         return OpGraph(ops, step=step, batch=len(contexts), contexts=contexts, stages=self.stages,
-                       streams=self.streams, watched=self.watched, lanes=self.lanes, syncs=self.syncs)
+                       streams=self.streams, watched=self.watched, lanes=self.lanes, syncs=self.syncs,
+                       chains=self.chains, watched_ops=self.watched_ops)
 
     def bytes(self, category: str | None = None, level: str | None = None, write: bool | None = None) -> int:
         return sum(op.work.bytes(category, level, write) for op in self.ops)
@@ -215,7 +220,22 @@ def make_graph(ops, *, step: int, contexts: tuple[int, ...], stages: int) -> OpG
                   for stage, stream in members)
     return OpGraph(ops, step=step, batch=len(contexts), contexts=tuple(contexts), stages=stages,
                    streams=tuple(members), watched=tuple(watched), lanes=lanes,
-                   syncs=tuple(op.idx for op in ops if op.host_sync))
+                   syncs=tuple(op.idx for op in ops if op.host_sync), chains=_chains(ops),
+                   watched_ops=tuple(i for i, w in enumerate(watched) if w))
+
+
+def _chains(ops: tuple[Op, ...]) -> tuple[int, ...]:
+    """Per op ``i``: the largest ``j`` such that every op of ``i+1 .. j-1`` is on ``i``'s
+    stream and stage and depends on the op just before it and nothing else."""
+    n = len(ops)
+    chains = [0] * n
+    end = n
+    for i in range(n - 1, -1, -1):
+        chains[i] = end
+        op = ops[i]
+        if not (op.deps == (i - 1,) and i > 0 and (ops[i - 1].stage, ops[i - 1].stream) == (op.stage, op.stream)):
+            end = i
+    return tuple(chains)
 
 
 class Builder:

@@ -100,9 +100,10 @@ def op_expander(setup: Setup):
     return run
 
 
-def builder(setup: Setup, ops: list[Op] | None = None, stage: int = 0) -> Builder:
-    """A Builder whose ops run through the setup's software stack."""
-    return Builder(ops, stage, expand=op_expander(setup), streams=setup.stack.side_stream)
+def builder(setup: Setup, ops: list[Op] | None = None, stage: int = 0, expand=None) -> Builder:
+    """A Builder whose ops run through the setup's software stack (``expand``: the setup's
+    ``op_expander``, where the caller keeps one)."""
+    return Builder(ops, stage, expand=expand or op_expander(setup), streams=setup.stack.side_stream)
 
 
 def matmul(setup: Setup, b: Builder, name: str, layer: int, batch: int, k: int, n: int,

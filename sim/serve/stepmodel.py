@@ -43,8 +43,8 @@ from sim.config.setup import Setup, resolve
 from sim.config.spec import RunSpec
 from sim.costs import CostModel
 from sim.errors import ConfigError
+from sim.lowering.cache import GraphCache
 from sim.lowering.decode import lower_step
-from sim.lowering.ops import attention, builder, prefill_attention
 from sim.lowering.placement import plan_of
 
 TAIL_OPS = frozenset({"final_norm", "lm_head", "argmax", "gather_tokens"})  # ops at M = logit rows
@@ -77,6 +77,7 @@ class SimulatorStepModel:
     def __init__(self, setup: Setup, *, exact: bool = False, check_every: int = 4999):
         self.setup = setup
         self.costs = CostModel(setup.hardware, setup.stack)
+        self.graphs = GraphCache(setup)
         self.exact = exact
         self.check_every = check_every
         self.fallback_reason: str | None = None
@@ -159,13 +160,12 @@ class SimulatorStepModel:
         """The step's attention ops: one of each kind lowered and costed, times their count. Their
         works are costed without the memo: a step's contexts seldom repeat (in an hour of
         traffic, almost never), so keeping them would only give the garbage collector more to walk."""
-        b = builder(self.setup)
         n_decode, n_prefill = self._counts
         total = 0.0
         if decode_contexts:
-            total += n_decode * self.costs.cost_once(attention(self.setup, b, 0, decode_contexts).work).total_ns
+            total += n_decode * self.costs.cost_once(self.graphs.attention(decode_contexts).work).total_ns
         if prefill:
-            total += n_prefill * self.costs.cost_once(prefill_attention(self.setup, b, 0, prefill).work).total_ns
+            total += n_prefill * self.costs.cost_once(self.graphs.prefill_attention(prefill).work).total_ns
         return total
 
     # -- the parts, for the search's screen (sim.search.screen) ---------------------------------
