@@ -34,7 +34,8 @@ def register(sub) -> None:
 
 
 def handle(args) -> int:
-    from sim.commands.common import emit_json, spec_from_args
+    from sim.commands.common import emit_json
+    from sim.commands.handlers.spec import spec_from_args
     from sim.errors import ConfigError
     from sim.report.compare import compare_rows
 

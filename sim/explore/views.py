@@ -28,7 +28,7 @@ from pathlib import Path
 
 from sim.commands import run as run_command
 from sim.commands import serve as serve_command
-from sim.commands.common import spec_from_args
+from sim.commands.handlers.spec import spec_from_args
 from sim.errors import ConfigError, SimulationError
 from sim.explore.compute import MAX_STEPS, RUN_FLAGS, FormError, plain, curves_for, roofline_of
 
