@@ -38,6 +38,7 @@ from sim.config.hardware import sources
 from sim.config.setup import resolve
 from sim.config.spec import RunSpec, apply_run_overrides
 from sim.errors import ConfigError
+from sim.explore.compute import vector_peak_Tops
 from sim.io import output_problem, stale_temp_files, write_atomic, write_frame
 from sim.paths import display_path
 from sim.run import simulate
@@ -503,12 +504,6 @@ def run_detail(study: Study, out: Path) -> None:
             "fits": bool(result.summary["capacity"]["fits"])}
     write_atomic(folder / "trace.json", trace_of(result))
     write_json_atomic(meta_path, meta)
-
-
-def vector_peak_Tops(hardware) -> float:
-    """The vector units' peak (tera operations per second, fp32), the dequantization ceiling."""
-    c = hardware.compute
-    return c.tiles.value * c.vector_rate("fp32") * c.clock_GHz.value / 1e3
 
 
 def write_settings(study: Study, out: Path, keys: list[str]) -> None:
