@@ -60,9 +60,16 @@ def roofline_of(result) -> dict | None:
         matrix = hardware.compute.matrix_peak_TFLOPs(dtype)
     except Exception:  # a dtype the profile has no rate for: the bf16 peak, as the study's detail plot does
         matrix = hardware.compute.matrix_peak_TFLOPs("bf16")
-    first = result.ops[0]["step"]
+    return {"peaks_GBps": {lv: peaks[lv] for lv in levels}, "matrix_peak_TFLOPs": matrix,
+            "vector_peak_Tops": vector_peak_Tops(hardware), "matmul_dtype": dtype,
+            "points": _level_points(result.ops, levels)}
+
+
+def _level_points(ops: list[dict], levels: list[str]) -> dict[str, dict]:
+    """Per memory level, the first step's ops that move bytes there: name, intensity, rate."""
+    first = ops[0]["step"]
     points: dict[str, dict] = {}
-    for op in result.ops:
+    for op in ops:
         if op["step"] != first:
             continue
         work = (op.get("flops") or 0) + (op.get("vector_ops") or 0)
@@ -74,8 +81,7 @@ def roofline_of(result) -> dict | None:
                 p["name"].append(op["name"])
                 p["intensity"].append(work / moved)
                 p["rate"].append(work / duration / 1e3)
-    return {"peaks_GBps": {lv: peaks[lv] for lv in levels}, "matrix_peak_TFLOPs": matrix,
-            "vector_peak_Tops": vector_peak_Tops(hardware), "matmul_dtype": dtype, "points": points}
+    return points
 
 
 def curves_for(spec, superseded=lambda: False, axes=("batch", "context")) -> dict:
