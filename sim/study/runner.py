@@ -6,6 +6,8 @@ files it reads, and the simulator version (the package version plus a digest of 
 simulator's own source, so a change to the engine invalidates the cache). A finished run is
 written to ``<out>/cache/<hash>.json`` atomically (temp file, then ``os.replace``), so a
 killed study loses at most the runs in flight and a re-run computes only missing keys.
+The table, plots and report are written again only when what they are made from changed
+(sim.study.stamps), so a re-run with every point cached writes little and draws nothing.
 
 Executors: ``local`` (a process pool, ``jobs`` workers; ``jobs=1`` runs in this process)
 with a tqdm progress bar and ETA, or ``dask`` (a dask.distributed scheduler address, or a
