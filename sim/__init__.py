@@ -2,38 +2,27 @@
 
 Public API:
 
-* ``load_profile(name_or_path)`` -> HardwareProfile
-* ``load_model(name_or_path)`` -> ModelSpec
-* ``simulate(spec=None, **fields)`` -> RunResult (``.summary``, ``.tables()``)
+* ``load_profile(name_or_path)`` -> HardwareProfile (sim.config.setup)
+* ``load_model(name_or_path)`` -> ModelSpec (sim.config.setup)
+* ``simulate(spec=None, **fields)`` -> RunResult (``.summary``, ``.tables()``; sim.run)
 
-The package root imports nothing at start-up (``decodesim --help`` stays fast); each
-function imports its stage when called.
+The package root imports nothing at start-up (``decodesim --help`` stays fast): each name
+is looked up in its stage's module on first use (a module ``__getattr__``, PEP 562).
 """
 
 from __future__ import annotations
 
+import importlib
+
 __version__ = "0.2.0"
 
-
-def load_profile(name_or_path: str):
-    """A bundled hardware profile by name, or a profile YAML file, validated."""
-    from sim.config.setup import load_profile as load
-
-    return load(name_or_path)
+_API = {"load_profile": "sim.config.setup", "load_model": "sim.config.setup", "simulate": "sim.run"}
 
 
-def load_model(name_or_path: str):
-    """A bundled model by name, or a model YAML file, validated."""
-    from sim.config.setup import load_model as load
-
-    return load(name_or_path)
-
-
-def simulate(spec=None, **fields):
-    """Run one setup (a RunSpec, a dict, or RunSpec fields as keywords) -> RunResult."""
-    from sim.run import simulate as run
-
-    return run(spec, **fields)
+def __getattr__(name: str):
+    if name in _API:
+        return getattr(importlib.import_module(_API[name]), name)
+    raise AttributeError(f"module 'sim' has no attribute {name!r}")
 
 
 __all__ = ["load_profile", "load_model", "simulate", "__version__"]

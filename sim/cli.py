@@ -1,8 +1,12 @@
 """The ``decodesim`` command line: subcommands that return exit codes.
 
-Each subcommand lives in its own module under ``sim.commands`` and exposes
-``register(subparsers)``; modules are discovered, so a new subcommand is a new file. Bad
-input (``ConfigError``) becomes one line on stderr and exit status 2, never a traceback.
+Each subcommand declares its arguments in its own module under ``sim.commands``, which
+exposes ``register(subparsers)``; modules are discovered, so a new subcommand is a new file.
+Those modules are light (every start imports all of them to build the parser); what a
+command does lives in ``sim.commands.handlers.<name>``, named by the parser's ``handler``
+default and imported only when that command runs, so a handler imports what it needs at
+its top. Bad input (``ConfigError``) becomes one line on stderr and exit status 2, never a
+traceback.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import importlib
 import pkgutil
 import sys
 
+import sim.commands as commands
 from sim.errors import ConfigError, SimulationError
 
 
@@ -50,12 +55,12 @@ class _Version(argparse.Action):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    import sim.commands as commands
-
     parser = _Parser(prog="decodesim", description="LLM decode latency on accelerator memory hierarchies")
     parser.add_argument("--version", action=_Version, nargs=0, help="print decodesim's version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
+        if info.ispkg:  # sim.commands.handlers: what the commands do, imported on demand
+            continue
         module = importlib.import_module(f"sim.commands.{info.name}")
         if hasattr(module, "register"):
             module.register(sub)
@@ -69,6 +74,15 @@ def _parser() -> argparse.ArgumentParser:
     return build_parser()
 
 
+def handler(target):
+    """The function that runs a command: ``target`` itself, or (a module name) that module's
+    ``handle``. The import is the one deferred on purpose: a command's handler module, and
+    the simulator stack it imports, load only when that command runs."""
+    if isinstance(target, str):
+        return importlib.import_module(target).handle
+    return target
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = _parser()
@@ -77,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args.handler(args) or 0)
+        return int(handler(args.handler)(args) or 0)
     except (ConfigError, SimulationError) as err:
         sys.stderr.write(f"decodesim: {err}\n")
         return 2

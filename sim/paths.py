@@ -12,6 +12,8 @@ import os
 import re
 from pathlib import Path
 
+from sim.errors import ConfigError
+
 _PACKAGE = Path(__file__).resolve().parent
 _CHECKOUT = _PACKAGE.parent
 
@@ -52,8 +54,6 @@ def studies_dir() -> Path:
 
 def resolve(name_or_path: str, folder: Path, what: str, suffixes=(".yaml", ".yml")) -> Path:
     """A bundled name (``h200-sxm``) or a path to a file. Raises ConfigError if neither."""
-    from sim.errors import ConfigError
-
     candidate = Path(name_or_path)
     if candidate.suffix in suffixes or "/" in name_or_path or candidate.is_file():
         if not candidate.is_file():

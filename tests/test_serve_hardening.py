@@ -96,7 +96,7 @@ class _Terminal(io.StringIO):
 
 
 def test_progress_bar_only_on_a_terminal_and_not_with_no_progress(monkeypatch):
-    from sim.commands.serve import _Progress
+    from sim.commands.handlers.serve import _Progress
 
     cases = ((io.StringIO(), True, False), (_Terminal(), False, False), (_Terminal(), True, True))
     for stream, enabled, shown in cases:

@@ -188,6 +188,55 @@ def test_second_run_simulates_nothing_and_a_change_recomputes_only_new_points(tm
     assert not list(out.rglob(".*.json*")), "temporary files left behind"
 
 
+def report_lines(report: Path | str) -> list[str]:
+    """A report's lines but those that state the run's timing and cache use."""
+    text = report.read_text() if isinstance(report, Path) else report
+    return [line for line in text.splitlines() if not line.startswith("- Runs: ")]
+
+
+def test_a_cached_rerun_leaves_table_and_drawings_alone_until_what_they_show_changes(tmp_path, monkeypatch):
+    """The table, plots and report are rewritten only when their inputs, the code or the
+    files themselves changed (sim.study.stamps); what is rewritten equals a fresh drawing."""
+    import sim.study.stamps
+
+    path = write(tmp_path, SMALL)
+    out = tmp_path / "out"
+    run_study(load_study(path), out, jobs=1, progress=False, report=True, detail=False)
+    drawn = sorted(p for p in out.rglob("*") if p.is_file() and p.suffix in (".png", ".svg", ".md", ".html")
+                   or p.name.startswith("results."))
+    assert {p.name for p in drawn} >= {"results.parquet", "results.csv", "report.md", "report.html",
+                                       "breakdown.png", "feasibility.png"}
+
+    def snapshot():
+        return {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in drawn}
+
+    before = snapshot()
+    again = run_study(load_study(path), out, jobs=1, progress=False, report=True, detail=False)
+    assert again.simulated == 0 and snapshot() == before, "a re-run with nothing new rewrote a file"
+    assert stable(again.table).equals(stable(results(out)))
+
+    (out / "plots" / "breakdown.png").unlink()  # a file gone (or edited) is drawn again
+    (out / "report.md").write_text("edited by hand")
+    run_study(load_study(path), out, jobs=1, progress=False, report=True, detail=False)
+    redrawn = snapshot()  # as drawn before: the table and PNGs byte for byte, the report but its "Runs" line
+    assert {p: b for p, (_, b) in redrawn.items() if p.suffix in (".png", ".parquet", ".csv")} == \
+        {p: b for p, (_, b) in before.items() if p.suffix in (".png", ".parquet", ".csv")}
+    assert report_lines(out / "report.md") == report_lines(before[out / "report.md"][1].decode())
+
+    monkeypatch.setattr(sim.study.stamps, "source_digest", lambda: "other code")  # the drawing code changed
+    run_study(load_study(path), out, jobs=1, progress=False, report=True, detail=False)
+    assert all(snapshot()[p][0] != before[p][0] for p in drawn), "new code left a file as the old code drew it"
+    monkeypatch.undo()
+
+    write(tmp_path, SMALL.replace("name: small", "name: small\ndescription: Said otherwise."))  # same runs
+    changed = run_study(load_study(path), out, jobs=1, progress=False, report=True, detail=False)
+    assert changed.simulated == 0
+    fresh = run_study(load_study(path), tmp_path / "fresh", jobs=1, progress=False, report=True, detail=False)
+    assert report_lines(out / "report.md") == report_lines(tmp_path / "fresh" / "report.md")
+    assert (out / "report.md").read_bytes() != before[out / "report.md"][1]
+    assert stable(fresh.table).drop(columns="hash").equals(stable(results(out)).drop(columns="hash"))
+
+
 def test_hash_covers_the_profile_file_contents(tmp_path):
     from sim.run import RunSpec
 
@@ -251,6 +300,7 @@ def test_resume_after_kill_loses_and_redoes_nothing(tmp_path):
 
 def test_a_failing_point_is_recorded_and_the_study_goes_on(tmp_path, monkeypatch):
     import sim.run
+    import sim.study.runner
 
     real = sim.run.simulate
 
@@ -260,7 +310,7 @@ def test_a_failing_point_is_recorded_and_the_study_goes_on(tmp_path, monkeypatch
             raise RuntimeError("injected failure")
         return real(spec, **kw)
 
-    monkeypatch.setattr(sim.run, "simulate", flaky)
+    monkeypatch.setattr(sim.study.runner, "simulate", flaky)
     path = write(tmp_path, SMALL)
     result = run_study(load_study(path), tmp_path / "out", jobs=1, progress=False, report=True)
     table = result.table

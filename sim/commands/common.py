@@ -18,7 +18,7 @@ from sim.config.defaults import RUN_DEFAULTS
 from sim.io import output_problem, to_json, write_atomic, write_frame
 from sim.schema import SCHEMA_VERSION
 
-__all__ = ["add_run_options", "spec_from_args", "fmt_bytes", "to_json", "write_atomic", "write_frame", "emit_json",
+__all__ = ["add_run_options", "SPEC_ARGS", "fmt_bytes", "to_json", "write_atomic", "write_frame", "emit_json",
            "envelope", "output_file", "output_dir"]
 
 
@@ -85,18 +85,6 @@ def add_run_options(p: argparse.ArgumentParser, *, formats: bool = True) -> None
 SPEC_ARGS = ("hardware", "model", "batch", "context", "trace", "weights", "kv", "steps", "target_ms", "engine",
              "graph", "tp", "pp", "software", "overrides", "chips", "dispatch", "placement", "routing",
              "allow_long_context", "microbatches")
-
-
-def spec_from_args(args, **changes):
-    """The RunSpec the arguments (and ``changes``) ask for."""
-    from sim.config.loader import validate  # deferred: `decodesim --help` needs no pydantic
-    from sim.config.spec import RunSpec
-
-    data = {k: getattr(args, k) for k in SPEC_ARGS if hasattr(args, k)}
-    if data.get("software") is None:
-        data.pop("software", None)  # unnamed: the profile's own stack, else the default
-    data.update(changes)
-    return validate(RunSpec, data, "command line")
 
 
 def fmt_bytes(n: float) -> str:

@@ -8,7 +8,7 @@ per token (all layers, at the context), reduction against fp16, the KV share of 
 
 from __future__ import annotations
 
-from sim.commands.common import add_run_options, emit_json, spec_from_args
+from sim.commands.common import add_run_options, emit_json
 from sim.errors import ConfigError
 
 
@@ -36,6 +36,7 @@ def register(sub) -> None:
 
 def handle(args) -> int:
     # deferred: the CLI imports every command at start-up; this loads the simulator
+    from sim.commands.handlers.spec import spec_from_args
     from sim.experiments.compare import attention_rows, compare_rows, kv_qualities
 
     names = _names(args.kv, "--kv", "formats")

@@ -1,20 +1,11 @@
-"""``decodesim run``: per-token decode latency, breakdown, bound and verdict for one setup."""
+"""``decodesim run``: per-token decode latency, breakdown, bound and verdict for one setup.
+
+The arguments; sim.commands.handlers.run runs it.
+"""
 
 from __future__ import annotations
 
-import sys
-
-from sim.commands.common import (
-    add_run_options,
-    emit_json,
-    fmt_bytes,
-    output_dir,
-    output_file,
-    spec_from_args,
-    to_json,
-    write_atomic,
-    write_frame,
-)
+from sim.commands.common import add_run_options, output_dir, output_file
 
 
 def register(sub) -> None:
@@ -31,112 +22,4 @@ def register(sub) -> None:
                         "as one self-contained HTML file that opens offline")
     p.add_argument("--trace-steps", default=None, metavar="A:B",
                    help="steps the trace keeps, A <= step < B (either end may be left out; default all)")
-    p.set_defaults(handler=handle)
-
-
-def step_range(text: str | None, steps: int) -> tuple[int, int] | None:
-    """``--trace-steps A:B`` as (A, B), half-open like a Python slice; None keeps every step."""
-    from sim.errors import ConfigError
-
-    if text is None:
-        return None
-    lo, sep, hi = text.partition(":")
-    try:
-        a = int(lo) if lo.strip() else 0
-        b = (int(hi) if hi.strip() else steps) if sep else a + 1
-    except ValueError:
-        raise ConfigError("--trace-steps", "trace_steps", "expected A:B with whole numbers (A <= step < B)",
-                          text) from None
-    if not 0 <= a < b:
-        raise ConfigError("--trace-steps", "trace_steps", f"expected 0 <= A < B (the run has steps 0..{steps - 1})",
-                          text)
-    return a, b
-
-
-def handle(args) -> int:
-    from sim.run import simulate
-
-    spec = spec_from_args(args)
-    trace_steps = step_range(args.trace_steps, spec.steps)
-    keep = args.out is not None or args.trace_out is not None
-    html = getattr(args, "html", None)
-    result = simulate(spec, keep_ops=keep or html is not None, keep_log=keep)
-    if args.out is not None and result.steps:
-        steps, ops, log = result.tables()
-        write_frame(steps, args.out / "steps")
-        write_frame(ops, args.out / "ops")
-        write_frame(log, args.out / "events")
-        write_atomic(args.out / "summary.json", to_json({**result.summary, "spec": spec.model_dump()}))
-    if args.trace_out is not None and result.log:
-        from sim.report.trace import trace_of
-
-        write_atomic(args.trace_out, trace_of(result, trace_steps))
-    if html is not None:
-        from sim.explore.compute import run_view
-
-        write_atomic(html, run_view(spec, result))
-    if args.json:
-        emit_json("run", result.summary)
-    else:
-        print(render(result.summary))
-    return 0
-
-
-def render(s: dict) -> str:
-    lines = [f"decodesim: {s['model']} on {s['hardware']} ({s['chips']} chip{'s' if s['chips'] > 1 else ''}, "
-             f"tp {s['tp']} x pp {s['pp']}), weights {s['weights']}, KV {s['kv']}",
-             f"  workload: batch {s['batch']}" + (f", context {s['context']}" if s.get("context") else "")
-             + (f", trace {s['trace']}" if s.get("trace") else "") + f", {s['steps']} step{'s' if s['steps'] != 1 else ''}, "
-             f"{s['engine']} engine, {'graph' if s['graph'] else 'eager'} launch"]
-    cap = s["capacity"]
-    lines.append(f"  memory per chip: {fmt_bytes(cap['needed_bytes'])} needed "
-                 f"(weights {fmt_bytes(cap['weights_bytes'])}, KV {fmt_bytes(cap['kv_bytes'])}) "
-                 f"of {fmt_bytes(cap['available_bytes'])}")
-    tiers = cap.get("tiers", {})
-    if len(tiers) > 1:
-        lines.append("  tiers per chip: " + ", ".join(f"{name} {fmt_bytes(t['needed_bytes'])} of "
-                                                      f"{fmt_bytes(t['available_bytes'])}" for name, t in tiers.items()))
-    if s.get("software_note"):
-        lines.append(f"  note: {s['software_note']}")
-    if s.get("kernel_costs", "").startswith("derived"):
-        lines.append("  kernel costs: derived from the profile's own figures (no measured kernels: section; "
-                     "`decodesim profiles --sources` states the rule)")
-    if s["verdict"] == "does-not-fit":
-        lines.append(f"  verdict: DOES NOT FIT: {s['reason']}")
-        return "\n".join(lines)
-    lines.append(f"  per-token latency: p50 {s['per_token_ms_p50']:.3f} ms, p99 {s['per_token_ms_p99']:.3f} ms "
-                 f"(byte floor {s['byte_floor_ms']:.3f} ms at peak bandwidth)")
-    lines.append("  breakdown (ms per step):")
-    total = sum(s["breakdown_ms"].values()) or 1.0
-    for row, ms in sorted(s["breakdown_ms"].items(), key=lambda kv: -kv[1]):
-        if ms >= 1e-4:
-            lines.append(f"    {row:<16}{ms:9.3f}  {100 * ms / total:5.1f}%")
-    lines.append(f"  bytes per step: {fmt_bytes(s['hbm_bytes_per_token'])} from the backing store "
-                 f"(weights {fmt_bytes(s['weight_bytes_per_token'])}, KV {fmt_bytes(s['kv_bytes_per_token'])})")
-    lines.append(f"  achieved bandwidth: {s['hbm_achieved_GBps']:.0f} GB/s = "
-                 f"{100 * s['hbm_fraction_of_peak']:.1f}% of {s['hbm_peak_GBps']:.0f} GB/s peak")
-    if s.get("batch_over_time"):
-        b = s["batch_over_time"]
-        lines.append(f"  batch over the trace: min {min(b)}, median {sorted(b)[len(b) // 2]}, max {max(b)}")
-    if s.get("moe"):
-        e = s["moe"]
-        lines.append(f"  MoE: {e['dispatch']} dispatch, {e['placement']} placement, routing {e['routing']}; "
-                     f"{e['active_experts_per_layer']:.1f} experts active per layer on the critical chip, "
-                     f"{e['resident_experts_per_layer']:.1f} read from SRAM"
-                     + (f" ({e['sram_level']}, {e['sram_slots']} slots)" if e["sram_level"] else " (none fits)")
-                     + (f"; expert parallel over {e['expert_parallel']} chips" if e["expert_parallel"] > 1 else ""))
-        lines.append(f"  SRAM hit rate: {100 * e['sram_hit_rate']:.1f}% of expert weight reads")
-    if s.get("energy"):
-        from sim.energy import render_lines
-
-        lines.extend(render_lines(s["energy"]))
-    lines.append(f"  bound: {s['bound']}")
-    word = "MEETS" if s["meets_target"] else "MISSES"
-    lines.append(f"  verdict: {word} the {s['target_ms']:g} ms target (p99 {s['per_token_ms_p99']:.3f} ms, "
-                 f"margin {s['margin_ms']:+.3f} ms)")
-    lines.append(f"  simulated {s['events']} events in {s['wall_s']:.2f} s")
-    return "\n".join(lines)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(0)
+    p.set_defaults(handler="sim.commands.handlers.run")

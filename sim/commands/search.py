@@ -6,14 +6,13 @@ chunk budget), prunes what does not fit, screens the rest on the analytic step m
 confirms the Pareto front of tokens/s per chip against tokens/s per user with serving
 replays. ``--space FILE`` reads the search space and constraints from YAML (sim.search.space);
 the options given here override the file. See docs/search.md.
+
+The arguments; sim.commands.handlers.search runs it.
 """
 
 from __future__ import annotations
 
-import shlex
-import sys
-
-from sim.commands.common import emit_json, output_dir
+from sim.commands.common import output_dir
 
 
 def register(sub) -> None:
@@ -45,50 +44,4 @@ def register(sub) -> None:
     p.add_argument("--address", default=None, help="Dask scheduler address (with --executor dask)")
     p.add_argument("--quiet", action="store_true", help="no progress bars on stderr")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(handler=handle)
-
-
-def _changes(args) -> dict:
-    from sim.errors import ConfigError
-
-    changes = {}
-    if args.model is not None:
-        changes["model"] = args.model
-    if args.hardware is not None:
-        names = [h.strip() for h in args.hardware.split(",") if h.strip()]
-        if not names:
-            raise ConfigError("--hardware", "hardware", "expected a comma list of profiles", args.hardware)
-        changes["space.grid.hardware"] = names
-    for flag, key in (("ttft_ms", "slo.ttft_ms"), ("tpot_ms", "slo.tpot_ms"), ("percentile", "slo.percentile"),
-                      ("rate", "traffic.rate"), ("requests", "traffic.requests"),
-                      ("duration_s", "traffic.duration_s"), ("load", "traffic.load"), ("max_replays", "max_replays")):
-        value = getattr(args, flag)
-        if value is not None:
-            changes[key] = value
-    return changes
-
-
-def handle(args) -> int:
-    from sim.errors import ConfigError
-    from sim.search import load_space, run_search
-    from sim.search.output import payload, text, write_outputs
-
-    if args.jobs is not None and args.jobs < 1:
-        raise ConfigError("--jobs", "jobs", "must be >= 1", args.jobs)
-    if args.executor == "dask" and not args.address:
-        raise ConfigError("--address", "address", "--executor dask needs a scheduler address (host:port)")
-    space = load_space(args.space, _changes(args))
-    result = run_search(space, executor=args.executor, jobs=args.jobs, address=args.address,
-                        progress=not args.quiet)
-    files = []
-    if args.out is not None:
-        command = "decodesim search " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if sys.argv[1:2] == ["search"] \
-            else None
-        files = [str(args.out / f) for f in write_outputs(result, args.out, command=command)]
-    if args.json:
-        emit_json("search", payload(result, files))
-    else:
-        print(text(result))
-        if files:
-            print(f"  wrote {', '.join(files)}")
-    return 0 if result.front else 1
+    p.set_defaults(handler="sim.commands.handlers.search")

@@ -11,8 +11,14 @@ from __future__ import annotations
 import json
 import shlex
 
+from sim.config.loader import validate
+from sim.config.setup import resolve
+from sim.config.spec import RunSpec, apply_run_overrides
+from sim.costs import CostModel
 from sim.errors import ConfigError, SimulationError
+from sim.explore.html import view_document
 from sim.io import to_json
+from sim.run import simulate
 
 MAX_STEPS = 64
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -33,13 +39,16 @@ def plain(obj):
     return json.loads(to_json(obj))
 
 
+def vector_peak_Tops(hardware) -> float:
+    """The vector units' peak (tera operations per second, fp32), the dequantization ceiling."""
+    c = hardware.compute
+    return c.tiles.value * c.vector_rate("fp32") * c.clock_GHz.value / 1e3
+
+
 def roofline_of(result) -> dict | None:
     """The first step's ops placed per memory level, as sim.report.detail_plots.roofline places
     them (work = FLOPs + vector ops, intensity = work / bytes at that level, rate = work /
     duration), with each level's peak, the matrix peak and the vector ceiling."""
-    from sim.costs import CostModel
-    from sim.study.runner import vector_peak_Tops
-
     setup = result.resolved
     if setup is None or not result.ops:
         return None
@@ -51,9 +60,16 @@ def roofline_of(result) -> dict | None:
         matrix = hardware.compute.matrix_peak_TFLOPs(dtype)
     except Exception:  # a dtype the profile has no rate for: the bf16 peak, as the study's detail plot does
         matrix = hardware.compute.matrix_peak_TFLOPs("bf16")
-    first = result.ops[0]["step"]
+    return {"peaks_GBps": {lv: peaks[lv] for lv in levels}, "matrix_peak_TFLOPs": matrix,
+            "vector_peak_Tops": vector_peak_Tops(hardware), "matmul_dtype": dtype,
+            "points": _level_points(result.ops, levels)}
+
+
+def _level_points(ops: list[dict], levels: list[str]) -> dict[str, dict]:
+    """Per memory level, the first step's ops that move bytes there: name, intensity, rate."""
+    first = ops[0]["step"]
     points: dict[str, dict] = {}
-    for op in result.ops:
+    for op in ops:
         if op["step"] != first:
             continue
         work = (op.get("flops") or 0) + (op.get("vector_ops") or 0)
@@ -65,8 +81,7 @@ def roofline_of(result) -> dict | None:
                 p["name"].append(op["name"])
                 p["intensity"].append(work / moved)
                 p["rate"].append(work / duration / 1e3)
-    return {"peaks_GBps": {lv: peaks[lv] for lv in levels}, "matrix_peak_TFLOPs": matrix,
-            "vector_peak_Tops": vector_peak_Tops(hardware), "matmul_dtype": dtype, "points": points}
+    return points
 
 
 def curves_for(spec, superseded=lambda: False, axes=("batch", "context")) -> dict:
@@ -75,11 +90,6 @@ def curves_for(spec, superseded=lambda: False, axes=("batch", "context")) -> dic
     CLI's figure for ``--batch B`` (``--context C``) with the other arguments kept; ``axes``
     names the curves to compute. A spec
     that replays a trace has no curves (its batch and context come from the trace)."""
-    from sim.config.loader import validate
-    from sim.config.setup import resolve
-    from sim.config.spec import RunSpec, apply_run_overrides
-    from sim.run import simulate
-
     try:
         effective = apply_run_overrides(spec)
         if effective.trace is not None:
@@ -110,8 +120,6 @@ def curves_for(spec, superseded=lambda: False, axes=("batch", "context")) -> dic
 
 def spec_command(spec) -> str:
     """``decodesim run ...`` with the options of ``spec`` that differ from the defaults."""
-    from sim.config.spec import RunSpec
-
     defaults, words = RunSpec().model_dump(), ["decodesim", "run"]
     for key, value in spec.model_dump().items():
         if key == "overrides":
@@ -131,8 +139,6 @@ def run_view(spec, result) -> str:
     """``decodesim run --html``: the run's view (headline, breakdown, roofline, curves) as one
     self-contained HTML file. The curves are left out past ``MAX_STEPS`` steps (each of
     their ~17 points is a run as long as this one)."""
-    from sim.explore.html import view_document
-
     view = {"label": "A", "command": spec_command(spec), "summary": plain(result.summary),
             "roofline": plain(roofline_of(result))}
     if result.summary["verdict"] != "does-not-fit" and spec.steps <= MAX_STEPS:
@@ -141,4 +147,4 @@ def run_view(spec, result) -> str:
 
 
 __all__ = ["FormError", "plain", "roofline_of", "curves_for", "spec_command", "run_view", "MAX_STEPS", "BATCHES", "CONTEXTS",
-           "RUN_FLAGS"]
+           "RUN_FLAGS", "vector_peak_Tops"]

@@ -16,7 +16,9 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
+from sim.errors import ConfigError
 from sim.explore import figures
+from sim.io import write_atomic
 
 STYLE = """
 body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:24px;color:#222;max-width:1200px}
@@ -34,8 +36,6 @@ grid-template-columns:repeat(auto-fit,minmax(480px,1fr));gap:12px}img{max-width:
 
 def plotly_js_path() -> Path:
     """The plotly.min.js the ``plotly`` package bundles (found without importing plotly)."""
-    from sim.errors import ConfigError
-
     spec = importlib.util.find_spec("plotly")
     path = Path(spec.origin).parent / "package_data" / "plotly.min.js" if spec and spec.origin else None
     if path is None or not path.is_file():
@@ -264,8 +264,6 @@ def _list(rows: list[str], base: Path) -> str:
 
 def write_study_html(out_dir: str | Path) -> Path:
     """``<out_dir>/report.html`` from ``report.md`` beside it (plots inlined), written atomically."""
-    from sim.io import write_atomic
-
     out_dir = Path(out_dir)
     markdown = (out_dir / "report.md").read_text(encoding="utf-8")
     title = markdown.splitlines()[0].lstrip("# ").strip() if markdown.strip() else "decodesim study"

@@ -28,9 +28,18 @@ from pathlib import Path
 
 from sim.commands import run as run_command
 from sim.commands import serve as serve_command
-from sim.commands.common import spec_from_args
+from sim.commands.handlers.spec import spec_from_args
+from sim.config.defaults import RUN_DEFAULTS
+from sim.config.loader import validate
+from sim.config.software import software_dir
+from sim.config.spec import apply_run_overrides
 from sim.errors import ConfigError, SimulationError
-from sim.explore.compute import MAX_STEPS, RUN_FLAGS, FormError, plain, curves_for, roofline_of
+from sim.explore.compute import MAX_STEPS, RUN_FLAGS, FormError, curves_for, plain, roofline_of
+from sim.formats.base import list_formats
+from sim.paths import bundled, formats_dir, hardware_dir, models_dir
+from sim.run import simulate
+from sim.serve.spec import ServeSpec
+from sim.serve.sweep import grid, run_point
 
 MAX_FIELD_CHARS = 2000
 MAX_OVERRIDES = 50
@@ -77,11 +86,6 @@ def _parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
 @lru_cache(maxsize=1)
 def options() -> dict:
     """What the page's menus offer: the bundled names of each list, and the CLI's defaults."""
-    from sim.config.defaults import RUN_DEFAULTS
-    from sim.config.software import software_dir
-    from sim.formats.base import list_formats
-    from sim.paths import bundled, formats_dir, hardware_dir, models_dir
-
     def stems(folder: Path) -> list[str]:
         return sorted(p.stem for p in folder.glob("*.yaml"))
 
@@ -198,8 +202,6 @@ def command_line(command: str, argv: list[str]) -> str:
 
 def spec_of(argv: list[str]):
     """The validated RunSpec of ``decodesim run ARGV``, names checked again after ``--set``."""
-    from sim.config.spec import apply_run_overrides
-
     try:
         args = _parsers()[0].parse_args(["run", *argv])
         spec = spec_from_args(args)
@@ -228,8 +230,6 @@ def label_of(form: dict, default: str) -> str:
 
 def config_view(form: dict, label: str = "A") -> dict:
     """One configuration: its ``decodesim run --json`` summary, its roofline, its command line."""
-    from sim.run import simulate
-
     label = label_of(form, label)
     argv = run_argv(form)
     spec = spec_of(argv)
@@ -266,10 +266,6 @@ def _rates(form: dict) -> list[float]:
 def serve_points(form: dict) -> tuple[list, str]:
     """The serving sweep's points (one ServeSpec per rate) as ``decodesim serve ... --rates``
     builds them (sim.serve.sweep.grid), and its command line."""
-    from sim.config.loader import validate
-    from sim.serve.spec import ServeSpec
-    from sim.serve.sweep import grid
-
     form = _check_form(form, SERVE_KEYS)
     requests = _text(form, "requests") if "requests" in form else "synthetic"
     if requests not in SERVE_REQUESTS:
@@ -302,8 +298,6 @@ def serve_points(form: dict) -> tuple[list, str]:
 
 def serve_row(point) -> dict:
     """One replay of the sweep as ``decodesim serve --rates`` tabulates it (sim.serve.sweep.run_point)."""
-    from sim.serve.sweep import run_point
-
     return plain(run_point(point.model_dump_json()))
 
 

@@ -13,14 +13,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from sim.config.setup import load_model, load_profile
+from sim.config.software import load_stack
 from sim.errors import ConfigError
+from sim.formats import get_format
 from sim.search.runner import SearchResult, run_search
 from sim.search.space import Deployment, SearchSpec, Space, build_space, load_spec
 
 
 def _profile_chips(name: str) -> int:
-    from sim.config.setup import load_profile
-
     return load_profile(name).chips
 
 
@@ -29,19 +30,13 @@ def _known(axis: str, value: str) -> None:
     if axis == "hardware":
         _profile_chips(value)
     elif axis in ("weights", "kv"):
-        from sim.formats import get_format
-
         get_format(value)
     elif axis == "software":
-        from sim.config.software import load_stack
-
         load_stack(value)
 
 
 def load_space(path: str | Path | None = None, changes: dict | None = None) -> Space:
     """The checked search space of a search file (or of ``changes`` alone)."""
-    from sim.config.setup import load_model
-
     spec, file = load_spec(path, changes)
     if spec.model is not None:
         try:

@@ -11,7 +11,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from sim.io import to_json, write_atomic, write_frame
 from sim.paths import display_path
+from sim.report.search import plot_front, write_report
 from sim.search.runner import SearchResult
 from sim.search.space import Deployment
 
@@ -99,9 +101,6 @@ def text(result: SearchResult) -> str:
 
 def write_outputs(result: SearchResult, out: Path, command: str | None = None) -> list[str]:
     """Write the table, the JSON, the plot and the report into ``out``; returns the file names."""
-    from sim.io import to_json, write_atomic, write_frame
-    from sim.report.search import plot_front, write_report
-
     out.mkdir(parents=True, exist_ok=True)
     table = result.table()
     for column in table.columns:  # one type per column for Parquet

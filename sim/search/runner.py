@@ -27,6 +27,7 @@ from sim.search.screen import SetupScreen, screen
 from sim.search.space import Deployment, Space
 from sim.search.verify import verify
 from sim.search.workload import Workload, workload
+from sim.study.runner import stop_pool, worker_init
 
 CACHE_SETUPS = 64  # setups (resolved + step model) a process keeps for the replays
 
@@ -126,7 +127,6 @@ class Executor:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor, as_completed
 
-        from sim.study.runner import worker_init
 
         if self._pool is None:
             ctx = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
@@ -165,8 +165,6 @@ class Executor:
 
     def close(self) -> None:
         if self._pool is not None:
-            from sim.study.runner import stop_pool
-
             stop_pool(self._pool)
             self._pool = None
         if self._client is not None and self._own_client:

@@ -53,6 +53,8 @@ from pydantic import Field
 from sim.config.loader import load_yaml, validate
 from sim.config.quantity import Strict
 from sim.errors import ConfigError
+from sim.paths import bundled
+from sim.paths import resolve as resolve_path
 from sim.study.spec import Exclude, axis_values
 
 AXES = ("hardware", "chips", "tp", "pp", "ep", "weights", "kv", "software", "max_batch", "max_tokens_per_step")
@@ -168,9 +170,6 @@ def load_spec(path: str | Path | None, changes: dict | None = None) -> tuple[Sea
     one), with ``changes`` (from the command line)
     applied on top: ``model``, ``slo.<key>``, ``traffic.<key>`` and ``space.grid.<axis>``."""
     if path is not None:
-        from sim.paths import bundled
-        from sim.paths import resolve as resolve_path
-
         path = resolve_path(str(path), bundled("workloads", "searches"), "search")
     file = str(path) if path is not None else "command line"
     raw = load_yaml(path) if path is not None else {}

@@ -18,6 +18,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from sim.errors import ConfigError
 from sim.serve.requests import open_source
 
 MAX_REQUESTS = 200_000  # requests read for the statistics
@@ -66,8 +67,6 @@ def workload(requests: str, rate: float | None, duration_s: float, percentile: i
         if len(prompt) >= MAX_REQUESTS:
             break
     if not prompt:
-        from sim.errors import ConfigError
-
         raise ConfigError(requests, "requests", f"no request arrives within {duration_s:g} s at this rate")
     p, o = np.asarray(prompt, dtype=np.int64), np.asarray(output, dtype=np.int64)
     rate_per_s = source.rate_per_s if source.rate_per_s and math.isfinite(source.rate_per_s) else None

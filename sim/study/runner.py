@@ -6,6 +6,8 @@ files it reads, and the simulator version (the package version plus a digest of 
 simulator's own source, so a change to the engine invalidates the cache). A finished run is
 written to ``<out>/cache/<hash>.json`` atomically (temp file, then ``os.replace``), so a
 killed study loses at most the runs in flight and a re-run computes only missing keys.
+The table, plots and report are written again only when what they are made from changed
+(sim.study.stamps), so a re-run with every point cached writes little and draws nothing.
 
 Executors: ``local`` (a process pool, ``jobs`` workers; ``jobs=1`` runs in this process)
 with a tqdm progress bar and ETA, or ``dask`` (a dask.distributed scheduler address, or a
@@ -30,18 +32,24 @@ import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
-
+from sim.config.hardware import sources
 from sim.config.setup import resolve
 from sim.config.spec import RunSpec, apply_run_overrides
 from sim.errors import ConfigError
-from sim.io import output_problem, stale_temp_files
+from sim.explore.compute import vector_peak_Tops
+from sim.io import output_problem, stale_temp_files, write_atomic, write_frame
 from sim.paths import display_path
+from sim.run import simulate
+from sim.study import stamps
 from sim.study.keys import content_hash, simulator_version
 from sim.study.spec import Point, Study, detail_assignments, is_number
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 _RESULT_FIELDS = ("hardware", "model", "weights", "kv", "batch", "context", "trace", "steps", "engine", "graph", "tp",
                   "pp", "chips", "software", "target_ms")
@@ -68,8 +76,6 @@ def flatten_summary(summary: dict) -> dict:
 
 def run_point(spec_json: str) -> dict:
     """Simulate one point (picklable: runs in a worker process or a Dask worker)."""
-    from sim.run import simulate
-
     spec = RunSpec.model_validate_json(spec_json)
     start = time.perf_counter()
     try:
@@ -81,8 +87,6 @@ def run_point(spec_json: str) -> dict:
 
 def write_json_atomic(path: Path, obj) -> None:
     """JSON written to a temp file, then renamed (``write_atomic``: umask file modes)."""
-    from sim.io import write_atomic
-
     write_atomic(path, json.dumps(obj, indent=1, default=_plain, allow_nan=True))
 
 
@@ -97,16 +101,21 @@ def _plain(value):
 
 @dataclass
 class StudyResult:
-    table: pd.DataFrame
+    rows: list[dict]  # the results table's rows (``table`` is them as a DataFrame)
     out_dir: Path
     simulated: int  # runs computed now
     cached: int  # runs found in the cache
     wall_s: float
     failed: int
 
+    @cached_property
+    def table(self) -> pd.DataFrame:
+        """The tidy results table (built on first use: a cached re-run need not load pandas)."""
+        return frame(self.rows)
+
     @property
     def points_per_s(self) -> float:
-        return len(self.table) / self.wall_s if self.wall_s > 0 else float("inf")
+        return len(self.rows) / self.wall_s if self.wall_s > 0 else float("inf")
 
 
 def run_study(study: Study, out_dir: str | Path | None = None, *, executor: str = "local", jobs: int | None = None,
@@ -138,24 +147,40 @@ def _run_study(study: Study, out: Path, executor: str, jobs: int | None, address
     cached = len(set(keys)) - len(todo)
     if todo:
         _execute(todo, runs_dir, executor, jobs, address, progress, study.spec.name)
-    table = build_table(study, keys, runs_dir)
-    write_table(table, out)
+    rows = table_rows(study, keys, runs_dir)
+    result = StudyResult(rows, out, len(todo), cached, 0.0, sum(row.get("status") != "ok" for row in rows))
+    write_table(result, out)
     if detail:
         run_detail(study, out)
     write_settings(study, out, keys)
-    wall = time.perf_counter() - start
-    result = StudyResult(table, out, len(todo), cached, wall, int((table["status"] != "ok").sum()))
-    write_json_atomic(out / "timing.json", {"points": len(table), "simulated": result.simulated,
+    result.wall_s = time.perf_counter() - start
+    write_json_atomic(out / "timing.json", {"points": len(rows), "simulated": result.simulated,
                                             "cached": result.cached, "failed": result.failed,
-                                            "wall_s": wall, "points_per_s": result.points_per_s,
+                                            "wall_s": result.wall_s, "points_per_s": result.points_per_s,
                                             "executor": executor, "jobs": jobs or os.cpu_count()})
     if report:
-        from sim.report.markdown import write_report
-        from sim.report.plots import make_plots
-
-        make_plots(out)
-        write_report(out)
+        draw(out)
     return result
+
+
+# what the plots and the report are drawn from (timing.json, which only the report's "Runs"
+# line reads, is left out: a re-run that simulates nothing leaves the drawings as they are)
+DRAWN_FROM = ("results.parquet", "study.json", "detail/meta.json", "detail/ops.parquet", "detail/events.parquet")
+
+
+def draw(out: Path) -> None:
+    """Draw the plots and write report.md and report.html, unless they are already drawn
+    from the same inputs by the same code (sim.study.stamps)."""
+    inputs = stamps.files_digest([out / name for name in DRAWN_FROM])
+    if stamps.fresh(out, "drawings", inputs):
+        return
+    # deferred: the report and plot modules load pandas and matplotlib (~2 s), which a
+    # re-run whose drawings are up to date never needs
+    from sim.report import markdown, plots
+
+    written = [Path(p) for p in plots.make_plots(out)]
+    report = markdown.write_report(out)
+    stamps.record(out, "drawings", inputs, written + [report, out / "report.html"])
 
 
 def read_json(path: Path) -> dict | None:
@@ -377,7 +402,8 @@ def _label(value):
     return value
 
 
-def build_table(study: Study, keys: list[str], runs_dir: Path) -> pd.DataFrame:
+def table_rows(study: Study, keys: list[str], runs_dir: Path) -> list[dict]:
+    """One row per point: its index, group, knob, seed, hash and axis labels, then its result."""
     rows = []
     cache: dict[str, dict] = {}
     for point, key in zip(study.points, keys, strict=False):
@@ -392,23 +418,43 @@ def build_table(study: Study, keys: list[str], runs_dir: Path) -> pd.DataFrame:
             if k not in row:
                 row[k] = v
         rows.append(row)
+    return rows
+
+
+def frame(rows: list[dict]) -> pd.DataFrame:
+    """The rows as a DataFrame, a column of mixed kinds (numbers and texts) as texts: parquet
+    wants one type per column."""
+    import pandas as pd  # deferred with the table: a re-run with nothing new never builds it
+
     table = pd.DataFrame(rows)
-    for column in table.columns:  # parquet wants one type per column
-        values = [v for v in table[column] if v is not None and not (isinstance(v, float) and v != v)]
-        if values and not all(is_number(v) for v in values) and not all(isinstance(v, str) for v in values) \
-                and not all(isinstance(v, bool) for v in values):
+    for column in table.columns:
+        if _mixed(table[column]):
             table[column] = [None if v is None else str(v) for v in table[column]]
     return table
 
 
-def write_table(table: pd.DataFrame, out: Path) -> None:
-    from sim.io import write_frame
+def _mixed(column) -> bool:
+    values = [v for v in column if v is not None and not (isinstance(v, float) and v != v)]
+    return bool(values) and not all(is_number(v) for v in values) and not all(isinstance(v, str) for v in values) \
+        and not all(isinstance(v, bool) for v in values)
 
-    write_frame(table, out / "results")
+
+TABLE_FILES = ("results.parquet", "results.csv")
+
+
+def write_table(result: StudyResult, out: Path) -> None:
+    """results.parquet and results.csv, unless they already hold these rows (sim.study.stamps)."""
+    inputs = stamps.digest(json.dumps(result.rows, default=_plain, allow_nan=True))
+    if stamps.fresh(out, "table", inputs):
+        return
+    write_frame(result.table, out / "results")
+    stamps.record(out, "table", inputs, [out / name for name in TABLE_FILES])
 
 
 def results(out_dir: str | Path) -> pd.DataFrame:
     """The saved results table of a study folder, as a DataFrame."""
+    import pandas as pd
+
     return pd.read_parquet(Path(out_dir) / "results.parquet")
 
 
@@ -462,16 +508,8 @@ def run_detail(study: Study, out: Path) -> None:
     write_json_atomic(meta_path, meta)
 
 
-def vector_peak_Tops(hardware) -> float:
-    """The vector units' peak (tera operations per second, fp32), the dequantization ceiling."""
-    c = hardware.compute
-    return c.tiles.value * c.vector_rate("fp32") * c.clock_GHz.value / 1e3
-
-
 def write_settings(study: Study, out: Path, keys: list[str]) -> None:
     """The resolved settings beside the results: the study, the base point's sources, the version."""
-    from sim.config.hardware import sources
-
     base = RunSpec.model_validate({**study.spec.base, "overrides": list(study.spec.overrides.items())})
     res = resolve(base)
     axes = {}

@@ -94,6 +94,32 @@ def solve(spec: RunSpec, path: str, target_ms: float | None = None, lo: float | 
     target = target_ms if target_ms is not None else spec.target_ms
     base = current_value(spec, path)
     integer = isinstance(base, int) if integer is None else integer
+    lo, hi = _range(base, lo, hi, integer, path)
+    run = _Evaluator(spec.model_copy(update={"target_ms": target}), path, integer)
+    at_lo, at_hi = run(lo), run(hi)
+    if at_lo.meets == at_hi.meets:
+        return _no_crossing(path, target, lo, hi, at_lo, at_hi, run.evals)
+    direction = "increase" if at_hi.meets else "decrease"
+    good, bad = (hi, lo) if direction == "increase" else (lo, hi)
+    while len(run.evals) < max_evals and not _narrow(good, bad, integer, rel_tol):
+        mid = (good + bad) // 2 if integer else \
+            math.sqrt(good * bad) if bad / good > 4 or good / bad > 4 else (good + bad) / 2
+        if run(mid).meets:
+            good = mid
+        else:
+            bad = mid
+    e, at_bad = run(good), run.cache[bad]
+    word = "smallest" if direction == "increase" else "largest"
+    bad_ms = at_bad.per_token_ms_p99 if at_bad.per_token_ms_p99 is not None else float("nan")
+    return Solution(path, target, True, good, direction, lo, hi,
+                    f"the {word} {path} that meets {target:g} ms is {good:g} (p99 {e.per_token_ms_p99:.3f} ms; "
+                    f"{bad:g} gives {bad_ms:.3f} ms"
+                    f"{'' if at_bad.per_token_ms_p99 is not None else ', does not fit'}); current value {base:g}",
+                    run.evals)
+
+
+def _range(base: float, lo: float | None, hi: float | None, integer: bool, path: str) -> tuple[float, float]:
+    """The bracket to search: the given ends, else base / 16 .. base x 16 (integers 1 .. base x 16)."""
     if lo is None:
         lo = 1 if integer else base / 16
     if hi is None:
@@ -102,57 +128,50 @@ def solve(spec: RunSpec, path: str, target_ms: float | None = None, lo: float | 
         raise ConfigError("--range", path, "expected 0 < LO < HI, both finite", (lo, hi))
     if integer:
         lo, hi = int(math.floor(lo)), int(math.ceil(hi))
-    evals: list[Evaluation] = []
-    cache: dict = {}
+    return lo, hi
 
-    def run(value) -> Evaluation:
-        value = int(value) if integer else float(value)
-        if value in cache:
-            return cache[value]
-        s = with_overrides(spec.model_copy(update={"target_ms": target}), [(path, value)])
+
+def _narrow(good: float, bad: float, integer: bool, rel_tol: float) -> bool:
+    """True when the bracket is as narrow as asked (adjacent integers, or ``rel_tol``)."""
+    return abs(good - bad) <= 1 if integer else abs(good - bad) <= rel_tol * abs(good)
+
+
+class _Evaluator:
+    """Simulates ``spec`` with ``path`` set to a value, once per value, keeping every evaluation."""
+
+    def __init__(self, spec: RunSpec, path: str, integer: bool):
+        self.spec, self.path, self.integer = spec, path, integer
+        self.evals: list[Evaluation] = []
+        self.cache: dict = {}
+
+    def __call__(self, value) -> Evaluation:
+        value = int(value) if self.integer else float(value)
+        if value in self.cache:
+            return self.cache[value]
         try:
-            summary = simulate(s).summary
+            summary = simulate(with_overrides(self.spec, [(self.path, value)])).summary
         except ConfigError as err:  # a value of the range the parameter does not allow: name --range
-            if err.file == "--set" and err.key_path == path:
-                raise ConfigError("--range", path, f"{err.expected} (the range reaches {value:g})") from None
+            if err.file == "--set" and err.key_path == self.path:
+                raise ConfigError("--range", self.path, f"{err.expected} (the range reaches {value:g})") from None
             raise
-        p99 = summary.get("per_token_ms_p99")
-        e = Evaluation(value, p99, bool(summary.get("meets_target")), summary["verdict"])
-        cache[value] = e
-        evals.append(e)
+        e = Evaluation(value, summary.get("per_token_ms_p99"), bool(summary.get("meets_target")), summary["verdict"])
+        self.cache[value] = e
+        self.evals.append(e)
         return e
 
-    at_lo, at_hi = run(lo), run(hi)
-    if at_lo.meets and at_hi.meets:
-        fast_lo = at_lo.per_token_ms_p99 is not None and at_hi.per_token_ms_p99 is not None and at_lo.per_token_ms_p99 <= at_hi.per_token_ms_p99
-        direction = "decrease" if fast_lo else "increase"
+
+def _no_crossing(path: str, target: float, lo: float, hi: float, at_lo: Evaluation, at_hi: Evaluation,
+                 evals: list[Evaluation]) -> Solution:
+    """Both ends meet the target (the faster end is the bound) or neither does (the best end is named)."""
+    if at_lo.meets:
+        fast_lo = at_lo.per_token_ms_p99 is not None and at_hi.per_token_ms_p99 is not None \
+            and at_lo.per_token_ms_p99 <= at_hi.per_token_ms_p99
         edge = hi if fast_lo else lo
-        return Solution(path, target, True, edge, direction, lo, hi,
+        return Solution(path, target, True, edge, "decrease" if fast_lo else "increase", lo, hi,
                         f"every value in [{lo:g}, {hi:g}] meets {target:g} ms; the range end {edge:g} is the "
                         "bound (widen --range to look further)", evals)
-    if not at_lo.meets and not at_hi.meets:
-        best = min((e for e in (at_lo, at_hi) if e.per_token_ms_p99 is not None), key=lambda e: e.per_token_ms_p99, default=None)
-        best_txt = f"; best is {best.per_token_ms_p99:.3f} ms at {best.value:g}" if best else "; neither end fits in memory"
-        return Solution(path, target, False, None, "unknown", lo, hi,
-                        f"no value of {path} in [{lo:g}, {hi:g}] meets {target:g} ms{best_txt}", evals)
-    direction = "increase" if at_hi.meets else "decrease"
-    good, bad = (hi, lo) if direction == "increase" else (lo, hi)
-    while len(evals) < max_evals:
-        if integer:
-            if abs(good - bad) <= 1:
-                break
-            mid = (good + bad) // 2
-        else:
-            if abs(good - bad) <= rel_tol * abs(good):
-                break
-            mid = math.sqrt(good * bad) if bad / good > 4 or good / bad > 4 else (good + bad) / 2
-        if run(mid).meets:
-            good = mid
-        else:
-            bad = mid
-    e = run(good)
-    word = "smallest" if direction == "increase" else "largest"
-    return Solution(path, target, True, good, direction, lo, hi,
-                    f"the {word} {path} that meets {target:g} ms is {good:g} (p99 {e.per_token_ms_p99:.3f} ms; "
-                    f"{bad:g} gives {cache[bad].per_token_ms_p99 if cache[bad].per_token_ms_p99 is not None else float('nan'):.3f} ms"
-                    f"{'' if cache[bad].per_token_ms_p99 is not None else ', does not fit'}); current value {base:g}", evals)
+    best = min((e for e in (at_lo, at_hi) if e.per_token_ms_p99 is not None), key=lambda e: e.per_token_ms_p99,
+               default=None)
+    best_txt = f"; best is {best.per_token_ms_p99:.3f} ms at {best.value:g}" if best else "; neither end fits in memory"
+    return Solution(path, target, False, None, "unknown", lo, hi,
+                    f"no value of {path} in [{lo:g}, {hi:g}] meets {target:g} ms{best_txt}", evals)

@@ -217,42 +217,53 @@ def axis_values(value: Any, file: str, where: str, max_points: int = MAX_POINTS)
     """A list of values, or ``{from, to, steps, spacing: linear|log, integer: bool}`` (at
     most ``max_points`` steps)."""
     if isinstance(value, dict) and "from" in value:
-        extra = set(value) - {"from", "to", "steps", "spacing", "integer"}
-        if extra:
-            raise ConfigError(file, where, f"unknown range key {sorted(extra)[0]!r}; allowed: from, to, steps, spacing, integer")
-        try:
-            lo, hi, n = float(value["from"]), float(value["to"]), value.get("steps", 0)
-            if isinstance(n, bool) or not isinstance(n, (int, float)) or not math.isfinite(n) or n != int(n):
-                raise ValueError("steps")
-            n = int(n)
-        except (KeyError, TypeError, ValueError, OverflowError):
-            raise ConfigError(file, where, "a range needs numbers from, to and an integer steps >= 1", value) from None
-        if n < 1:
-            raise ConfigError(file, where, "a range needs steps >= 1 (an empty sweep runs nothing)", value)
-        if not (math.isfinite(lo) and math.isfinite(hi)):
-            raise ConfigError(file, where, "a range needs finite from and to", value)
-        if n > max_points:
-            raise ConfigError(file, f"{where}.steps", f"at most {max_points:,} points in a study{RAISE}", n)
-        spacing = value.get("spacing", "linear")
-        if spacing not in ("linear", "log"):
-            raise ConfigError(file, f"{where}.spacing", "must be linear or log", spacing)
-        if spacing == "log" and (lo <= 0 or hi <= 0):
-            raise ConfigError(file, where, "a log range needs from and to > 0", value)
-        if n == 1:
-            out = [lo]
-        elif spacing == "log":  # four significant figures, so the values read well in tables
-            out = [float(f"{lo * (hi / lo) ** (i / (n - 1)):.4g}") for i in range(n)]
-        else:
-            out = [lo + (hi - lo) * i / (n - 1) for i in range(n)]
-        out = [round(v, 12) for v in out]
-        if value.get("integer"):
-            out = sorted({int(round(v)) for v in out})
-        return out
+        return _range_values(value, *_range_bounds(value, file, where, max_points))
     if not isinstance(value, list):
         raise ConfigError(file, where, "expected a list of values or a range {from, to, steps}", value)
     if not value:
         raise ConfigError(file, where, "empty sweep: give at least one value")
     return list(value)
+
+
+def _range_bounds(value: dict, file: str, where: str, max_points: int) -> tuple[float, float, int, str]:
+    """A range's (from, to, steps, spacing), each checked."""
+    extra = set(value) - {"from", "to", "steps", "spacing", "integer"}
+    if extra:
+        raise ConfigError(file, where, f"unknown range key {sorted(extra)[0]!r}; allowed: from, to, steps, spacing, integer")
+    try:
+        lo, hi, n = float(value["from"]), float(value["to"]), value.get("steps", 0)
+        if isinstance(n, bool) or not isinstance(n, (int, float)) or not math.isfinite(n) or n != int(n):
+            raise ValueError("steps")
+        n = int(n)
+    except (KeyError, TypeError, ValueError, OverflowError):
+        raise ConfigError(file, where, "a range needs numbers from, to and an integer steps >= 1", value) from None
+    if n < 1:
+        raise ConfigError(file, where, "a range needs steps >= 1 (an empty sweep runs nothing)", value)
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        raise ConfigError(file, where, "a range needs finite from and to", value)
+    if n > max_points:
+        raise ConfigError(file, f"{where}.steps", f"at most {max_points:,} points in a study{RAISE}", n)
+    spacing = value.get("spacing", "linear")
+    if spacing not in ("linear", "log"):
+        raise ConfigError(file, f"{where}.spacing", "must be linear or log", spacing)
+    if spacing == "log" and (lo <= 0 or hi <= 0):
+        raise ConfigError(file, where, "a log range needs from and to > 0", value)
+    return lo, hi, n, spacing
+
+
+def _range_values(value: dict, lo: float, hi: float, n: int, spacing: str) -> list[float | int]:
+    """The ``n`` values of a checked range, rounded to 12 places (and to integers, once each,
+    with ``integer: true``)."""
+    if n == 1:
+        out = [lo]
+    elif spacing == "log":  # four significant figures, so the values read well in tables
+        out = [float(f"{lo * (hi / lo) ** (i / (n - 1)):.4g}") for i in range(n)]
+    else:
+        out = [lo + (hi - lo) * i / (n - 1) for i in range(n)]
+    out = [round(v, 12) for v in out]
+    if value.get("integer"):
+        out = sorted({int(round(v)) for v in out})
+    return out
 
 
 RAISE = " (raise the limit with decodesim study --max-points N, or max_points= in load_study)"
@@ -271,10 +282,30 @@ def study_size(spec: StudySpec, axes: list[tuple[str, list]], zipped: dict[str, 
 
 def expand(spec: StudySpec, file: str, max_points: int = MAX_POINTS) -> Study:
     """The study's points (a ConfigError before expanding if there would be more than ``max_points``)."""
-    where = {}
-    for path in spec.overrides:
-        where[canonical(path)] = f"overrides.{path}"
-    axes: list[tuple[str, list]] = []  # grid axes; the zip group is one axis of tuples
+    names = _axis_names(spec, file)
+    axes = [(path, axis_values(value, file, f"sweep.grid.{path}", max_points)) for path, value in spec.sweep.grid.items()]
+    zipped = _zipped(spec, file, max_points)
+    _check_size(spec, axes, zipped, file, max_points)
+    _check_seeds(spec, file)
+    _check_axis_references(spec, names, file)
+    values = {**dict(axes), **zipped}
+    _check_excludes(spec, values, file)
+    _check_claims(spec, values, file)
+    fixed = tuple(spec.overrides.items())
+    points: list[Point] = []
+    excluded = _grid_points(spec, file, axes, zipped, fixed, points)
+    detail = _detail_assignments(spec, axes, zipped, file)  # checks plots.detail
+    if _excluded_by(spec, dict(detail)) is not None:
+        raise ConfigError(file, "plots.detail", "names a point that sweep.exclude leaves out", dict(detail))
+    if spec.sensitivity:
+        _sensitivity_points(spec, file, detail, fixed, points)
+    return Study(spec, file, names, points, excluded=[(rule, n) for rule, n in zip(spec.sweep.exclude, excluded,
+                                                                                     strict=True)])
+
+
+def _axis_names(spec: StudySpec, file: str) -> list[str]:
+    """The swept paths, grid then zip; a path set twice (also by ``overrides``) is an error."""
+    where = {canonical(path): f"overrides.{path}" for path in spec.overrides}
     names: list[str] = []
     for section in ("grid", "zip"):
         for path in getattr(spec.sweep, section):
@@ -283,43 +314,52 @@ def expand(spec: StudySpec, file: str, max_points: int = MAX_POINTS) -> Study:
                 raise ConfigError(file, f"sweep.{section}.{path}", f"duplicate axis: already set by {where[key]}")
             where[key] = f"sweep.{section}.{path}"
             names.append(path)
-    for path, value in spec.sweep.grid.items():
-        axes.append((path, axis_values(value, file, f"sweep.grid.{path}", max_points)))
+    return names
+
+
+def _zipped(spec: StudySpec, file: str, max_points: int) -> dict[str, list]:
+    """The zip group's values per path (one axis of tuples: the lists must be equally long)."""
     zipped = {p: axis_values(v, file, f"sweep.zip.{p}", max_points) for p, v in spec.sweep.zip.items()}
-    if zipped:
-        lengths = {len(v) for v in zipped.values()}
-        if len(lengths) > 1:
-            detail = ", ".join(f"{p}: {len(v)}" for p, v in zipped.items())
-            raise ConfigError(file, "sweep.zip", f"zipped lists must have equal lengths ({detail})")
+    if len({len(v) for v in zipped.values()}) > 1:
+        detail = ", ".join(f"{p}: {len(v)}" for p, v in zipped.items())
+        raise ConfigError(file, "sweep.zip", f"zipped lists must have equal lengths ({detail})")
+    return zipped
+
+
+def _check_size(spec: StudySpec, axes: list[tuple[str, list]], zipped: dict[str, list], file: str,
+                max_points: int) -> None:
     size = study_size(spec, axes, zipped)
     if size > max_points:
         shape = " x ".join([str(len(v)) for _, v in axes] + ([f"{len(next(iter(zipped.values())))} zipped"]
                                                              if zipped else []) + [f"{len(spec.seeds)} seeds"])
         raise ConfigError(file, "sweep", f"the study has {size:,} points ({shape}); at most {max_points:,}{RAISE}")
-    if len(set(spec.seeds)) != len(spec.seeds):
-        seen: set[int] = set()
-        dup = next(seed for seed in spec.seeds if seed in seen or seen.add(seed))
-        raise ConfigError(file, "seeds", "duplicate seed", dup)
-    for i, comp in enumerate(spec.compare):
-        for axis in [comp.axis, *comp.by]:
-            if axis not in names:
-                raise ConfigError(file, f"compare.{i}.axis", f"{axis!r} is not a swept axis; axes: {', '.join(names)}")
-    for i, focus in enumerate(spec.focus):
-        for axis in [*focus.where, *focus.by]:
-            if axis not in names:
-                raise ConfigError(file, f"focus.{i}", f"{axis!r} is not a swept axis; axes: {', '.join(names)}")
-    for axis in spec.summary_by:
+
+
+def _check_seeds(spec: StudySpec, file: str) -> None:
+    seen: set[int] = set()
+    for seed in spec.seeds:
+        if seed in seen:
+            raise ConfigError(file, "seeds", "duplicate seed", seed)
+        seen.add(seed)
+
+
+def _check_axis_references(spec: StudySpec, names: list[str], file: str) -> None:
+    """``compare``, ``focus`` and ``summary_by`` name swept axes only."""
+    named = [(f"compare.{i}.axis", axis) for i, comp in enumerate(spec.compare) for axis in [comp.axis, *comp.by]]
+    named += [(f"focus.{i}", axis) for i, focus in enumerate(spec.focus) for axis in [*focus.where, *focus.by]]
+    named += [("summary_by", axis) for axis in spec.summary_by]
+    for key, axis in named:
         if axis not in names:
-            raise ConfigError(file, "summary_by", f"{axis!r} is not a swept axis; axes: {', '.join(names)}")
-    values = {**dict(axes), **zipped}
-    _check_excludes(spec, values, file)
-    _check_claims(spec, values, file)
-    fixed = tuple(spec.overrides.items())
-    points: list[Point] = []
-    grid_lists = [vals for _, vals in axes]
+            raise ConfigError(file, key, f"{axis!r} is not a swept axis; axes: {', '.join(names)}")
+
+
+def _grid_points(spec: StudySpec, file: str, axes: list[tuple[str, list]], zipped: dict[str, list], fixed: tuple,
+                 points: list[Point]) -> list[int]:
+    """Append the grid's points (every grid combination x zipped row x seed that no
+    ``sweep.exclude`` rule leaves out) to ``points``; returns the points each rule left out."""
     zip_rows = list(zip(*zipped.values(), strict=False)) if zipped else [()]
     excluded = [0] * len(spec.sweep.exclude)
-    for combo in itertools.product(*grid_lists):
+    for combo in itertools.product(*(vals for _, vals in axes)):
         for zrow in zip_rows:
             assigned = tuple(zip([p for p, _ in axes], combo, strict=False)) + tuple(zip(zipped, zrow, strict=False))
             rule = _excluded_by(spec, dict(assigned))
@@ -328,31 +368,35 @@ def expand(spec: StudySpec, file: str, max_points: int = MAX_POINTS) -> Study:
                 continue
             for seed in spec.seeds:
                 points.append(_point(spec, file, len(points), "grid", fixed, assigned, seed))
-    detail = _detail_assignments(spec, axes, zipped, file)  # checks plots.detail
-    if _excluded_by(spec, dict(detail)) is not None:
-        raise ConfigError(file, "plots.detail", "names a point that sweep.exclude leaves out", dict(detail))
-    if spec.sensitivity:
-        knobs = spec.sensitivity.knobs
-        for knob in knobs:
-            if knob in spec.sweep.zip:
-                raise ConfigError(file, f"sensitivity.knobs.{knob}", "a sensitivity knob cannot be a zipped axis")
-        pct = spec.sensitivity.percent
-        base_assigned = detail
-        seed = spec.seeds[0]
-        points.append(_point(spec, file, len(points), "sensitivity", fixed, base_assigned, seed, knob=None))
-        for knob in knobs:
-            for sign in (-1, 1):
-                moved = tuple((p, v) for p, v in base_assigned if canonical(p) != canonical(knob))
-                change = (knob, {"scale": 1 + sign * pct / 100})
-                current = dict(base_assigned).get(knob)
-                if current is not None:  # a swept knob moves from its sensitivity-base value
-                    if not isinstance(current, (int, float)) or isinstance(current, bool):
-                        raise ConfigError(file, f"sensitivity.knobs.{knob}", "must be a numeric axis", current)
-                    change = (knob, _scaled(current, 1 + sign * pct / 100))
-                points.append(_point(spec, file, len(points), "sensitivity", fixed, moved + (change,), seed,
-                                     knob=knob, delta=sign * pct))
-    return Study(spec, file, names, points, excluded=[(rule, n) for rule, n in zip(spec.sweep.exclude, excluded,
-                                                                                     strict=True)])
+    return excluded
+
+
+def _sensitivity_points(spec: StudySpec, file: str, base_assigned: tuple, fixed: tuple, points: list[Point]) -> None:
+    """Append the sensitivity points: the base (the detail point), then each knob moved down
+    and up by ``sensitivity.percent``."""
+    knobs = spec.sensitivity.knobs
+    for knob in knobs:
+        if knob in spec.sweep.zip:
+            raise ConfigError(file, f"sensitivity.knobs.{knob}", "a sensitivity knob cannot be a zipped axis")
+    pct = spec.sensitivity.percent
+    seed = spec.seeds[0]
+    points.append(_point(spec, file, len(points), "sensitivity", fixed, base_assigned, seed, knob=None))
+    for knob in knobs:
+        for sign in (-1, 1):
+            moved = tuple((p, v) for p, v in base_assigned if canonical(p) != canonical(knob))
+            change = _moved(knob, dict(base_assigned).get(knob), 1 + sign * pct / 100, file)
+            points.append(_point(spec, file, len(points), "sensitivity", fixed, moved + (change,), seed,
+                                 knob=knob, delta=sign * pct))
+
+
+def _moved(knob: str, current: Any, factor: float, file: str) -> tuple[str, Any]:
+    """The assignment that moves ``knob`` by ``factor``: a swept knob from its value at the
+    sensitivity base, any other as a scale of the profile's value."""
+    if current is None:
+        return knob, {"scale": factor}
+    if not isinstance(current, (int, float)) or isinstance(current, bool):
+        raise ConfigError(file, f"sensitivity.knobs.{knob}", "must be a numeric axis", current)
+    return knob, _scaled(current, factor)
 
 
 def _matches(value: Any, wanted: Any) -> bool:
@@ -511,22 +555,32 @@ def study_key(spec: StudySpec, err: ConfigError, point: Point | None = None) -> 
     keys += [(p, f"sweep.grid.{p}") for p in spec.sweep.grid] + [(p, f"sweep.zip.{p}") for p in spec.sweep.zip]
     keys += [(p, f"sensitivity.knobs.{p}") for p in (spec.sensitivity.knobs if spec.sensitivity else [])]
     inner = err.key_path or ""
+    found = _key_of_path(keys, inner) or (_key_of_value(keys, err, point) if point is not None else None)
+    if found:
+        return found
+    return f"base.{inner}" if inner in RUN_FIELDS else "base"
+
+
+def _key_of_path(keys: list[tuple[str, str]], inner: str) -> str | None:
+    """The key that sets the erring path (as given, or under hardware. / model.), else the
+    deepest key the path lies below (an error inside an overridden quantity)."""
     guesses = {canonical(inner), canonical("hardware." + inner), canonical("model." + inner)}
     for path, key in keys:
         if canonical(path) in guesses:
             return key
-    below = [(len(path), key) for path, key in keys  # an error below the overridden path (into a quantity)
+    below = [(len(path), key) for path, key in keys
              if any(g.startswith(canonical(path) + ".") for g in guesses if g)]
-    if below:
-        return max(below)[1]
-    if point is not None:  # e.g. an unknown format name: the message quotes the value
-        text = f"{err.expected} {err.got!r}"
-        for path, value in reversed(point.assignments):
-            if isinstance(value, str) and repr(value) in text:
-                return next((key for p, key in keys if p == path), "base")
-    if inner in RUN_FIELDS:
-        return f"base.{inner}"
-    return "base"
+    return max(below)[1] if below else None
+
+
+def _key_of_value(keys: list[tuple[str, str]], err: ConfigError, point: Point) -> str | None:
+    """The key of the point's last assignment whose value the message quotes (e.g. an unknown
+    format name), ``base`` when no study key sets that path."""
+    text = f"{err.expected} {err.got!r}"
+    for path, value in reversed(point.assignments):
+        if isinstance(value, str) and repr(value) in text:
+            return next((key for p, key in keys if p == path), "base")
+    return None
 
 
 def is_number(value) -> bool:

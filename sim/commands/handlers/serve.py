@@ -1,0 +1,344 @@
+"""What ``decodesim serve`` does: one closed-loop replay, a sweep of them, or a serving study, printed
+or written (tables, plots, report)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from sim.commands.common import emit_json, to_json, write_atomic
+from sim.commands.serve import register
+from sim.config.loader import parse_number, validate
+from sim.errors import ConfigError
+from sim.serve.plots import latency_vs_rate, over_time
+from sim.serve.replay import serve
+from sim.serve.report import render as render_report
+from sim.serve.requests import open_source
+from sim.serve.spec import ServeSpec, build, upgrade_names
+from sim.serve.sweep import grid, load_study, run_sweep, study_points, write_table, write_text
+
+
+def handle(args) -> int:
+    if args.study:
+        return _study(args)
+    lists = {name: _list(getattr(args, name), name) for name in ("hardware", "model", "kv")}
+    rates = _numbers(args.rates, "--rates")
+    scales = _numbers(args.rate_scales, "--rate-scales")
+    base = validate(ServeSpec, {
+        "hardware": lists["hardware"][0], "model": lists["model"][0], "weights": args.weights, "kv": lists["kv"][0],
+        "software": args.software, "graph": args.graph, "tp": args.tp, "pp": args.pp, "chips": args.chips, "overrides": args.overrides,
+        "requests": args.requests, "rate_scale": args.rate_scale, "rate": args.rate, "duration_s": args.duration_s,
+        "prompt_median": args.prompt_median, "output_median": args.output_median, "seed": args.seed,
+        "max_batch": args.max_batch, "block_tokens": args.block_tokens,
+        "max_tokens_per_step": args.max_tokens_per_step, "policy": args.policy, "target_ms": args.target_ms,
+    }, "command line")
+    if rates or scales or any(len(v) > 1 for v in lists.values()):
+
+        size = len(lists["hardware"]) * len(lists["model"]) * len(lists["kv"]) * len(rates or scales or [None])
+        if size > MAX_POINTS:
+            raise ConfigError("command line", "--hardware/--model/--kv/--rates", f"the sweep has {size:,} "
+                              f"replays; expected at most {MAX_POINTS:,}")
+
+        points = grid(base, hardware=lists["hardware"], models=[(m, args.weights) for m in lists["model"]],
+                      kv=lists["kv"], rates=rates, rate_scales=scales)
+        _check_sources(points)
+        return _sweep(points, args, title="Serving sweep", command=_command(args))
+    return _single(base, args)
+
+
+def _check_sources(points) -> None:
+    """Open the request source of the sweep's busiest point (highest rate or scale) before any
+    replay: a bad combination (a scale for synthetic arrivals) or too much work is one error
+    now, not a row of errors after the others ran."""
+
+    busiest = max(points, key=lambda p: (p.rate or 0.0, p.rate_scale or 0.0))
+    open_source(busiest.requests, rate_scale=busiest.rate_scale, rate_per_s=busiest.rate,
+                duration_s=busiest.duration_s, seed=busiest.seed, prompt_median=busiest.prompt_median,
+                output_median=busiest.output_median)
+
+
+def _command(args) -> str:
+    """The sweep's command line, from the options that differ from their defaults."""
+    defaults = vars(build_defaults())
+    words = ["decodesim", "serve"]
+    for name, value in vars(args).items():
+        if name in ("command", "handler", "out", "json", "jobs", "replot", "study", "no_progress") \
+                or value == defaults.get(name):
+            continue
+        flag = "--" + name.replace("_", "-")
+        if name == "overrides":
+            words += [w for item in value for w in ("--set", item)]
+        elif value is False:
+            words.append("--no-" + name.replace("_", "-"))
+        else:
+            words += [flag, str(value)]
+    if args.out is not None:
+        words += ["--out", str(args.out)]
+    return " ".join(words)
+
+
+def build_defaults():
+    """The serve options' defaults (a parse of no arguments)."""
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    return parser.parse_args(["serve"])
+
+
+MAX_LIST = 1000  # items of one comma list (hardware, models, KV formats, rates)
+MAX_POINTS = 10_000  # replays of one sweep
+
+
+def _list(text: str, name: str) -> list[str]:
+    """A comma list of names; an empty item (``fp16,,int8``) is an error, not dropped."""
+    values = [v.strip() for v in text.split(",")]
+    if not text.strip():
+        raise ConfigError("command line", f"--{name}", "expected a name or a comma list of names", text)
+    if len(values) > MAX_LIST:
+        raise ConfigError("command line", f"--{name}", f"expected at most {MAX_LIST} comma-separated names, "
+                          f"got {len(values):,}")
+    if "" in values:
+        raise ConfigError("command line", f"--{name}", f"item {values.index('') + 1} of the comma list is empty",
+                          text)
+    return values
+
+
+def _numbers(text: str | None, flag: str) -> list[float] | None:
+    """A comma list of decimal numbers > 0 (rates); empty items, hex and the like are errors."""
+    if text is None:
+        return None
+    items = [v.strip() for v in text.split(",")]
+    if len(items) > MAX_LIST:
+        raise ConfigError("command line", flag, f"expected at most {MAX_LIST} comma-separated numbers, "
+                          f"got {len(items):,}")
+    values = []
+    for i, item in enumerate(items, 1):
+        if not item:
+            raise ConfigError("command line", flag, f"item {i} of the comma list is empty; expected a comma list "
+                              "of numbers", text)
+        try:
+            value = parse_number(item)
+        except ValueError:
+            raise ConfigError("command line", flag, f"item {i}: expected a comma list of numbers", item) from None
+        if not value > 0:
+            raise ConfigError("command line", flag, f"item {i}: expected numbers > 0", item)
+        values.append(value)
+    return values
+
+
+class _Interrupt:
+    """SIGINT / SIGTERM during a replay: the first asks the replay to stop where it is (it
+    then writes what finished, marked partial); a second raises KeyboardInterrupt at once.
+    A signal the parent process ignores (a shell's background job) stays ignored."""
+
+    SIGNALS = ("SIGINT", "SIGTERM")
+
+    def __init__(self):
+        self.signal: int | None = None
+        self._previous: dict = {}
+
+    def __enter__(self):
+        import signal
+        import threading
+
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        for name in self.SIGNALS:
+            number = getattr(signal, name)
+            if signal.getsignal(number) is signal.SIG_IGN:
+                continue
+            self._previous[number] = signal.signal(number, self._handle)
+        return self
+
+    def _handle(self, number, frame):
+        if self.signal is not None:
+            raise KeyboardInterrupt
+        self.signal = number
+
+    def __call__(self) -> bool:
+        return self.signal is not None
+
+    def __exit__(self, *exc):
+        import signal
+
+        for number, previous in self._previous.items():
+            signal.signal(number, previous)
+        return False
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signal if self.signal is not None else 0
+
+
+class _Progress:
+    """A tqdm bar on stderr over the simulated arrival window (shown after 2 s of wall time;
+    off with --no-progress or when stderr is not a terminal)."""
+
+    def __init__(self, total_s: float, enabled: bool):
+        self.bar = None
+        if enabled and total_s > 0 and sys.stderr.isatty():
+            import shutil
+
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=round(total_s, 1), unit="s", unit_scale=False, desc="decodesim serve",
+                            # a pty that reports no size (0 x 0) makes tqdm draw nothing: 80 x 24 then
+                            ncols=shutil.get_terminal_size().columns, nrows=shutil.get_terminal_size().lines,
+                            file=sys.stderr, delay=2.0, leave=False,
+                            bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} simulated s "
+                                       "[{elapsed}<{remaining}{postfix}]")
+
+    def __call__(self, clock_s: float, done: int) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix_str(f"{done:,} requests done", refresh=False)
+            step = round(min(clock_s, self.bar.total), 1) - self.bar.n
+            if step > 0:
+                self.bar.update(step)  # tqdm draws after its delay, at most every mininterval
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _single(spec, args) -> int:
+    setup = build(spec)
+    progress = _Progress(setup.source.span_s, enabled=not args.no_progress)
+    with _Interrupt() as interrupt:
+        try:
+            summary = serve(setup, args.out, stop=interrupt, progress=progress)
+        finally:
+            progress.close()
+        if summary.get("partial"):
+            sys.stderr.write(f"decodesim: interrupted; stopped the replay at {summary['stopped_at_s']:.1f} "
+                             "simulated s and kept what finished (summary marked partial; no over-time plot)\n")
+        if args.out is not None:
+            _write_single(args.out, summary, spec)
+    if args.json:
+
+        emit_json("serve", {"mode": "replay", "summary": summary, "spec": spec.model_dump(mode="json")})
+    else:
+        print(render(summary))
+    return interrupt.exit_code
+
+
+def _write_single(out: Path, summary: dict, spec) -> None:
+    write_atomic(out / "summary.json", to_json({**summary, "spec": spec.model_dump(mode="json")}))
+    if summary.get("partial"):  # no plot (it would take most of the second an interrupt has); none stale
+        (out / "over-time.png").unlink(missing_ok=True)
+        return
+    steps = pd.read_parquet(out / "steps.parquet", columns=["t_start_s", "step_ms", "batch", "kv_occupancy",
+                                                            "waiting"])
+    if len(steps):
+        partial = " (partial: interrupted)" if summary.get("partial") else ""
+        over_time(steps, out / "over-time.png",
+                  title=f"{summary['model']} on {summary['hardware']}, KV {summary['kv']}, "
+                        f"{summary['rate_per_s']:.3g} req/s offered ({summary['requests']}){partial}")
+
+
+def _sweep(points, args, *, title: str, command: str, description: str = "", question: str = "",
+           notes: str = "", out: Path | None = None) -> int:
+
+    def progress(row):
+        done = f"p99 TPOT {row['tpot_ms_p99']:.2f} ms" if row.get("status") == "ok" else row.get("status")
+        rate = row.get("rate_per_s", row.get("rate_request"))
+        sys.stderr.write(f"  {row['hardware']} {row['model']} {row['weights']} KV {row['kv']} "
+                         f"rate {rate:.4g} req/s: {done}\n" if rate else f"  {row['hardware']} {row['model']}: {done}\n")
+        sys.stderr.flush()
+
+    out = out or args.out
+    with _Interrupt() as interrupt:
+        if args.replot:
+            table = _saved_table(out)
+        else:
+            table = run_sweep(points, args.jobs, progress=progress, stop=interrupt)
+        partial = interrupt.signal is not None and len(table) < len(points)
+        if partial:
+            sys.stderr.write(f"decodesim: interrupted; {len(table)} of {len(points)} replays finished and are "
+                             "kept (the report is marked partial)\n")
+            title += f" (partial: interrupted after {len(table)} of {len(points)} replays)"
+        target = points[0].target_ms
+        if out is not None and len(table):
+            write_table(table, out)
+            latency_vs_rate(table, out / "latency-vs-rate.png", target_ms=target)
+            write_text(out / "report.md", render_report(table, title=title, target_ms=target,
+                                                        description=description, question=question, notes=notes,
+                                                        command=command))
+    if args.json:
+
+        emit_json("serve", {"mode": "sweep", "partial": partial, "rows": table.to_dict(orient="records")})
+    elif len(table):
+        print(render_table(table, target))
+    return interrupt.exit_code
+
+
+def _saved_table(out: Path | None):
+    if out is None or not (out / "table.parquet").is_file():
+        raise ConfigError(str(out / "table.parquet") if out else "command line", None if out else "--out",
+                          "--replot needs the table of an earlier run (--out DIR with table.parquet)")
+
+    return upgrade_names(pd.read_parquet(out / "table.parquet"))
+
+
+def _study(args) -> int:
+    study, path = load_study(args.study)
+    points = study_points(study, path)
+    _check_sources(points)
+    out = args.out or Path("reports") / study.name
+    return _sweep(points, args, title=f"{study.name}: serving latency against request rate and KV format",
+                  command=f"decodesim serve --study {args.study}", description=study.description,
+                  question=study.question, notes=study.notes, out=out)
+
+
+def render(s: dict) -> str:
+    """The summary of one replay as a table."""
+    window = f"{s['window_s']:g} s window" if s.get("window_s") else "arrival span"
+    lines = [f"decodesim serve: {s['model']} ({s['weights']} weights) on {s['hardware']} "
+             f"({s['chips']} chip{'s' if s['chips'] > 1 else ''}, tp {s['tp']} x pp {s['pp']}), KV {s['kv']}"]
+    if s.get("partial"):
+        lines.append(f"  PARTIAL: interrupted at {s['stopped_at_s']:.1f} simulated s; figures cover the requests "
+                     "that finished by then")
+    lines += [f"  requests: {s['source']}; {s['arrivals']:,} arrived ({s['rate_per_s']:.3g} req/s offered over the "
+              f"{window}), {s['requests_done']:,} done, {s['requests_rejected']:,} rejected; "
+              f"{s['simulated_s']:.1f} s simulated in {s['steps']:,} steps",
+              f"  scheduler: {s['policy']} prefill, <= {s['max_tokens_per_step']} tokens and <= {s['max_batch']} "
+              f"sequences per step, {s['block_tokens']}-token KV blocks; KV pool "
+              f"{s['kv_pool_bytes_per_chip'] / 1e9:.1f} GB per chip, room for {s['kv_pool_tokens']:,} cached tokens ({s['kv_pool_tokens'] // 4096:,} "
+              f"sequences of 4,096 tokens)",
+              f"  {'':<6}{'p50':>10}{'p90':>10}{'p99':>10}{'mean':>10}"]
+    for key, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2e_ms", "E2E"), ("step_ms", "step")):
+        lines.append(f"  {label:<6}" + "".join(f"{s[f'{key}_{q}']:>10.2f}" for q in ("p50", "p90", "p99", "mean"))
+                     + "  ms")
+    lines += [f"  throughput: {s['throughput_tokens_per_s']:.0f} output tokens/s, {s['prefill_tokens_per_s']:.0f} "
+              f"prefill tokens/s, {s['throughput_req_per_s']:.2f} requests/s",
+              f"  batch: mean {s['mean_batch']:.1f} (while busy {s['mean_batch_busy']:.1f}), largest "
+              f"{s['max_batch_seen']}; waiting: mean {s['mean_waiting']:.1f}, max {s['max_waiting']}",
+              f"  KV occupancy: mean {100 * s['mean_kv_occupancy']:.1f}%, max {100 * s['max_kv_occupancy']:.1f}%; "
+              f"preemptions {s['preemptions']} ({s['recomputed_tokens']} tokens recomputed)"]
+    word = "MEETS" if s["meets_target"] else "MISSES"
+    lines.append(f"  verdict: {word} the {s['target_ms']:g} ms target: p99 TPOT {s['tpot_ms_p99']:.2f} ms at "
+                 f"{s['rate_per_s']:.3g} req/s offered" + (" (partial replay)" if s.get("partial") else ""))
+    if s.get("J_per_output_token") is not None:
+        lines.append(f"  energy: {s['J_per_output_token']:.3f} J per output token (chips alone "
+                     f"{s['chip_J_per_output_token']:.3f} J), average {s['energy_avg_W']:.0f} W; dynamic part from "
+                     f"{s['energy_sampled_steps']} exactly evaluated steps")
+    lines.append(f"  replayed in {s['wall_s']:.1f} s wall")
+    return "\n".join(lines)
+
+
+def render_table(table, target_ms: float) -> str:
+    """A sweep as one line per point."""
+    lines = [f"{'hardware':<13}{'model':<13}{'weights':<8}{'kv':<18}{'req/s':>7}{'TPOT p50':>10}{'TPOT p99':>10}"
+             f"{'TTFT p99':>10}{'batch':>7}{'KV occ':>8}  verdict (p99 TPOT <= {target_ms:g} ms)"]
+    for _, r in table.iterrows():
+        head = f"{r['hardware']:<13}{r['model']:<13}{r['weights']:<8}{r['kv']:<18}"
+        if r.get("status") != "ok":
+            lines.append(head + f"  {r.get('status')}: {r.get('reason')}")
+            continue
+        lines.append(head + f"{r['rate_per_s']:>7.3g}{r['tpot_ms_p50']:>10.2f}{r['tpot_ms_p99']:>10.2f}"
+                     f"{r['ttft_ms_p99']:>10.0f}{r['mean_batch_busy']:>7.1f}{100 * r['mean_kv_occupancy']:>7.1f}%"
+                     f"  {r['verdict']}" + (f"  {r['J_per_output_token']:.3f} J/token"
+                                            if r.get("J_per_output_token", None) == r.get("J_per_output_token", None)
+                                            and r.get("J_per_output_token", None) is not None else ""))
+    return "\n".join(lines)
