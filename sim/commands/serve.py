@@ -326,7 +326,7 @@ def _sweep(points, args, *, title: str, command: str, description: str = "", que
            notes: str = "", out: Path | None = None) -> int:
     from sim.serve.plots import latency_vs_rate
     from sim.serve.report import render as render_report
-    from sim.serve.sweep import run_sweep, write_table, write_text
+    from sim.serve.sweep import run_sweep, write_table
 
     def progress(row):
         done = f"p99 TPOT {row['tpot_ms_p99']:.2f} ms" if row.get("status") == "ok" else row.get("status")
@@ -350,9 +350,9 @@ def _sweep(points, args, *, title: str, command: str, description: str = "", que
         if out is not None and len(table):
             write_table(table, out)
             latency_vs_rate(table, out / "latency-vs-rate.png", target_ms=target)
-            write_text(out / "report.md", render_report(table, title=title, target_ms=target,
-                                                        description=description, question=question, notes=notes,
-                                                        command=command))
+            write_atomic(out / "report.md", render_report(table, title=title, target_ms=target,
+                                                          description=description, question=question, notes=notes,
+                                                          command=command))
     if args.json:
         from sim.commands.common import emit_json
 

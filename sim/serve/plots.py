@@ -23,6 +23,8 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
+from sim.io import write_with  # noqa: E402
+
 OVER_TIME_BINS = 400
 
 
@@ -119,11 +121,8 @@ def _binned_max(which: np.ndarray, values: np.ndarray, bins: int) -> np.ndarray:
 
 def _save(fig, path: str | Path) -> Path:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
-    fig.savefig(tmp, dpi=110)
+    write_with(path, lambda tmp: fig.savefig(tmp, dpi=110, format=path.suffix[1:] or "png"))
     plt.close(fig)
-    tmp.replace(path)
     return path
 
 

@@ -20,7 +20,8 @@ Outputs, streamed (memory holds only live requests plus a few numbers per finish
 * ``summary.json``: sim.serve.metrics' figures, the setup and the step model's statistics.
 
 Parquet files are written in row groups of ``ROW_GROUP`` rows through
-``pyarrow.parquet.ParquetWriter`` to a temporary name and renamed when complete.
+``pyarrow.parquet.ParquetWriter`` to a temporary name and renamed when complete
+(``sim.io.AtomicFile``).
 
 Stopping early: ``stop`` (a callable, checked before every step; the command line sets it
 from SIGINT / SIGTERM) ends the replay where it is. The tables are closed with the rows of
@@ -33,7 +34,6 @@ requests_done)`` is called every ``PROGRESS_EVERY`` steps and once at the end.
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -41,6 +41,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from sim.io import AtomicFile
 from sim.serve.metrics import Metrics
 from sim.serve.requests import Request
 from sim.serve.scheduler import Scheduler, Sequence
@@ -73,11 +74,10 @@ class TableWriter:
         self.columns: list[list] = [[] for _ in schema.names]
         self.rows = 0
         self._writer = None
-        self._tmp = None
+        self._file = None
         if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            self._writer = pq.ParquetWriter(self._tmp, schema)
+            self._file = AtomicFile(path)
+            self._writer = pq.ParquetWriter(self._file.tmp, schema)
 
     def append(self, *values) -> None:
         if self._writer is None:
@@ -99,13 +99,13 @@ class TableWriter:
             return
         self._flush()
         self._writer.close()
-        os.replace(self._tmp, self.path)
+        self._file.commit()
         self._writer = None
 
     def abort(self) -> None:
         if self._writer is not None:
             self._writer.close()
-            self._tmp.unlink(missing_ok=True)
+            self._file.abort()
             self._writer = None
 
 
