@@ -11,6 +11,9 @@ should be, a read-only or missing location) is a ``ConfigError`` naming the path
 traceback; ``output_problem`` checks a path before any work is done (the commands' ``--out``
 arguments use it through ``output_file`` / ``output_dir``), and ``stale_temp_files`` finds
 what an earlier, killed writer left behind.
+
+Input: ``read_jsonl`` is the one JSON Lines reader (decode traces, routing traces, request
+files), streamed line by line, with the same one-line errors for every format that uses it.
 """
 
 from __future__ import annotations
@@ -145,6 +148,28 @@ def write_frame(frame, path: Path | str) -> None:
     path = Path(path)
     write_with(path.with_suffix(".parquet"), lambda tmp: frame.to_parquet(tmp, index=False))
     write_with(path.with_suffix(".csv"), lambda tmp: frame.to_csv(tmp, index=False))
+
+
+def read_jsonl(path: Path | str, expected: str) -> Iterator[tuple[int, object]]:
+    """(line number, parsed value) for each non-blank line of a UTF-8 JSON Lines file, read
+    as it is consumed (a long file is never held whole). A file that cannot be read or is not
+    text (``expected`` completes "not a text file; expected ..."), or a line that is not JSON,
+    is a ConfigError naming the file (and the line); what a value must hold is the caller's."""
+    name = str(path)
+    try:
+        with open(path, encoding="utf-8") as lines:
+            for number, line in enumerate(lines, 1):
+                if not line.strip():
+                    continue
+                try:
+                    value = json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise ConfigError(name, f"line {number}", f"invalid JSON ({err.msg})") from None
+                yield number, value
+    except UnicodeDecodeError:
+        raise ConfigError(name, None, f"not a text file; expected {expected}") from None
+    except OSError as err:
+        raise ConfigError(name, None, f"cannot read file ({_reason(err)})") from None
 
 
 def to_json(obj) -> str:

@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from sim.errors import ConfigError
-from sim.io import write_atomic
+from sim.io import read_jsonl, write_atomic
 
 KINDS = ("uniform", "zipf")
 
@@ -164,22 +164,10 @@ def read(path: str | Path, experts: int, top_k: int, layers: int) -> RoutingTrac
     ``layers`` MoE layers)."""
     path = Path(path)
     name = str(path)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        raise ConfigError(name, None, "routing file not found") from None
-    except UnicodeDecodeError:
-        raise ConfigError(name, None, "not a text file; expected JSON Lines of routing records") from None
-    except OSError as err:
-        raise ConfigError(name, None, f"cannot read file ({err.strerror or type(err).__name__})") from None
+    if not path.exists():
+        raise ConfigError(name, None, "routing file not found")
     records: dict[tuple[int, int], tuple[list, list | None]] = {}
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ConfigError(name, f"line {number}", f"invalid JSON ({err.msg})") from None
+    for number, rec in read_jsonl(path, "JSON Lines of routing records"):
         if not isinstance(rec, dict):
             raise ConfigError(name, f"line {number}", "expected a JSON object", type(rec).__name__)
         if "routing" in rec:

@@ -32,7 +32,6 @@ in [1, ``MAX_TOKENS``].
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Iterator
@@ -42,6 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from sim.errors import ConfigError
+from sim.io import read_jsonl
 from sim.paths import traces_dir
 
 AZURE = {"azure-conv": "AzureLLMInferenceTrace_conv.csv", "azure-code": "AzureLLMInferenceTrace_code.csv"}
@@ -221,18 +221,11 @@ def _read_jsonl(path: Path):
     import pandas as pd
 
     rows = []
-    with open(path) as lines:
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ConfigError(str(path), f"line {number}", f"invalid JSON ({err.msg})") from None
-            if not isinstance(record, dict) or set(FILE_COLUMNS) - set(record):
-                raise ConfigError(str(path), f"line {number}", 'expected {"arrival_s": S, "prompt_tokens": P, '
-                                  '"output_tokens": O}', record)
-            rows.append([record[c] for c in FILE_COLUMNS])
+    for number, record in read_jsonl(path, "JSON Lines of requests"):
+        if not isinstance(record, dict) or set(FILE_COLUMNS) - set(record):
+            raise ConfigError(str(path), f"line {number}", 'expected {"arrival_s": S, "prompt_tokens": P, '
+                              '"output_tokens": O}', record)
+        rows.append([record[c] for c in FILE_COLUMNS])
     return pd.DataFrame(rows, columns=list(FILE_COLUMNS))
 
 
