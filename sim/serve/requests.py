@@ -129,6 +129,19 @@ def open_source(requests: str, *, rate_scale: float | None = None, rate_per_s: f
                 output_median: int = 256, sigma: float = 0.8) -> RequestSource:
     """The request source named ``requests`` (``azure-conv``, ``azure-code``, ``synthetic``
     or a file path), at the asked rate and duration."""
+    _check_rates(rate_scale, rate_per_s, duration_s)
+    if requests == "synthetic":
+        if rate_scale is not None:
+            raise ConfigError("command line", "--rate-scale", "scales a recorded trace; give synthetic "
+                              "arrivals a --rate")
+        return _bounded(_synthetic_source(rate_per_s or 10.0, duration_s or 600.0, seed, prompt_median,
+                                          output_median, sigma))
+    return _bounded(_recorded_source(requests, rate_scale, rate_per_s, duration_s))
+
+
+def _check_rates(rate_scale: float | None, rate_per_s: float | None, duration_s: float | None) -> None:
+    """The command line's rate and duration: at most one of rate scale and rate, each finite,
+    positive and within the limits."""
     if rate_scale is not None and rate_per_s is not None:
         raise ConfigError("command line", "--rate-scale/--rate", "give at most one of them")
     for key, value in (("rate_scale", rate_scale), ("rate", rate_per_s), ("duration_s", duration_s)):
@@ -140,12 +153,12 @@ def open_source(requests: str, *, rate_scale: float | None = None, rate_per_s: f
     if rate_per_s is not None and rate_per_s > MAX_RATE_PER_S:
         raise ConfigError("command line", "rate", f"must be at most {MAX_RATE_PER_S:,.0f} requests per second",
                           rate_per_s)
-    if requests == "synthetic":
-        if rate_scale is not None:
-            raise ConfigError("command line", "--rate-scale", "scales a recorded trace; give synthetic "
-                              "arrivals a --rate")
-        return _bounded(_synthetic_source(rate_per_s or 10.0, duration_s or 600.0, seed, prompt_median,
-                                          output_median, sigma))
+
+
+def _recorded_source(requests: str, rate_scale: float | None, rate_per_s: float | None,
+                     duration_s: float | None) -> RequestSource:
+    """A recorded trace (Azure or a request file) replayed at ``rate_scale`` x its native rate,
+    or at the scale that gives ``rate_per_s``."""
     arrays, label = _recorded(requests)
     arrival = arrays[0]
     native = (len(arrival) - 1) / arrival[-1] if len(arrival) > 1 and arrival[-1] > 0 else None
@@ -156,7 +169,7 @@ def open_source(requests: str, *, rate_scale: float | None = None, rate_per_s: f
     scale = rate_scale or 1.0
     description = f"{label}: {len(arrival)} requests" + (f", native {native:.3g} req/s" if native else "") + (
         f", replayed at {scale:.4g}x" if scale != 1 else "")
-    return _bounded(RequestSource(requests, description, native, scale, duration_s, arrays))
+    return RequestSource(requests, description, native, scale, duration_s, arrays)
 
 
 def _bounded(source: RequestSource) -> RequestSource:
