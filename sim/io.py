@@ -11,6 +11,9 @@ should be, a read-only or missing location) is a ``ConfigError`` naming the path
 traceback; ``output_problem`` checks a path before any work is done (the commands' ``--out``
 arguments use it through ``output_file`` / ``output_dir``), and ``stale_temp_files`` finds
 what an earlier, killed writer left behind.
+
+Input: ``read_jsonl`` is the one JSON Lines reader (decode traces, routing traces, request
+files), streamed line by line, with the same one-line errors for every format that uses it.
 """
 
 from __future__ import annotations
@@ -36,33 +39,56 @@ def _umask_mode() -> int:
 FILE_MODE = _umask_mode()
 
 
+class AtomicFile:
+    """A temp file beside ``path`` for a writer that streams over many calls (row groups of a
+    long replay): ``commit`` renames it onto ``path``, ``abort`` removes it. ``suffix`` keeps
+    writers that pick a format by extension happy. An unwritable place is a ConfigError
+    naming ``path``, raised here, before any work is done."""
+
+    def __init__(self, path: Path | str, suffix: str = ""):
+        self.path = Path(path)
+        problem = output_problem(self.path)
+        if problem:
+            raise ConfigError(str(self.path), None, problem)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=suffix + ".tmp")
+        except OSError as err:
+            raise ConfigError(str(self.path), None, f"cannot write here ({_reason(err)})") from None
+        os.close(fd)
+        self.tmp = Path(tmp)
+
+    def commit(self) -> None:
+        """Give the temp file the umask's mode and rename it onto the target."""
+        try:
+            os.chmod(self.tmp, FILE_MODE)
+            os.replace(self.tmp, self.path)
+        except OSError as err:
+            self.abort()
+            raise ConfigError(str(self.path), None, f"cannot write here ({_reason(err)})") from None
+
+    def abort(self) -> None:
+        """Remove the temp file (the target keeps whatever it held before)."""
+        try:
+            os.unlink(self.tmp)
+        except OSError:
+            pass
+
+
 @contextmanager
 def atomic_path(path: Path | str, suffix: str = "") -> Iterator[Path]:
     """A temp path beside ``path`` to write; renamed onto ``path`` when the block succeeds,
-    removed when it raises. ``suffix`` keeps writers that pick a format by extension happy.
-    An unwritable place (or an OSError while writing) is a ConfigError naming ``path``."""
-    path = Path(path)
-    problem = output_problem(path)
-    if problem:
-        raise ConfigError(str(path), None, problem)
+    removed when it raises. An unwritable place (or an OSError while writing) is a
+    ConfigError naming ``path``."""
+    target = AtomicFile(path, suffix)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix + ".tmp")
-    except OSError as err:
-        raise ConfigError(str(path), None, f"cannot write here ({_reason(err)})") from None
-    os.close(fd)
-    try:
-        yield Path(tmp)
-        os.chmod(tmp, FILE_MODE)
-        os.replace(tmp, path)
+        yield target.tmp
     except BaseException as err:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        target.abort()
         if isinstance(err, OSError):
-            raise ConfigError(str(path), None, f"cannot write here ({_reason(err)})") from None
+            raise ConfigError(str(target.path), None, f"cannot write here ({_reason(err)})") from None
         raise
+    target.commit()
 
 
 def _reason(err: OSError) -> str:
@@ -122,6 +148,28 @@ def write_frame(frame, path: Path | str) -> None:
     path = Path(path)
     write_with(path.with_suffix(".parquet"), lambda tmp: frame.to_parquet(tmp, index=False))
     write_with(path.with_suffix(".csv"), lambda tmp: frame.to_csv(tmp, index=False))
+
+
+def read_jsonl(path: Path | str, expected: str) -> Iterator[tuple[int, object]]:
+    """(line number, parsed value) for each non-blank line of a UTF-8 JSON Lines file, read
+    as it is consumed (a long file is never held whole). A file that cannot be read or is not
+    text (``expected`` completes "not a text file; expected ..."), or a line that is not JSON,
+    is a ConfigError naming the file (and the line); what a value must hold is the caller's."""
+    name = str(path)
+    try:
+        with open(path, encoding="utf-8") as lines:
+            for number, line in enumerate(lines, 1):
+                if not line.strip():
+                    continue
+                try:
+                    value = json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise ConfigError(name, f"line {number}", f"invalid JSON ({err.msg})") from None
+                yield number, value
+    except UnicodeDecodeError:
+        raise ConfigError(name, None, f"not a text file; expected {expected}") from None
+    except OSError as err:
+        raise ConfigError(name, None, f"cannot read file ({_reason(err)})") from None
 
 
 def to_json(obj) -> str:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sim.errors import ConfigError
+from sim.io import read_jsonl, write_with
 
 MAX_CONTEXT = 1_000_000_000  # sim.config.model.MAX_CONTEXT (not imported: this module loads without pydantic)
 
@@ -128,8 +129,6 @@ def azure_requests(path: str | Path, limit: int | None = None) -> list[Request]:
 
 def write(steps: list[Step], path: str | Path) -> None:
     """Write ``steps`` as JSON Lines, Parquet or CSV (by suffix), atomically."""
-    from sim.io import write_with
-
     path = Path(path)
     if path.suffix == ".parquet":
         write_with(path, lambda tmp: _frame(steps).to_parquet(tmp, index=False))
@@ -168,21 +167,8 @@ def read(path: str | Path) -> list[Step]:
 
 def _read_jsonl(path: Path) -> list[Step]:
     steps = []
-    try:
-        with open(path, encoding="utf-8") as lines:
-            for number, line in enumerate(lines, 1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as err:
-                    raise ConfigError(str(path), f"line {number}", f"invalid JSON ({err.msg})") from None
-                steps.append(_step(record, path, number, len(steps)))
-    except UnicodeDecodeError:
-        raise ConfigError(str(path), None, "not a text file; expected JSON Lines (one step per line), "
-                                           "or a .parquet / .csv table") from None
-    except OSError as err:
-        raise ConfigError(str(path), None, f"cannot read file ({err.strerror or type(err).__name__})") from None
+    for number, record in read_jsonl(path, "JSON Lines (one step per line), or a .parquet / .csv table"):
+        steps.append(_step(record, path, number, len(steps)))
     return steps
 
 

@@ -1,12 +1,14 @@
 """The only unit conversions in decodesim.
 
 Decimal prefixes by default: GB = 1e9 bytes, TB = 1e12, GBps = 1e9 bytes/s. Binary units are
-spelled out (KiB, MiB, GiB). Simulated time is in nanoseconds (ns) everywhere.
+spelled out (KiB, MiB, GiB). Simulated time is in nanoseconds (ns) everywhere; results and
+reports state it in ms (per-token latency) or s (arrivals, spans).
+
+Each converter divides or multiplies by one constant, so ``ns_to_ms(x)`` is bit-identical to
+``x / 1e6`` (``x * 1e-6`` is not: it can differ in the last bit).
 """
 
 from __future__ import annotations
-
-import math
 
 KB = 1e3
 MB = 1e6
@@ -19,37 +21,22 @@ GiB = 1024**3
 NS_PER_S = 1e9
 NS_PER_US = 1e3
 NS_PER_MS = 1e6
-
-
-def GBps_to_bytes_per_ns(gbps: float) -> float:
-    """GB/s (1e9 bytes per second) to bytes per nanosecond: numerically the same."""
-    return gbps * GB / NS_PER_S
-
-
-def bytes_per_ns_to_GBps(rate: float) -> float:
-    return rate * NS_PER_S / GB
+MS_PER_S = 1e3
+S_PER_MIN = 60.0
+S_PER_H = 3600.0
 
 
 def ns_to_ms(ns: float) -> float:
     return ns / NS_PER_MS
 
 
-def ns_to_us(ns: float) -> float:
-    return ns / NS_PER_US
+def ns_to_s(ns: float) -> float:
+    return ns / NS_PER_S
 
 
-def us_to_ns(us: float) -> float:
-    return us * NS_PER_US
+def s_to_ns(s: float) -> float:
+    return s * NS_PER_S
 
 
-def cycles_to_ns(cycles: float, clock_GHz: float) -> float:
-    """Whole cycles (rounded up) at ``clock_GHz`` to nanoseconds."""
-    return math.ceil(cycles - 1e-9) / clock_GHz
-
-
-def flops_per_ns(ops_per_cycle: float, clock_GHz: float) -> float:
-    return ops_per_cycle * clock_GHz
-
-
-def TFLOPs_from(ops_per_cycle: float, clock_GHz: float, count: int) -> float:
-    return ops_per_cycle * clock_GHz * count / 1e3
+def ms_to_s(ms: float) -> float:
+    return ms / MS_PER_S

@@ -135,13 +135,14 @@ def test_no_temp_file_is_left_when_the_output_cannot_be_written(files):
 
 
 def test_an_unreadable_trace_file_is_one_line(files, monkeypatch):
+    import sim.io
     import sim.trace
 
     def refuse(*_args, **_kwargs):
         raise PermissionError(13, "Permission denied")
 
     path = files / "duplicate.jsonl"
-    monkeypatch.setattr(sim.trace, "open", refuse, raising=False)  # tests run as root: chmod would not stop them
+    monkeypatch.setattr(sim.io, "open", refuse, raising=False)  # tests run as root: chmod would not stop them
     with pytest.raises(ConfigError, match=r"duplicate.jsonl: cannot read file \(Permission denied\)$"):
         sim.trace.read(path)
 

@@ -298,27 +298,37 @@ def parallelism(spec: RunSpec, hardware: HardwareProfile, model: ModelSpec, hw_f
     chips = hardware.chips
     balanced = hardware.system.partition == "balanced"
     units = 2 * model.layers + 2 if balanced else model.layers
-    what = "half-layer units (attention or FFN, plus the embedding and the LM head)" if balanced else "layers"
-    where = ("--tp/--pp", "parallelism") if spec.tp or spec.pp else (hw_file, "system.chips.value")
-    if spec.tp or spec.pp:
-        tp = spec.tp or max(1, chips // spec.pp)
-        pp = spec.pp or max(1, chips // tp)
-        if tp * pp != chips:
-            raise ConfigError(*where, f"tp x pp must equal the chip count {chips}", f"{tp} x {pp}")
-    else:
-        scaleout = hardware.system.scaleout
-        base = min(chips, scaleout.chips_per_group.value if scaleout is not None else 8)
-        if hardware.system.tensor_parallel is not None:
-            base = hardware.system.tensor_parallel.value
-        fits = [t for t in range(1, chips + 1) if chips % t == 0 and chips // t <= units]
-        even = [t for t in fits if model.heads % t == 0] or fits
-        tp = next((t for t in even if t >= base), next(t for t in fits if t >= base))
-        pp = chips // tp
+    asked = bool(spec.tp or spec.pp)
+    where = ("--tp/--pp", "parallelism") if asked else (hw_file, "system.chips.value")
+    tp, pp = _asked_parallelism(spec, chips, where) if asked else _chosen_parallelism(hardware, model, units)
     if pp > units:
+        what = "half-layer units (attention or FFN, plus the embedding and the LM head)" if balanced else "layers"
         hint = "" if balanced else "; a profile with system.partition: balanced splits layers in half"
         raise ConfigError(*where, f"at most one pipeline stage per unit: {model.name} has {units} {what}, and "
                           f"{chips} chips at tp {tp} make {pp} stages; use tp >= {math.ceil(chips / units)}{hint}", pp)
     return tp, pp
+
+
+def _asked_parallelism(spec: RunSpec, chips: int, where: tuple[str, str]) -> tuple[int, int]:
+    """(tp, pp) from --tp and/or --pp, the missing one filling the chip count."""
+    tp = spec.tp or max(1, chips // spec.pp)
+    pp = spec.pp or max(1, chips // tp)
+    if tp * pp != chips:
+        raise ConfigError(*where, f"tp x pp must equal the chip count {chips}", f"{tp} x {pp}")
+    return tp, pp
+
+
+def _chosen_parallelism(hardware: HardwareProfile, model: ModelSpec, units: int) -> tuple[int, int]:
+    """(tp, pp) from the profile's default tensor-parallel degree (see ``parallelism``)."""
+    chips = hardware.chips
+    scaleout = hardware.system.scaleout
+    base = min(chips, scaleout.chips_per_group.value if scaleout is not None else 8)
+    if hardware.system.tensor_parallel is not None:
+        base = hardware.system.tensor_parallel.value
+    fits = [t for t in range(1, chips + 1) if chips % t == 0 and chips // t <= units]
+    even = [t for t in fits if model.heads % t == 0] or fits
+    tp = next((t for t in even if t >= base), next(t for t in fits if t >= base))
+    return tp, chips // tp
 
 
 def load_profile(name_or_path: str) -> HardwareProfile:

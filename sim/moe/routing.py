@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from sim.errors import ConfigError
-from sim.io import write_atomic
+from sim.io import read_jsonl, write_atomic
 
 KINDS = ("uniform", "zipf")
 
@@ -163,59 +163,83 @@ def read(path: str | Path, experts: int, top_k: int, layers: int) -> RoutingTrac
     """Read a routing file and check it against the model (``experts``, ``top_k``, and
     ``layers`` MoE layers)."""
     path = Path(path)
+    if not path.exists():
+        raise ConfigError(str(path), None, "routing file not found")
+    records = _records(path, experts, top_k, layers)
+    ids, gates = _arrays(records, str(path), top_k, layers)
+    return RoutingTrace(ids, gates, experts, f"file {path.name}")
+
+
+Records = dict[tuple[int, int], tuple[list, list | None]]  # (step, layer) -> (expert rows, gate rows or None)
+
+
+def _records(path: Path, experts: int, top_k: int, layers: int) -> Records:
+    """Every (step, layer) record of the file, each checked on its own; the header checked
+    against the model."""
     name = str(path)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        raise ConfigError(name, None, "routing file not found") from None
-    except UnicodeDecodeError:
-        raise ConfigError(name, None, "not a text file; expected JSON Lines of routing records") from None
-    except OSError as err:
-        raise ConfigError(name, None, f"cannot read file ({err.strerror or type(err).__name__})") from None
-    records: dict[tuple[int, int], tuple[list, list | None]] = {}
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ConfigError(name, f"line {number}", f"invalid JSON ({err.msg})") from None
+    records: Records = {}
+    for number, rec in read_jsonl(path, "JSON Lines of routing records"):
+        where = f"line {number}"
         if not isinstance(rec, dict):
-            raise ConfigError(name, f"line {number}", "expected a JSON object", type(rec).__name__)
+            raise ConfigError(name, where, "expected a JSON object", type(rec).__name__)
         if "routing" in rec:
-            head = rec["routing"]
-            if not isinstance(head, dict):
-                raise ConfigError(name, f"line {number}: routing", "expected an object {experts, top_k, layers}", head)
-            for key, want in (("experts", experts), ("top_k", top_k), ("layers", layers)):
-                if key in head and head[key] != want:
-                    raise ConfigError(name, f"line {number}: routing.{key}", f"the model has {want}", head[key])
+            _check_header(rec["routing"], name, where, {"experts": experts, "top_k": top_k, "layers": layers})
             continue
-        missing = {"step", "layer", "experts"} - set(rec)
-        if missing:
-            raise ConfigError(name, f"line {number}", f"missing key {sorted(missing)[0]!r}; "
-                              "expected step, layer, experts (and optional gates)")
-        step, layer = rec["step"], rec["layer"]
-        if not (_whole(step) and _whole(layer) and step >= 0 and 0 <= layer < layers):
-            raise ConfigError(name, f"line {number}", f"step must be an int >= 0 and layer in [0, {layers})",
-                              (step, layer))
-        rows = rec["experts"]
-        if (not isinstance(rows, list) or not rows
-                or any(not isinstance(r, list) or len(r) != top_k for r in rows)):
-            raise ConfigError(name, f"line {number}: experts", f"a non-empty list of rows of {top_k} expert ids")
-        flat = [e for r in rows for e in r]
-        if any(not _whole(e) or not 0 <= e < experts for e in flat):
-            raise ConfigError(name, f"line {number}: experts", f"ids must be ints in [0, {experts})")
-        if any(len(set(r)) != len(r) for r in rows):
-            raise ConfigError(name, f"line {number}: experts", "a token's k experts must be distinct")
-        g = rec.get("gates")
-        if g is not None and (not isinstance(g, list) or len(g) != len(rows)
-                              or any(not isinstance(r, list) or len(r) != top_k for r in g)):
-            raise ConfigError(name, f"line {number}: gates", "must match experts row for row")
-        if g is not None and any(not _number(x) for r in g for x in r):
-            raise ConfigError(name, f"line {number}: gates", "must be finite numbers")
-        records[(step, layer)] = (rows, g)
+        step, layer = _position(rec, name, where, layers)
+        rows = _expert_rows(rec["experts"], name, where, experts, top_k)
+        records[(step, layer)] = (rows, _gate_rows(rec.get("gates"), name, where, len(rows), top_k))
     if not records:
         raise ConfigError(name, None, "no routing records")
+    return records
+
+
+def _check_header(head, name: str, where: str, model: dict[str, int]) -> None:
+    if not isinstance(head, dict):
+        raise ConfigError(name, f"{where}: routing", "expected an object {experts, top_k, layers}", head)
+    for key, want in model.items():
+        if key in head and head[key] != want:
+            raise ConfigError(name, f"{where}: routing.{key}", f"the model has {want}", head[key])
+
+
+def _position(rec: dict, name: str, where: str, layers: int) -> tuple[int, int]:
+    missing = {"step", "layer", "experts"} - set(rec)
+    if missing:
+        raise ConfigError(name, where, f"missing key {sorted(missing)[0]!r}; "
+                          "expected step, layer, experts (and optional gates)")
+    step, layer = rec["step"], rec["layer"]
+    if not (_whole(step) and _whole(layer) and step >= 0 and 0 <= layer < layers):
+        raise ConfigError(name, where, f"step must be an int >= 0 and layer in [0, {layers})", (step, layer))
+    return step, layer
+
+
+def _rows_of(rows, width: int) -> bool:
+    """Whether ``rows`` is a list of lists of ``width`` items each."""
+    return isinstance(rows, list) and all(isinstance(r, list) and len(r) == width for r in rows)
+
+
+def _expert_rows(rows, name: str, where: str, experts: int, top_k: int) -> list:
+    if not rows or not _rows_of(rows, top_k):
+        raise ConfigError(name, f"{where}: experts", f"a non-empty list of rows of {top_k} expert ids")
+    if any(not _whole(e) or not 0 <= e < experts for r in rows for e in r):
+        raise ConfigError(name, f"{where}: experts", f"ids must be ints in [0, {experts})")
+    if any(len(set(r)) != len(r) for r in rows):
+        raise ConfigError(name, f"{where}: experts", "a token's k experts must be distinct")
+    return rows
+
+
+def _gate_rows(gates, name: str, where: str, tokens: int, top_k: int) -> list | None:
+    if gates is None:
+        return None
+    if not _rows_of(gates, top_k) or len(gates) != tokens:
+        raise ConfigError(name, f"{where}: gates", "must match experts row for row")
+    if any(not _number(x) for r in gates for x in r):
+        raise ConfigError(name, f"{where}: gates", "must be finite numbers")
+    return gates
+
+
+def _arrays(records: Records, name: str, top_k: int, layers: int) -> tuple[np.ndarray, np.ndarray]:
+    """[steps, layers, tokens, k] expert ids and gates (uniform 1/k where a record has none),
+    ``tokens`` the fewest token rows of any step; every (step, layer) must be present."""
     present = sorted({s for s, _ in records})
     gap = next((i for i, s in enumerate(present) if s != i), None)  # checked before sizing arrays by the steps
     if gap is not None:
@@ -236,4 +260,4 @@ def read(path: str | Path, experts: int, top_k: int, layers: int) -> RoutingTrac
             ids[step, layer] = np.asarray(rows[:width], dtype=np.int32)
             if g is not None:
                 gates[step, layer] = np.asarray(g[:width], dtype=np.float32)
-    return RoutingTrace(ids, gates, experts, f"file {path.name}")
+    return ids, gates

@@ -32,7 +32,7 @@ from array import array
 
 import numpy as np
 
-from sim.units import ns_to_ms
+from sim.units import ms_to_s, ns_to_ms, ns_to_s
 
 PERCENTILES = (50, 90, 99)
 
@@ -70,7 +70,7 @@ class Metrics:
             return self.arrivals / span if span > 0 else math.nan
         if window_s:
             return self.arrivals / window_s
-        span_s = (self.last_arrival_ns - (self.first_arrival_ns or 0)) / 1e9
+        span_s = ns_to_s(self.last_arrival_ns - (self.first_arrival_ns or 0))
         return (self.arrivals - 1) / span_s if self.arrivals > 1 and span_s > 0 else math.nan
 
     def step(self, dt_ns: int, batch: int, in_system: int, waiting: int, occupancy: float, prefill_tokens: int,
@@ -104,19 +104,19 @@ class Metrics:
     def summary(self, window_s: float | None = None, stopped_ns: int | None = None) -> dict:
         """The replay's figures (see the module docstring). ``window_s``: the arrival window
         replayed; ``stopped_ns``: where a replay stopped early ended (ns after the first arrival)."""
-        stopped_s = None if stopped_ns is None else stopped_ns / 1e9
+        stopped_s = None if stopped_ns is None else ns_to_s(stopped_ns)
         end_ns = self.last_finish_ns - (self.first_arrival_ns or 0)
         window_ns = max(1, end_ns if stopped_ns is None else max(stopped_ns, end_ns))
         out = {"partial": stopped_ns is not None, "stopped_at_s": stopped_s,
                "arrivals": self.arrivals, "window_s": window_s,
                "rate_per_s": self.offered_rate(window_s, stopped_s),
                "requests_done": self.requests_done, "requests_rejected": self.rejected, "steps": self.steps,
-               "simulated_s": window_ns / 1e9, "busy_fraction": self.busy_ns / window_ns}
-        window_s = window_ns / 1e9
+               "simulated_s": ns_to_s(window_ns), "busy_fraction": self.busy_ns / window_ns}
+        window_s = ns_to_s(window_ns)
         for name, values in (("ttft_ms", self.ttft_ms), ("tpot_ms", self.tpot_ms), ("e2e_ms", self.e2e_ms),
                              ("step_ms", self.step_ms)):
             out.update(_percentiles(name, values))
-        mean_e2e_s = (sum(self.e2e_ms) / len(self.e2e_ms) / 1e3) if self.e2e_ms else math.nan
+        mean_e2e_s = ms_to_s(sum(self.e2e_ms) / len(self.e2e_ms)) if self.e2e_ms else math.nan
         out.update({
             "throughput_tokens_per_s": self.output_tokens / window_s,
             "prefill_tokens_per_s": self.prefill_tokens / window_s,

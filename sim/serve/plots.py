@@ -23,21 +23,24 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
+from sim.io import write_with  # noqa: E402
+from sim.units import MS_PER_S, S_PER_H, S_PER_MIN  # noqa: E402
+
 OVER_TIME_BINS = 400
 
 
 def time_unit_ms(values_ms) -> tuple[str, float]:
     """("ms", 1) or ("s", 1000): the unit that keeps ``values_ms`` readable, and the divisor."""
     finite = np.asarray([v for v in values_ms if v is not None and np.isfinite(v)], dtype=float)
-    return ("s", 1e3) if len(finite) and np.nanmax(finite) >= 10_000 else ("ms", 1.0)
+    return ("s", MS_PER_S) if len(finite) and np.nanmax(finite) >= 10_000 else ("ms", 1.0)
 
 
 def elapsed_unit_s(span_s: float) -> tuple[str, float]:
     """Unit for an elapsed-time axis spanning ``span_s`` seconds, and the divisor."""
-    if span_s >= 3 * 3600:
-        return "h", 3600.0
-    if span_s >= 600:
-        return "min", 60.0
+    if span_s >= 3 * S_PER_H:
+        return "h", S_PER_H
+    if span_s >= 10 * S_PER_MIN:
+        return "min", S_PER_MIN
     return "s", 1.0
 
 
@@ -119,11 +122,8 @@ def _binned_max(which: np.ndarray, values: np.ndarray, bins: int) -> np.ndarray:
 
 def _save(fig, path: str | Path) -> Path:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
-    fig.savefig(tmp, dpi=110)
+    write_with(path, lambda tmp: fig.savefig(tmp, dpi=110, format=path.suffix[1:] or "png"))
     plt.close(fig)
-    tmp.replace(path)
     return path
 
 

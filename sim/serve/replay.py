@@ -20,7 +20,8 @@ Outputs, streamed (memory holds only live requests plus a few numbers per finish
 * ``summary.json``: sim.serve.metrics' figures, the setup and the step model's statistics.
 
 Parquet files are written in row groups of ``ROW_GROUP`` rows through
-``pyarrow.parquet.ParquetWriter`` to a temporary name and renamed when complete.
+``pyarrow.parquet.ParquetWriter`` to a temporary name and renamed when complete
+(``sim.io.AtomicFile``).
 
 Stopping early: ``stop`` (a callable, checked before every step; the command line sets it
 from SIGINT / SIGTERM) ends the replay where it is. The tables are closed with the rows of
@@ -33,7 +34,6 @@ requests_done)`` is called every ``PROGRESS_EVERY`` steps and once at the end.
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -41,11 +41,13 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from sim.io import AtomicFile
 from sim.serve.metrics import Metrics
 from sim.serve.requests import Request
 from sim.serve.scheduler import Scheduler, Sequence
 from sim.serve.spec import ServeSpec, Setup, build
 from sim.serve.stepmodel import SimulatorStepModel, StepModel
+from sim.units import ns_to_ms, ns_to_s, s_to_ns
 
 ROW_GROUP = 65_536
 PROGRESS_EVERY = 512  # steps between progress calls
@@ -73,11 +75,10 @@ class TableWriter:
         self.columns: list[list] = [[] for _ in schema.names]
         self.rows = 0
         self._writer = None
-        self._tmp = None
+        self._file = None
         if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            self._writer = pq.ParquetWriter(self._tmp, schema)
+            self._file = AtomicFile(path)
+            self._writer = pq.ParquetWriter(self._file.tmp, schema)
 
     def append(self, *values) -> None:
         if self._writer is None:
@@ -99,13 +100,13 @@ class TableWriter:
             return
         self._flush()
         self._writer.close()
-        os.replace(self._tmp, self.path)
+        self._file.commit()
         self._writer = None
 
     def abort(self) -> None:
         if self._writer is not None:
             self._writer.close()
-            self._tmp.unlink(missing_ok=True)
+            self._file.abort()
             self._writer = None
 
 
@@ -137,20 +138,20 @@ def _loop(arrivals, model, scheduler: Scheduler, metrics: Metrics, steps: TableW
     first arrival) at which ``stop`` ended it."""
     pool = scheduler.pool
     pending = next(arrivals, None)
-    origin = round(pending.arrival_s * 1e9) if pending else 0
+    origin = round(s_to_ns(pending.arrival_s)) if pending else 0
     clock = origin
     index = 0
     while pending is not None or scheduler.busy:
         if stop is not None and stop():
             return clock - origin
         if progress is not None and index % PROGRESS_EVERY == 0:
-            progress((clock - origin) / 1e9, metrics.requests_done)
-        while pending is not None and round(pending.arrival_s * 1e9) <= clock:
+            progress(ns_to_s(clock - origin), metrics.requests_done)
+        while pending is not None and round(s_to_ns(pending.arrival_s)) <= clock:
             _arrive(pending, scheduler, metrics, requests, max_context, origin)
             pending = next(arrivals, None)
         if not scheduler.busy:
             if pending is not None:
-                clock = max(clock, round(pending.arrival_s * 1e9))
+                clock = max(clock, round(s_to_ns(pending.arrival_s)))
             continue
         work = scheduler.schedule(clock)
         if not work.work:
@@ -163,7 +164,7 @@ def _loop(arrivals, model, scheduler: Scheduler, metrics: Metrics, steps: TableW
         kv_blocks, kv_bytes, occupancy = pool.used_blocks, pool.used_bytes, pool.occupancy
         sampled, finished = scheduler.complete(work, clock + dt)
         metrics.step(dt, len(work.work), running + waiting, waiting, occupancy, prefill_tokens, sampled)
-        steps.append(index, (clock - origin) / 1e9, dt / 1e6, len(work.work), len(decode), len(prefill),
+        steps.append(index, ns_to_s(clock - origin), ns_to_ms(dt), len(work.work), len(decode), len(prefill),
                      prefill_tokens, sampled, running, waiting, running + waiting, kv_blocks, kv_bytes, occupancy,
                      work.preempted)
         clock += dt
@@ -172,13 +173,13 @@ def _loop(arrivals, model, scheduler: Scheduler, metrics: Metrics, steps: TableW
             metrics.finished(seq)
             _request_row(requests, seq, origin, "done")
     if progress is not None:
-        progress((clock - origin) / 1e9, metrics.requests_done)
+        progress(ns_to_s(clock - origin), metrics.requests_done)
     return None
 
 
 def _arrive(request: Request, scheduler: Scheduler, metrics: Metrics, requests: TableWriter, max_context,
             origin: int) -> None:
-    seq = Sequence(request.rid, round(request.arrival_s * 1e9), request.prompt_tokens, request.output_tokens)
+    seq = Sequence(request.rid, round(s_to_ns(request.arrival_s)), request.prompt_tokens, request.output_tokens)
     metrics.arrived(seq.arrival_ns)
     longest = seq.prompt + seq.output - 1  # tokens cached at the last step
     if (max_context is not None and longest > max_context) or not scheduler.pool.fits_alone(longest):
@@ -190,14 +191,14 @@ def _arrive(request: Request, scheduler: Scheduler, metrics: Metrics, requests: 
 
 def _request_row(requests: TableWriter, seq: Sequence, origin: int, status: str) -> None:
     def seconds(ns):
-        return (ns - origin) / 1e9 if ns >= 0 else math.nan
+        return ns_to_s(ns - origin) if ns >= 0 else math.nan
 
     done = status == "done"
-    tpot = (seq.finish_ns - seq.first_token_ns) / 1e6 / (seq.output - 1) if done and seq.output > 1 else math.nan
+    tpot = ns_to_ms(seq.finish_ns - seq.first_token_ns) / (seq.output - 1) if done and seq.output > 1 else math.nan
     requests.append(seq.rid, seconds(seq.arrival_ns), seq.prompt, seq.output, seconds(seq.admitted_ns),
                     seconds(seq.first_token_ns), seconds(seq.finish_ns),
-                    (seq.first_token_ns - seq.arrival_ns) / 1e6 if done else math.nan, tpot,
-                    (seq.finish_ns - seq.arrival_ns) / 1e6 if done else math.nan, seq.preemptions,
+                    ns_to_ms(seq.first_token_ns - seq.arrival_ns) if done else math.nan, tpot,
+                    ns_to_ms(seq.finish_ns - seq.arrival_ns) if done else math.nan, seq.preemptions,
                     seq.recomputed_tokens, status)
 
 

@@ -32,7 +32,6 @@ in [1, ``MAX_TOKENS``].
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Iterator
@@ -42,6 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from sim.errors import ConfigError
+from sim.io import read_jsonl
 from sim.paths import traces_dir
 
 AZURE = {"azure-conv": "AzureLLMInferenceTrace_conv.csv", "azure-code": "AzureLLMInferenceTrace_code.csv"}
@@ -129,6 +129,19 @@ def open_source(requests: str, *, rate_scale: float | None = None, rate_per_s: f
                 output_median: int = 256, sigma: float = 0.8) -> RequestSource:
     """The request source named ``requests`` (``azure-conv``, ``azure-code``, ``synthetic``
     or a file path), at the asked rate and duration."""
+    _check_rates(rate_scale, rate_per_s, duration_s)
+    if requests == "synthetic":
+        if rate_scale is not None:
+            raise ConfigError("command line", "--rate-scale", "scales a recorded trace; give synthetic "
+                              "arrivals a --rate")
+        return _bounded(_synthetic_source(rate_per_s or 10.0, duration_s or 600.0, seed, prompt_median,
+                                          output_median, sigma))
+    return _bounded(_recorded_source(requests, rate_scale, rate_per_s, duration_s))
+
+
+def _check_rates(rate_scale: float | None, rate_per_s: float | None, duration_s: float | None) -> None:
+    """The command line's rate and duration: at most one of rate scale and rate, each finite,
+    positive and within the limits."""
     if rate_scale is not None and rate_per_s is not None:
         raise ConfigError("command line", "--rate-scale/--rate", "give at most one of them")
     for key, value in (("rate_scale", rate_scale), ("rate", rate_per_s), ("duration_s", duration_s)):
@@ -140,12 +153,12 @@ def open_source(requests: str, *, rate_scale: float | None = None, rate_per_s: f
     if rate_per_s is not None and rate_per_s > MAX_RATE_PER_S:
         raise ConfigError("command line", "rate", f"must be at most {MAX_RATE_PER_S:,.0f} requests per second",
                           rate_per_s)
-    if requests == "synthetic":
-        if rate_scale is not None:
-            raise ConfigError("command line", "--rate-scale", "scales a recorded trace; give synthetic "
-                              "arrivals a --rate")
-        return _bounded(_synthetic_source(rate_per_s or 10.0, duration_s or 600.0, seed, prompt_median,
-                                          output_median, sigma))
+
+
+def _recorded_source(requests: str, rate_scale: float | None, rate_per_s: float | None,
+                     duration_s: float | None) -> RequestSource:
+    """A recorded trace (Azure or a request file) replayed at ``rate_scale`` x its native rate,
+    or at the scale that gives ``rate_per_s``."""
     arrays, label = _recorded(requests)
     arrival = arrays[0]
     native = (len(arrival) - 1) / arrival[-1] if len(arrival) > 1 and arrival[-1] > 0 else None
@@ -156,7 +169,7 @@ def open_source(requests: str, *, rate_scale: float | None = None, rate_per_s: f
     scale = rate_scale or 1.0
     description = f"{label}: {len(arrival)} requests" + (f", native {native:.3g} req/s" if native else "") + (
         f", replayed at {scale:.4g}x" if scale != 1 else "")
-    return _bounded(RequestSource(requests, description, native, scale, duration_s, arrays))
+    return RequestSource(requests, description, native, scale, duration_s, arrays)
 
 
 def _bounded(source: RequestSource) -> RequestSource:
@@ -221,18 +234,11 @@ def _read_jsonl(path: Path):
     import pandas as pd
 
     rows = []
-    with open(path) as lines:
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ConfigError(str(path), f"line {number}", f"invalid JSON ({err.msg})") from None
-            if not isinstance(record, dict) or set(FILE_COLUMNS) - set(record):
-                raise ConfigError(str(path), f"line {number}", 'expected {"arrival_s": S, "prompt_tokens": P, '
-                                  '"output_tokens": O}', record)
-            rows.append([record[c] for c in FILE_COLUMNS])
+    for number, record in read_jsonl(path, "JSON Lines of requests"):
+        if not isinstance(record, dict) or set(FILE_COLUMNS) - set(record):
+            raise ConfigError(str(path), f"line {number}", 'expected {"arrival_s": S, "prompt_tokens": P, '
+                              '"output_tokens": O}', record)
+        rows.append([record[c] for c in FILE_COLUMNS])
     return pd.DataFrame(rows, columns=list(FILE_COLUMNS))
 
 

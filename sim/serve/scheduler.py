@@ -30,6 +30,10 @@ first served, while the token budget, ``max_batch`` and the blocks for the whole
 allow; the first prompt always goes even if it exceeds the budget); otherwise a step decodes
 one token for every running sequence, with the same preemption rule.
 
+Each policy is a small strategy object (``ChunkedPolicy``, ``SeparatePolicy``, named in
+``POLICIES``) that fills a step from the scheduler's queues; the scheduler holds the
+mechanisms both share (reserving blocks, preemption, admission, completing a step).
+
 Token accounting (both policies): a request with prompt P and output O computes P tokens of
 prompt; the step that completes them samples output token 1 (time to first token); each
 decode step then processes the last sampled token and samples the next, until O tokens have
@@ -43,15 +47,21 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
 
 from sim.errors import ConfigError
 
 Policy = Literal["chunked", "separate"]
-POLICIES = ("chunked", "separate")
 VLLM_BLOCK_TOKENS = 16  # vLLM's default KV block size on CUDA
 DEFAULT_MAX_TOKENS_PER_STEP = 2048  # vLLM's max_num_batched_tokens below 70 GiB GPUs; see docs/serving.md
 DEFAULT_MAX_BATCH = 256  # vLLM's max_num_seqs at the same tier
+
+
+class SchedulingPolicy(Protocol):
+    """How a step is filled: a policy decides the step's work from the scheduler's queues,
+    using its shared mechanisms (``continue_running`` with preemption, ``admit``)."""
+
+    def fill(self, sched: Scheduler, step: StepWork, now_ns: int) -> None: ...
 
 
 @dataclass(slots=True, eq=False)
@@ -166,6 +176,7 @@ class Scheduler:
         self.max_batch = max_batch
         self.max_tokens_per_step = max_tokens_per_step
         self.policy = policy
+        self._policy = POLICIES[policy]()
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.preemptions = 0
@@ -180,16 +191,13 @@ class Scheduler:
     def schedule(self, now_ns: int) -> StepWork:
         """Decide this step's work (and reserve its KV blocks)."""
         step = StepWork()
-        if self.policy == "separate" and self._admit_whole_prompts(step, now_ns):
-            return step
-        budget = self.max_tokens_per_step if self.policy == "chunked" else max(self.max_batch, len(self.running))
-        budget = self._continue_running(step, budget)
-        if self.policy == "chunked" and not step.preempted:
-            self._admit_chunks(step, budget, now_ns)
+        self._policy.fill(self, step, now_ns)
         self.preemptions += step.preempted
         return step
 
-    def _continue_running(self, step: StepWork, budget: int) -> int:
+    def continue_running(self, step: StepWork, budget: int) -> int:
+        """Give running sequences, in admission order, their next tokens within ``budget``,
+        preempting the most recently admitted when a block is short; returns the budget left."""
         running, pool = self.running, self.pool
         i = 0
         while i < len(running) and budget > 0:
@@ -215,31 +223,8 @@ class Scheduler:
         seq.preemptions += 1
         self.waiting.appendleft(seq)
 
-    def _admit_chunks(self, step: StepWork, budget: int, now_ns: int) -> None:
-        waiting, running = self.waiting, self.running
-        while waiting and budget > 0 and len(running) < self.max_batch:
-            seq = waiting[0]
-            n = min(seq.known, budget)
-            if not self.pool.reserve(seq, n):
-                break
-            self._admit(seq, now_ns)
-            step.work.append((seq, n))
-            budget -= n
-
-    def _admit_whole_prompts(self, step: StepWork, now_ns: int) -> bool:
-        waiting, running = self.waiting, self.running
-        budget = self.max_tokens_per_step
-        while waiting and len(running) < self.max_batch:
-            seq = waiting[0]
-            n = seq.known
-            if (step.work and n > budget) or not self.pool.reserve(seq, n):
-                break
-            self._admit(seq, now_ns)
-            step.work.append((seq, n))
-            budget -= n
-        return bool(step.work)
-
-    def _admit(self, seq: Sequence, now_ns: int) -> None:
+    def admit(self, seq: Sequence, now_ns: int) -> None:
+        """Move the head of the waiting queue to the running list."""
         self.waiting.popleft()
         self.running.append(seq)
         if seq.admitted_ns < 0:
@@ -271,5 +256,54 @@ class Scheduler:
         return sampled, finished
 
 
-__all__ = ["KVPool", "Scheduler", "Sequence", "StepWork", "POLICIES", "VLLM_BLOCK_TOKENS",
+class ChunkedPolicy:
+    """vLLM V1: running sequences first (decode tokens and prefill chunks within the token
+    budget), then, if nothing was preempted, waiting requests admitted with a first chunk."""
+
+    def fill(self, sched: Scheduler, step: StepWork, now_ns: int) -> None:
+        budget = sched.continue_running(step, sched.max_tokens_per_step)
+        if not step.preempted:
+            self._admit_chunks(sched, step, budget, now_ns)
+
+    @staticmethod
+    def _admit_chunks(sched: Scheduler, step: StepWork, budget: int, now_ns: int) -> None:
+        waiting, running = sched.waiting, sched.running
+        while waiting and budget > 0 and len(running) < sched.max_batch:
+            seq = waiting[0]
+            n = min(seq.known, budget)
+            if not sched.pool.reserve(seq, n):
+                break
+            sched.admit(seq, now_ns)
+            step.work.append((seq, n))
+            budget -= n
+
+
+class SeparatePolicy:
+    """vLLM V0 without chunked prefill: a step of whole prompts when one can be admitted,
+    otherwise a decode step of one token for every running sequence."""
+
+    def fill(self, sched: Scheduler, step: StepWork, now_ns: int) -> None:
+        if not self._admit_whole_prompts(sched, step, now_ns):
+            sched.continue_running(step, max(sched.max_batch, len(sched.running)))
+
+    @staticmethod
+    def _admit_whole_prompts(sched: Scheduler, step: StepWork, now_ns: int) -> bool:
+        waiting, running = sched.waiting, sched.running
+        budget = sched.max_tokens_per_step
+        while waiting and len(running) < sched.max_batch:
+            seq = waiting[0]
+            n = seq.known
+            if (step.work and n > budget) or not sched.pool.reserve(seq, n):
+                break
+            sched.admit(seq, now_ns)
+            step.work.append((seq, n))
+            budget -= n
+        return bool(step.work)
+
+
+POLICIES: dict[str, type[SchedulingPolicy]] = {"chunked": ChunkedPolicy, "separate": SeparatePolicy}
+
+
+__all__ = ["KVPool", "Scheduler", "Sequence", "StepWork", "POLICIES", "SchedulingPolicy", "ChunkedPolicy",
+           "SeparatePolicy", "VLLM_BLOCK_TOKENS",
            "DEFAULT_MAX_TOKENS_PER_STEP", "DEFAULT_MAX_BATCH"]

@@ -32,7 +32,6 @@ from __future__ import annotations
 import itertools
 import math
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
@@ -42,6 +41,7 @@ from pydantic import ConfigDict, Field, model_validator
 from sim.config.loader import load_yaml, validate
 from sim.config.quantity import Strict
 from sim.errors import ConfigError, SimulationError
+from sim.io import write_frame
 from sim.paths import resolve as resolve_path
 from sim.paths import studies_dir
 from sim.serve.metrics import crossing_rate
@@ -223,23 +223,8 @@ def describe_crossing(found: dict, group: pd.DataFrame) -> str:
 
 def write_table(table: pd.DataFrame, out: Path) -> None:
     """``table.parquet`` and ``table.csv`` in ``out``, each written atomically."""
-    out.mkdir(parents=True, exist_ok=True)
-    for name, writer in (("table.parquet", "parquet"), ("table.csv", "csv")):
-        fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{name}.")
-        os.close(fd)
-        table.to_parquet(tmp, index=False) if writer == "parquet" else table.to_csv(tmp, index=False)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, out / name)
-
-
-def write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as handle:
-        handle.write(text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    write_frame(table, out / "table")
 
 
 __all__ = ["ServeStudySpec", "load_study", "study_points", "grid", "run_point", "run_sweep", "crossings",
-           "write_table", "write_text"]
+           "write_table"]

@@ -18,7 +18,7 @@ from sim.serve.replay import serve
 from sim.serve.report import render as render_report
 from sim.serve.requests import open_source
 from sim.serve.spec import ServeSpec, build, upgrade_names
-from sim.serve.sweep import grid, load_study, run_sweep, study_points, write_table, write_text
+from sim.serve.sweep import grid, load_study, run_sweep, study_points, write_table
 
 
 def handle(args) -> int:
@@ -262,9 +262,9 @@ def _sweep(points, args, *, title: str, command: str, description: str = "", que
         if out is not None and len(table):
             write_table(table, out)
             latency_vs_rate(table, out / "latency-vs-rate.png", target_ms=target)
-            write_text(out / "report.md", render_report(table, title=title, target_ms=target,
-                                                        description=description, question=question, notes=notes,
-                                                        command=command))
+            write_atomic(out / "report.md", render_report(table, title=title, target_ms=target,
+                                                          description=description, question=question, notes=notes,
+                                                          command=command))
     if args.json:
 
         emit_json("serve", {"mode": "sweep", "partial": partial, "rows": table.to_dict(orient="records")})
