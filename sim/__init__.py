@@ -2,8 +2,8 @@
 
 Public API:
 
-* ``load_profile(name_or_path)`` -> HardwareProfile (sim.config.setup)
-* ``load_model(name_or_path)`` -> ModelSpec (sim.config.setup)
+* ``load_profile(name_or_path)`` -> HardwareProfile (sim.setup)
+* ``load_model(name_or_path)`` -> ModelSpec (sim.setup)
 * ``simulate(spec=None, **fields)`` -> RunResult (``.summary``, ``.tables()``; sim.run)
 
 The package root imports nothing at start-up (``decodesim --help`` stays fast): each name
@@ -16,7 +16,7 @@ import importlib
 
 __version__ = "0.2.0"
 
-_API = {"load_profile": "sim.config.setup", "load_model": "sim.config.setup", "simulate": "sim.run"}
+_API = {"load_profile": "sim.setup", "load_model": "sim.setup", "simulate": "sim.run"}
 
 
 def __getattr__(name: str):

@@ -60,3 +60,15 @@ def check(given, allowed_extra: tuple[str, ...] = ()) -> None:
     unknown = [n for n in given if n not in CLASSES and n not in allowed_extra]
     if unknown:
         raise ValueError(f"unknown kernel class {unknown[0]!r}; classes: {', '.join((*allowed_extra, *CLASSES))}")
+
+
+@dataclass(frozen=True, slots=True)
+class KVQuant:
+    """What a dequantizing attention kernel's cost depends on for a quantized KV format (its
+    implementation prices each value by these: sim.config.software.AttentionImpl)."""
+
+    bits: float  # mean value bits of K and V
+    group_size: int  # values per scale group (0: one scale per row or channel)
+    outlier_fraction: float  # of the values kept in high precision (the larger of K's and V's)
+    k_per_channel: bool  # K quantized per channel (KIVI)
+    codebook: bool  # K or V looks its levels up in a codebook

@@ -63,8 +63,7 @@ from pydantic import Field, field_validator, model_validator
 from sim.config.loader import load_yaml, validate
 from sim.config.quantity import Frac, Num, Share, Strict
 from sim.errors import ConfigError
-from sim.formats.spec import KVQuant
-from sim.kernel_classes import CLASSES, names
+from sim.kernel_classes import CLASSES, KVQuant, names
 from sim.kernel_classes import check as check_classes
 from sim.paths import bundled
 from sim.paths import resolve as resolve_path

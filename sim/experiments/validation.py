@@ -29,7 +29,6 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sim.config.setup import load_profile
 from sim.costs import CostModel
 from sim.engine.simulation import Simulation
 from sim.experiments import link_fit
@@ -37,6 +36,7 @@ from sim.lowering.decode import lower_step
 from sim.lowering.graph import Access, Builder, make_graph
 from sim.paths import bundled
 from sim.run import RunSpec, resolve, simulate
+from sim.setup import load_profile
 
 DECODE_CSV = Path("calibration/data/h200/decode_steps.csv")
 MEDIAN_BOUND_PCT = 10.0

@@ -12,13 +12,13 @@ import json
 import shlex
 
 from sim.config.loader import validate
-from sim.config.setup import resolve
 from sim.config.spec import RunSpec, apply_run_overrides
 from sim.costs import CostModel
 from sim.errors import ConfigError, SimulationError
 from sim.explore.html import view_document
 from sim.io import to_json
 from sim.run import simulate
+from sim.setup import resolve
 
 MAX_STEPS = 64
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)

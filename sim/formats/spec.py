@@ -33,12 +33,12 @@ position, as KVQuant's dense-and-sparse split does.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import Field, model_validator
 
 from sim.config.quantity import Strict
+from sim.kernel_classes import KVQuant  # re-exported: kv_quant() returns it
 
 META_BITS = {"fp32": 32, "fp16": 16, "bf16": 16, "fp8": 8, "int8": 8, "none": 0}
 FLOAT_BITS = {"fp16": 16, "bf16": 16, "e4m3": 8, "e5m2": 8}
@@ -164,18 +164,6 @@ class FormatSpec(Quant):
 
     def quant_fields(self) -> dict:
         return {key: getattr(self, key) for key in Quant.model_fields}
-
-
-@dataclass(frozen=True, slots=True)
-class KVQuant:
-    """What a dequantizing attention kernel's cost depends on for a quantized KV format (its
-    implementation prices each value by these: sim.config.software.AttentionImpl)."""
-
-    bits: float  # mean value bits of K and V
-    group_size: int  # values per scale group (0: one scale per row or channel)
-    outlier_fraction: float  # of the values kept in high precision (the larger of K's and V's)
-    k_per_channel: bool  # K quantized per channel (KIVI)
-    codebook: bool  # K or V looks its levels up in a codebook
 
 
 def kv_quant(fmt) -> KVQuant | None:

@@ -10,16 +10,16 @@ lowering functions themselves stay pure.
 
 from __future__ import annotations
 
-from sim.config.setup import Setup
 from sim.lowering.decode import lower_step
 from sim.lowering.graph import Op, OpGraph
 from sim.lowering.ops import attention, builder, op_expander, prefill_attention
+from sim.setup import RunSetup
 
 
 class GraphCache:
     """Lowers the steps of one run, reusing the previous graph where only attention changed."""
 
-    def __init__(self, setup: Setup):
+    def __init__(self, setup: RunSetup):
         self.setup = setup
         self._expand = op_expander(setup)
         self._previous: OpGraph | None = None

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from sim.formats.spec import KVQuant
+from sim.kernel_classes import KVQuant
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,8 +34,7 @@ from dataclasses import dataclass
 
 from sim.config.software import Kernel
 from sim.errors import ConfigError
-from sim.formats.spec import KVQuant
-from sim.kernel_classes import CLASSES, default_class
+from sim.kernel_classes import CLASSES, KVQuant, default_class
 from sim.lowering.graph import Access, KernelWork
 
 

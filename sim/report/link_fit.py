@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import argparse
 
-from sim.config.setup import load_profile
 from sim.errors import ConfigError
 from sim.experiments.link_fit import fit, read_rows
+from sim.setup import load_profile
 
 
 def main(argv=None) -> int:

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sim.config.setup import load_model, load_profile
 from sim.config.software import load_stack
 from sim.errors import ConfigError
 from sim.formats import get_format
 from sim.search.runner import SearchResult, run_search
 from sim.search.space import Deployment, SearchSpec, Space, build_space, load_spec
+from sim.setup import load_model, load_profile
 
 
 def _profile_chips(name: str) -> int:

@@ -37,13 +37,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sim.config.hardware import sources
-from sim.config.setup import resolve
 from sim.config.spec import RunSpec, apply_run_overrides
 from sim.errors import ConfigError
 from sim.explore.compute import vector_peak_Tops
 from sim.io import output_problem, stale_temp_files, write_atomic, write_frame
 from sim.paths import display_path
 from sim.run import simulate
+from sim.setup import resolve
 from sim.study import stamps
 from sim.study.keys import content_hash, simulator_version
 from sim.study.spec import Point, Study, detail_assignments, is_number
@@ -465,7 +465,7 @@ def run_detail(study: Study, out: Path) -> None:
     """Run one point with the DES, keeping its op table and event log, for the timeline plots."""
     # deferred like simulate in run_point: the simulator and the trace writer load only when a study runs
     from sim.experiments.detail import detail_run
-    from sim.report.trace import trace_of
+    from sim.report.timeline import trace_of
 
     chosen = detail_assignments(study)
     data = dict(study.spec.base)

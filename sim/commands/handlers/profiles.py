@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from sim.commands.common import emit_json
 from sim.config.hardware import sources
-from sim.config.setup import load_profile
 from sim.paths import display_path, hardware_dir
+from sim.setup import load_profile
 
 
 def profile_rows() -> list[dict]:

@@ -8,7 +8,7 @@ from sim.commands.handlers.spec import spec_from_args
 from sim.energy import render_lines
 from sim.errors import ConfigError
 from sim.explore.compute import run_view
-from sim.report.trace import trace_of
+from sim.report.timeline import trace_of
 from sim.run import simulate
 
 
