@@ -348,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="update this profile's system.links figures and sources in place (repeatable)")
     args = parser.parse_args(argv)
     try:
-        from sim.config.setup import load_profile
+        from sim.setup import load_profile
 
         ops = []
         for name in args.ops.split(","):

@@ -17,14 +17,14 @@ __version__ = "0.2.0"
 
 def load_profile(name_or_path: str):
     """A bundled hardware profile by name, or a profile YAML file, validated."""
-    from sim.config.setup import load_profile as load
+    from sim.setup import load_profile as load
 
     return load(name_or_path)
 
 
 def load_model(name_or_path: str):
     """A bundled model by name, or a model YAML file, validated."""
-    from sim.config.setup import load_model as load
+    from sim.setup import load_model as load
 
     return load(name_or_path)
 

@@ -1,6 +1,6 @@
 """The runner: one model on one hardware profile over one decode trace.
 
-``simulate(spec)`` resolves the spec into a sealed Setup (sim.config.setup), checks that
+``simulate(spec)`` resolves the spec into a sealed RunSetup (sim.setup), checks that
 it fits, then for every step lowers the op graph (through a ``GraphCache`` it owns, so only
 what changed is lowered again), looks up each op's cost, runs the engine (or the analytic
 model) and turns the outcome into a step row. Work per step is proportional to the ops
@@ -21,16 +21,16 @@ from dataclasses import dataclass, field
 from sim.analytic import analyse
 from sim.config.hardware import kernel_costs_origin
 from sim.config.loader import validate
-from sim.config.setup import Setup, resolve
 from sim.config.spec import RUN_FIELDS, RunSpec, apply_run_overrides
 from sim.costs import CostModel
-from sim.engine.records import LOG_COLUMNS, Span
 from sim.energy import EnergyModel, summarize
+from sim.engine.records import LOG_COLUMNS, Span
 from sim.engine.simulation import Simulation
 from sim.lowering.cache import GraphCache
 from sim.lowering.decode import largest_staged_reads, weight_bytes_by_unit, weight_bytes_per_chip
 from sim.lowering.placement import staging_limit
 from sim.results import Ledger, bound_of, op_key, percentile
+from sim.setup import RunSetup, resolve
 from sim.units import GB, ns_to_ms
 
 __all__ = ["RunSpec", "RunResult", "RUN_FIELDS", "simulate", "resolve", "capacity", "kv_bytes", "kv_pool_bytes",
@@ -40,7 +40,7 @@ __all__ = ["RunSpec", "RunResult", "RUN_FIELDS", "simulate", "resolve", "capacit
 # -- capacity --------------------------------------------------------------------------------
 
 
-def capacity(setup: Setup) -> dict:
+def capacity(setup: RunSetup) -> dict:
     """Bytes one chip must hold in each tier, for the fullest stage, against what the tier
     offers: weights, MoE expert weights and the KV cache where the placement puts them
     (streamed weights: the whole copy in the tier they come from, two staging buffers of the
@@ -98,13 +98,13 @@ def capacity(setup: Setup) -> dict:
             "available_bytes": worst["available_bytes"], "fits": not over, "tiers": tiers}
 
 
-def kv_bytes(setup: Setup, tokens: int) -> int:
+def kv_bytes(setup: RunSetup, tokens: int) -> int:
     """KV-cache bytes one sequence of ``tokens`` tokens holds on the fullest chip: its
     format's footprint per layer times the layers whose attention that chip's stage holds."""
     return setup.kv.kv_footprint(tokens, setup.k_width, setup.v_width) * setup.layers_per_stage
 
 
-def kv_pool_bytes(setup: Setup, cap: dict) -> int:
+def kv_pool_bytes(setup: RunSetup, cap: dict) -> int:
     """Bytes the KV cache's tier has left for it on the fullest chip once everything else the
     placement puts there is held (``cap`` from ``capacity``)."""
     row = cap["tiers"].get(setup.hardware.place("kv").tier)
@@ -132,7 +132,7 @@ class RunResult:
     steps: list[dict] = field(default_factory=list)
     ops: list[dict] = field(default_factory=list)
     log: list[Span] = field(default_factory=list)
-    resolved: Setup | None = None
+    resolved: RunSetup | None = None
 
     def tables(self):
         """(per-step, per-op, event log) as pandas DataFrames."""
@@ -240,7 +240,7 @@ def _count(keys: dict, key: tuple, ops, delta: int, idx: int | None = None) -> N
         del keys[key]
 
 
-def _step_row(setup: Setup, step, graph, outcome, sums, breakdown) -> dict:
+def _step_row(setup: RunSetup, step, graph, outcome, sums, breakdown) -> dict:
     by_category, by_level = sums.by_category, sums.by_level
     return {
         "step": step.index, "batch": step.batch, "mean_context": sum(step.contexts) / step.batch,
@@ -253,7 +253,7 @@ def _step_row(setup: Setup, step, graph, outcome, sums, breakdown) -> dict:
     }
 
 
-def _does_not_fit(setup: Setup, cap: dict) -> dict:
+def _does_not_fit(setup: RunSetup, cap: dict) -> dict:
     floor_ms = ns_to_ms((cap["weights_bytes"] + cap["kv_bytes"]) / setup.hardware.store.peak_GBps)
     over = [(name, t) for name, t in cap["tiers"].items() if not t["fits"]]
     parts = []
@@ -272,7 +272,7 @@ def _size(n: float) -> str:
     return f"{n / GB:.2f} GB" if n >= GB else f"{n / 1e6:.1f} MB"
 
 
-def _identity(setup: Setup, cap: dict) -> dict:
+def _identity(setup: RunSetup, cap: dict) -> dict:
     spec = setup.spec
     return {
         "hardware": setup.hardware.name, "model": setup.model.name, "weights": spec.weights, "kv": spec.kv,
@@ -285,7 +285,7 @@ def _identity(setup: Setup, cap: dict) -> dict:
     }
 
 
-def _software_note(setup: Setup) -> dict:
+def _software_note(setup: RunSetup) -> dict:
     """A note when the run's stack is not the one the profile says its machine runs."""
     native = setup.hardware.software
     if native is None or native == setup.software:
@@ -294,7 +294,7 @@ def _software_note(setup: Setup) -> dict:
                              f"are another machine's (pass --software {native})"}
 
 
-def _summary(setup: Setup, rows: list[dict], events: int, wall_s: float) -> dict:
+def _summary(setup: RunSetup, rows: list[dict], events: int, wall_s: float) -> dict:
     times = [ns_to_ms(r["time_ns"]) for r in rows]
     p50, p99 = percentile(times, 50), percentile(times, 99)
     keys = sorted({k for r in rows for k in r if k.startswith("ms_")})
@@ -321,7 +321,7 @@ def _summary(setup: Setup, rows: list[dict], events: int, wall_s: float) -> dict
     }
 
 
-def _moe_summary(setup: Setup) -> dict:
+def _moe_summary(setup: RunSetup) -> dict:
     plan = setup.moe
     if plan is None:
         return {}

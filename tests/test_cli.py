@@ -7,7 +7,7 @@ import json
 import pandas as pd
 import pytest
 
-from sim import trace
+from sim import decode_trace
 
 REQUIRED = {"per_token_ms_p50", "per_token_ms_p99", "meets_target", "verdict", "bound", "hbm_bytes_per_token",
             "weight_bytes_per_token", "kv_bytes_per_token", "hbm_achieved_GBps", "breakdown_ms", "events", "wall_s"}
@@ -48,16 +48,16 @@ def test_out_writes_tables(cli, tmp_path):
 
 
 def test_trace_roundtrip_and_replay(cli, tmp_path):
-    requests = trace.synthetic_requests(50, rate_per_s=200, prompt_median=300, output_median=20, seed=3)
-    steps = trace.from_requests(requests, max_batch=8, step_ms=5)
+    requests = decode_trace.synthetic_requests(50, rate_per_s=200, prompt_median=300, output_median=20, seed=3)
+    steps = decode_trace.from_requests(requests, max_batch=8, step_ms=5)
     assert max(s.batch for s in steps) <= 8 and min(s.batch for s in steps) >= 1
     # every request decodes exactly its output tokens
     tokens = sum(s.batch for s in steps)
     assert tokens == sum(max(1, r.output) for r in requests)
     for suffix in (".jsonl", ".parquet", ".csv"):
         path = tmp_path / f"t{suffix}"
-        trace.write(steps, path)
-        assert trace.read(path) == steps
+        decode_trace.write(steps, path)
+        assert decode_trace.read(path) == steps
     code, out, err = cli("run", "--trace", str(tmp_path / "t.jsonl"), "--steps", "30", "--engine", "analytic")
     assert code == 0, err and "batch over the trace" in out
 

@@ -135,8 +135,8 @@ def test_no_temp_file_is_left_when_the_output_cannot_be_written(files):
 
 
 def test_an_unreadable_trace_file_is_one_line(files, monkeypatch):
+    import sim.decode_trace
     import sim.io
-    import sim.trace
 
     def refuse(*_args, **_kwargs):
         raise PermissionError(13, "Permission denied")
@@ -144,7 +144,7 @@ def test_an_unreadable_trace_file_is_one_line(files, monkeypatch):
     path = files / "duplicate.jsonl"
     monkeypatch.setattr(sim.io, "open", refuse, raising=False)  # tests run as root: chmod would not stop them
     with pytest.raises(ConfigError, match=r"duplicate.jsonl: cannot read file \(Permission denied\)$"):
-        sim.trace.read(path)
+        sim.decode_trace.read(path)
 
 
 def test_python_api_errors_are_one_line_config_errors():

@@ -17,13 +17,13 @@ from hypothesis import strategies as st
 
 from sim.analytic import analyse
 from sim.config.hardware import HardwareProfile
-from sim.config.setup import balanced_partition, layer_units, parallelism
 from sim.costs import CostModel, Flow, HostTimes, OpCost
 from sim.engine.simulation import Simulation
 from sim.errors import ConfigError
 from sim.lowering.decode import lower_step
 from sim.lowering.graph import Access, Op, Work, make_graph
 from sim.run import RunSpec, capacity, resolve, simulate
+from sim.setup import balanced_partition, layer_units, parallelism
 
 SN = "sambanova-sn40l"
 RESIDENT_PMU = ("hardware.placement.weights.tier=pmu", "hardware.placement.weights.mode=resident")

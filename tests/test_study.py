@@ -202,7 +202,7 @@ def test_hash_covers_the_profile_file_contents(tmp_path):
     raw = yaml.safe_load(text)
     raw["memory"][0]["latency_ns"]["value"] += 10  # one number changes, nothing else
     profile.write_text(yaml.safe_dump(raw))
-    from sim.config.setup import _raw
+    from sim.setup import _raw
 
     _raw.cache_clear()
     assert content_hash(spec) != before

@@ -14,7 +14,7 @@ from collections import defaultdict
 import pytest
 
 from sim.engine.records import Span
-from sim.report.trace import Layout, chrome_trace, trace_events
+from sim.report.timeline import Layout, chrome_trace, trace_events
 from tests.conftest import run_cli
 
 PHASES = {"X", "C", "M", "s", "f"}
@@ -93,7 +93,7 @@ def pipeline_run():
 
 @pytest.fixture(scope="module")
 def pipeline_trace(pipeline_run):
-    from sim.report.trace import trace_of
+    from sim.report.timeline import trace_of
 
     return check_trace(json.loads(trace_of(pipeline_run)))
 

@@ -12,8 +12,8 @@ def register(sub) -> None:
 
 def profile_rows() -> list[dict]:
     """One row per bundled profile: its headline figures, link bandwidth, description, file."""
-    from sim.config.setup import load_profile
     from sim.paths import display_path, hardware_dir
+    from sim.setup import load_profile
 
     rows = []
     for path in sorted(hardware_dir().glob("*.yaml")):
@@ -27,7 +27,7 @@ def profile_rows() -> list[dict]:
 def handle(args) -> int:
     from sim.commands.common import emit_json
     from sim.config.hardware import sources
-    from sim.config.setup import load_profile
+    from sim.setup import load_profile
 
     if args.sources:
         profile = load_profile(args.sources)

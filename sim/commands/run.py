@@ -68,7 +68,7 @@ def handle(args) -> int:
         write_frame(log, args.out / "events")
         write_atomic(args.out / "summary.json", to_json({**result.summary, "spec": spec.model_dump()}))
     if args.trace_out is not None and result.log:
-        from sim.report.trace import trace_of
+        from sim.report.timeline import trace_of
 
         write_atomic(args.trace_out, trace_of(result, trace_steps))
     if html is not None:

@@ -174,7 +174,7 @@ class Place(Strict):
 class Placement(Strict):
     """Placement of weights, MoE expert weights (default: as ``weights``) and the KV cache
     (default: the home tier). ``source`` says why (the architecture's dataflow, a paper).
-    ``policy: fit`` chooses instead, per run (sim.config.setup.fit_placement): the KV cache and
+    ``policy: fit`` chooses instead, per run (sim.setup.fit_placement): the KV cache and
     activations in the home tier; dense weights resident in the fastest tier that holds them
     beside what is already there, else streamed from the fastest off-chip tier that does; then
     the experts the same way with what is left. (Which experts sit in SRAM inside a tier is the

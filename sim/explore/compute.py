@@ -76,9 +76,9 @@ def curves_for(spec, superseded=lambda: False, axes=("batch", "context")) -> dic
     names the curves to compute. A spec
     that replays a trace has no curves (its batch and context come from the trace)."""
     from sim.config.loader import validate
-    from sim.config.setup import resolve
     from sim.config.spec import RunSpec, apply_run_overrides
     from sim.run import simulate
+    from sim.setup import resolve
 
     try:
         effective = apply_run_overrides(spec)

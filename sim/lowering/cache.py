@@ -9,16 +9,16 @@ lowering functions themselves stay pure.
 
 from __future__ import annotations
 
-from sim.config.setup import Setup
 from sim.lowering.decode import lower_step
 from sim.lowering.graph import OpGraph
 from sim.lowering.ops import attention, builder
+from sim.setup import RunSetup
 
 
 class GraphCache:
     """Lowers the steps of one run, reusing the previous graph where only attention changed."""
 
-    def __init__(self, setup: Setup):
+    def __init__(self, setup: RunSetup):
         self.setup = setup
         self._previous: OpGraph | None = None
         self._attention: tuple[int, ...] = ()  # indices of the attention ops

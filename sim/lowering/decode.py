@@ -7,13 +7,13 @@ residual add fused), an all-reduce when ``tp > 1``, FFN RMSNorm, the FFN block, 
 all-reduce. Before the layers: the embedding gather; after: the final norm, the LM head
 and the argmax, which the host waits for (it needs the step's tokens). Models with QK-norm
 (``qk_norm``) normalise the query and key projections before RoPE (``q_norm``, ``k_norm``).
-Layers are split over ``pp`` pipeline stages by the Setup's partition (whole layers, or
+Layers are split over ``pp`` pipeline stages by the RunSetup's partition (whole layers, or
 half-layer units on a spatial machine: a stage may end after a layer's attention); a
 point-to-point transfer over the chip links joins two stages (over the scale-out links where
 the two stages sit in different groups). Placement (sim.lowering.placement) then moves each
 access to the tier its data lives in and adds the staging transfers of streamed weights.
 
-``lower_step(setup, step, position)`` is pure: it reads the sealed Setup and the step, and
+``lower_step(setup, step, position)`` is pure: it reads the sealed RunSetup and the step, and
 returns a new graph. Bytes come from the formats (sim.formats); the FFN block of a layer is
 dense here or Mixture-of-Experts (sim.lowering.moe). Prompt chunks mixed into a step
 (``prefill``) run through the same ops. What is ignored: speculative decoding, paged-block
@@ -25,11 +25,9 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from sim.config.setup import ACT_BYTES, Setup
 from sim.errors import SimulationError
 from sim.lowering.graph import Access, Builder, Op, OpGraph, make_graph
 from sim.lowering.moe import lower_moe, moe_weight_bytes_per_chip
-from sim.lowering.placement import place_ops
 from sim.lowering.ops import (
     VEC_OPS,
     attention,
@@ -44,15 +42,17 @@ from sim.lowering.ops import (
     vector,
     vocab_bytes,
 )
+from sim.lowering.placement import place_ops
+from sim.setup import ACT_BYTES, RunSetup
 
 
-def weight_bytes_per_chip(setup: Setup, stage: int) -> int:
+def weight_bytes_per_chip(setup: RunSetup, stage: int) -> int:
     """Weights one chip of ``stage`` holds: its units (attention and FFN halves of layers),
     plus embeddings and LM head at the ends of the pipeline."""
     return sum(weight_bytes_by_unit(setup, stage).values())
 
 
-def weight_bytes_by_unit(setup: Setup, stage: int, experts: bool | None = None) -> dict[tuple[int, str], int]:
+def weight_bytes_by_unit(setup: RunSetup, stage: int, experts: bool | None = None) -> dict[tuple[int, str], int]:
     """Weight bytes one chip of ``stage`` holds per unit; ``experts`` True counts only MoE
     expert weights, False everything else, None both."""
     from_moe = moe_weight_bytes_per_chip(setup) if setup.moe is not None else 0
@@ -77,7 +77,7 @@ def weight_bytes_by_unit(setup: Setup, stage: int, experts: bool | None = None) 
     return out
 
 
-def largest_staged_reads(setup: Setup, stage: int) -> list[int]:
+def largest_staged_reads(setup: RunSetup, stage: int) -> list[int]:
     """The dense-weight bytes of each projection of ``stage`` (the LM head at the end of the
     pipeline): what a staging buffer must hold for each."""
     m, w = setup.model, setup.weights
@@ -98,7 +98,7 @@ def largest_staged_reads(setup: Setup, stage: int) -> list[int]:
 # -- the step ------------------------------------------------------------------------------
 
 
-def lower_step(setup: Setup, contexts: tuple[int, ...], step: int = 0, position: int = 0,
+def lower_step(setup: RunSetup, contexts: tuple[int, ...], step: int = 0, position: int = 0,
                prefill: tuple[tuple[int, int], ...] = ()) -> OpGraph:
     """The op graph of one step (see ``lower_one``); with ``microbatches`` M > 1 the sequences
     are split into M contiguous micro-batches, each lowered alone and run on its own streams
@@ -151,7 +151,7 @@ def interleave(programs: list[list[Op]]) -> list[Op]:
     return out
 
 
-def lower_one(setup: Setup, contexts: tuple[int, ...], step: int = 0, position: int = 0,
+def lower_one(setup: RunSetup, contexts: tuple[int, ...], step: int = 0, position: int = 0,
               prefill: tuple[tuple[int, int], ...] = ()) -> OpGraph:
     """The op graph of one step that decodes a token for each sequence whose cache holds
     ``contexts`` tokens (after this step's token is appended) and, mixed in (chunked
@@ -202,7 +202,7 @@ def lower_one(setup: Setup, contexts: tuple[int, ...], step: int = 0, position: 
     return make_graph(place_ops(setup, ops), step=step, contexts=contexts, stages=setup.pp)
 
 
-def stage_link(setup: Setup, stage: int) -> str:
+def stage_link(setup: RunSetup, stage: int) -> str:
     """The link that joins ``stage`` to the stage before it: the chip links inside a group,
     the scale-out links between groups."""
     system = setup.hardware.system
@@ -214,7 +214,7 @@ def _synced(op: Op) -> Op:
     return replace(op, host_sync=True)
 
 
-def lower_units(setup: Setup, b: Builder, units: list[tuple[int, str]], contexts: tuple[int, ...], position: int,
+def lower_units(setup: RunSetup, b: Builder, units: list[tuple[int, str]], contexts: tuple[int, ...], position: int,
                 prefill: tuple[tuple[int, int], ...] = ()) -> None:
     """Lower a stage's layer units in order: whole layers through ``lower_layers``, a layer
     cut by a stage boundary as its attention or FFN half alone."""
@@ -232,7 +232,7 @@ def lower_units(setup: Setup, b: Builder, units: list[tuple[int, str]], contexts
     lower_layers(setup, b, whole, contexts, position, prefill)
 
 
-def lower_layers(setup: Setup, b: Builder, layers, contexts: tuple[int, ...], position: int,
+def lower_layers(setup: RunSetup, b: Builder, layers, contexts: tuple[int, ...], position: int,
                  prefill: tuple[tuple[int, int], ...] = ()) -> None:
     """Lower ``layers``. Layers whose FFN is dense lower to the same ops; after the first two
     dense layers have been lowered (and found equal), further dense layers are copies with
@@ -266,13 +266,13 @@ def _same_ops(first: list[Op], second: list[Op]) -> bool:
     return all(_signature(a, first[0].idx) == _signature(b, second[0].idx) for a, b in zip(first, second, strict=True))
 
 
-def lower_layer(setup: Setup, b: Builder, layer: int, contexts: tuple[int, ...], position: int,
+def lower_layer(setup: RunSetup, b: Builder, layer: int, contexts: tuple[int, ...], position: int,
                 prefill: tuple[tuple[int, int], ...] = ()) -> None:
     lower_attention_half(setup, b, layer, contexts, position, prefill)
     lower_ffn_half(setup, b, layer, contexts, position, prefill)
 
 
-def lower_attention_half(setup: Setup, b: Builder, layer: int, contexts: tuple[int, ...], position: int,
+def lower_attention_half(setup: RunSetup, b: Builder, layer: int, contexts: tuple[int, ...], position: int,
                          prefill: tuple[tuple[int, int], ...] = ()) -> None:
     """The attention half of a layer: norm, QKV, RoPE and append, attention, O projection and
     its all-reduce."""
@@ -306,7 +306,7 @@ def lower_attention_half(setup: Setup, b: Builder, layer: int, contexts: tuple[i
         vector(setup, b, "post_attn_norm", layer, **norm)
 
 
-def lower_ffn_half(setup: Setup, b: Builder, layer: int, contexts: tuple[int, ...], position: int,
+def lower_ffn_half(setup: RunSetup, b: Builder, layer: int, contexts: tuple[int, ...], position: int,
                    prefill: tuple[tuple[int, int], ...] = ()) -> None:
     """The FFN half of a layer: norm, the dense or MoE FFN, its all-reduce (and Gemma 2's
     post-FFN norm)."""
@@ -325,7 +325,7 @@ def lower_ffn_half(setup: Setup, b: Builder, layer: int, contexts: tuple[int, ..
         vector(setup, b, "post_ffn_norm", layer, **norm)
 
 
-def lower_dense_ffn(setup: Setup, b: Builder, layer: int, batch: int) -> None:
+def lower_dense_ffn(setup: RunSetup, b: Builder, layer: int, batch: int) -> None:
     """SwiGLU (or GELU) FFN: gate+up projection, activation, down projection."""
     m = setup.model
     ffn = math.ceil(m.ffn / setup.tp)

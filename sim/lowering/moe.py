@@ -1,7 +1,7 @@
 """The Mixture-of-Experts FFN block: router, dispatch, experts, combine, per dispatch path.
 
 Per MoE layer and per step (``position``) it reads the run's MoE plan (sim.moe.plan: the
-routing trace and the placement for the critical chip) from the sealed Setup and lowers
+routing trace and the placement for the critical chip) from the sealed RunSetup and lowers
 one op sequence. Dense layers (``moe.first_k_dense`` / ``dense_layers``)
 use ``DenseFFN``.
 
@@ -54,10 +54,10 @@ from __future__ import annotations
 
 import math
 
-from sim.config.setup import ACT_BYTES, Setup
 from sim.lowering.graph import Access, Builder
 from sim.lowering.ops import VEC_OPS
 from sim.moe.sizes import expert_bytes, expert_ffn_per_chip, experts_per_chip
+from sim.setup import ACT_BYTES, RunSetup
 
 DISPATCHES = ("host_sync", "device", "sram_zero_copy")
 
@@ -78,16 +78,16 @@ def _work_units(rows: int, cols: int) -> int:
     return max(1, math.ceil(rows * cols / WEIGHT_TILE_ELEMS))
 
 
-def router_bytes(setup: Setup) -> int:
+def router_bytes(setup: RunSetup) -> int:
     return setup.weights.weight_bytes(setup.model.moe.experts, setup.model.hidden)
 
 
-def shared_ffn(setup: Setup) -> int:
+def shared_ffn(setup: RunSetup) -> int:
     moe = setup.model.moe
     return math.ceil(moe.shared_experts * moe.shared_ffn / setup.tp)
 
 
-def moe_weight_bytes_per_chip(setup: Setup) -> int:
+def moe_weight_bytes_per_chip(setup: RunSetup) -> int:
     """Weights of one MoE layer on one chip: router, its experts (or shards), shared experts."""
     m, w, ep = setup.model, setup.weights, setup.moe.ep
     total = router_bytes(setup) + experts_per_chip(m, ep) * expert_bytes(m, w, setup.tp, ep)
@@ -97,7 +97,7 @@ def moe_weight_bytes_per_chip(setup: Setup) -> int:
     return total
 
 
-def lower_moe(setup: Setup, b: Builder, layer: int, batch: int, position: int) -> None:
+def lower_moe(setup: RunSetup, b: Builder, layer: int, batch: int, position: int) -> None:
     """The MoE FFN of ``layer`` at step ``position``: shared expert, router, dispatch,
     experts, combine (and the all-to-alls under expert parallelism)."""
     plan = setup.moe
@@ -170,7 +170,7 @@ def lower_moe(setup: Setup, b: Builder, layer: int, batch: int, position: int) -
     ], vector_ops=2 * local * k * h + local * h, parallelism=max(1, local), row="combine")
 
 
-def _experts(setup: Setup, b: Builder, layer: int, active: int, resident: int, fetched: int, pairs: int,
+def _experts(setup: RunSetup, b: Builder, layer: int, active: int, resident: int, fetched: int, pairs: int,
              noc_pairs: int) -> None:
     if pairs == 0:
         return
@@ -203,7 +203,7 @@ def _experts(setup: Setup, b: Builder, layer: int, active: int, resident: int, f
           compute_row="expert_compute", tags=(("active_experts", active), ("resident_experts", resident)))
 
 
-def _shared_expert(setup: Setup, b: Builder, layer: int, batch: int) -> None:
+def _shared_expert(setup: RunSetup, b: Builder, layer: int, batch: int) -> None:
     ffn = shared_ffn(setup)
     if not ffn:
         return

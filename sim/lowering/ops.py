@@ -1,7 +1,7 @@
 """Op builders shared by the dense and MoE lowerings: matmuls, element-wise ops,
 collectives, decode attention, and the per-chip sizes they imply.
 
-Every builder reads only the sealed Setup and appends to a Builder; none advances time.
+Every builder reads only the sealed RunSetup and appends to a Builder; none advances time.
 """
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-from sim.config.setup import ACT_BYTES, Setup
 from sim.errors import ConfigError
 from sim.formats import get_format
 from sim.lowering.graph import Access, Builder, Op
 from sim.lowering.kernels import expand, with_prologue
+from sim.setup import ACT_BYTES, RunSetup
 
 NOT_WEIGHTS = ("router",)  # matmuls whose weights stay in bf16 under a quantized weight format
 _BF16 = get_format("bf16")
@@ -26,16 +26,16 @@ NORM_OPS = ("attn_norm", "ffn_norm", "final_norm", "q_norm", "k_norm", "post_att
 # -- sizes ---------------------------------------------------------------------------------
 
 
-def attention_weight_bytes(setup: Setup) -> int:
+def attention_weight_bytes(setup: RunSetup) -> int:
     h, w = setup.model.hidden, setup.weights
     return w.weight_bytes(setup.q_width + setup.k_width + setup.v_width, h) + w.weight_bytes(h, setup.q_width)
 
 
-def norm_bytes(setup: Setup) -> int:
+def norm_bytes(setup: RunSetup) -> int:
     return setup.model.hidden * ACT_BYTES
 
 
-def qk_norm_bytes(setup: Setup) -> tuple[int, int]:
+def qk_norm_bytes(setup: RunSetup) -> tuple[int, int]:
     """Gain-weight bytes one chip reads for the Q and the K norm of a layer ((0, 0) without
     QK-norm): a whole-projection norm is sharded with the heads, a per-head norm is not."""
     m = setup.model
@@ -46,13 +46,13 @@ def qk_norm_bytes(setup: Setup) -> tuple[int, int]:
     return 0, 0
 
 
-def dense_ffn_weight_bytes(setup: Setup) -> int:
+def dense_ffn_weight_bytes(setup: RunSetup) -> int:
     m, w = setup.model, setup.weights
     ffn = math.ceil(m.ffn / setup.tp)
     return w.weight_bytes((m.ffn_matrices - 1) * ffn, m.hidden) + w.weight_bytes(m.hidden, ffn)
 
 
-def vocab_bytes(setup: Setup) -> int:
+def vocab_bytes(setup: RunSetup) -> int:
     """One chip's shard of the embedding table (and of the LM head)."""
     return setup.weights.weight_bytes(setup.vocab, setup.model.hidden)
 
@@ -60,7 +60,7 @@ def vocab_bytes(setup: Setup) -> int:
 # -- op builders ---------------------------------------------------------------------------
 
 
-def op_expander(setup: Setup):
+def op_expander(setup: RunSetup):
     """The Builder's hook that runs each op through the setup's software stack: the op's
     kernels for the run's KV format and the model's variants where the stack has them, the
     matmul dtype's prologue before each matrix kernel, and the sizes temporaries may take."""
@@ -99,12 +99,12 @@ def op_expander(setup: Setup):
     return run
 
 
-def builder(setup: Setup, ops: list[Op] | None = None, stage: int = 0) -> Builder:
+def builder(setup: RunSetup, ops: list[Op] | None = None, stage: int = 0) -> Builder:
     """A Builder whose ops run through the setup's software stack."""
     return Builder(ops, stage, expand=op_expander(setup), streams=setup.stack.side_stream)
 
 
-def matmul(setup: Setup, b: Builder, name: str, layer: int, batch: int, k: int, n: int,
+def matmul(setup: RunSetup, b: Builder, name: str, layer: int, batch: int, k: int, n: int,
            residual: bool = False, parts: dict[str, float] | None = None) -> Op:
     """x[batch, k] @ W[k, n] with W in the weight format (bf16 where the stack's quantization
     recipe leaves the matmul unquantized), read once from the store."""
@@ -126,7 +126,7 @@ def matmul(setup: Setup, b: Builder, name: str, layer: int, batch: int, k: int, 
                  parts=parts)
 
 
-def vector(setup: Setup, b: Builder, name: str, layer: int, *, reads: int, writes: int, ops: int, rows: int,
+def vector(setup: RunSetup, b: Builder, name: str, layer: int, *, reads: int, writes: int, ops: int, rows: int,
            weights: int = 0, extra=(), **fields) -> Op:
     """An element-wise or row-wise op: reads ``reads`` activation bytes (and ``weights`` bytes
     of a small weight vector, e.g. a norm's gain), writes ``writes``."""
@@ -136,14 +136,14 @@ def vector(setup: Setup, b: Builder, name: str, layer: int, *, reads: int, write
     return b.add(name, layer, "vector", accesses, vector_ops=ops, parallelism=max(1, rows), **fields)
 
 
-def collective(setup: Setup, b: Builder, name: str, layer: int, kind: str, size: int, group: int) -> Op | None:
+def collective(setup: RunSetup, b: Builder, name: str, layer: int, kind: str, size: int, group: int) -> Op | None:
     if group <= 1:
         return None
     return b.add(name, layer, "collective", [Access("link", size, "link", role="link")], collective=(kind, size, group),
                  parallelism=group)
 
 
-def attention(setup: Setup, b: Builder, layer: int, contexts: tuple[int, ...]) -> Op:
+def attention(setup: RunSetup, b: Builder, layer: int, contexts: tuple[int, ...]) -> Op:
     """One batched decode-attention kernel over all sequences' caches (incl. the new token).
     A sliding layer (``model.window``) reads only the last ``sliding_window`` tokens of each
     cache; a soft-capped model pays cap x tanh(score / cap) on every score."""
@@ -168,7 +168,7 @@ def attention(setup: Setup, b: Builder, layer: int, contexts: tuple[int, ...]) -
                  values=total_ctx * (setup.k_width + setup.v_width), quant=kv_quant(setup.kv))
 
 
-def prefill_attention(setup: Setup, b: Builder, layer: int, prefill: tuple[tuple[int, int], ...]) -> Op:
+def prefill_attention(setup: RunSetup, b: Builder, layer: int, prefill: tuple[tuple[int, int], ...]) -> Op:
     """Causal attention of prompt chunks: each chunk of ``c`` tokens after ``before`` cached
     tokens reads its cache (old and new tokens) once and does 4 x heads x head_dim x c x
     (before + (c + 1) / 2) FLOPs (each query sees the tokens before it)."""
@@ -205,7 +205,7 @@ def kv_quant(fmt) -> tuple:
             k.encoding == "codebook" or v.encoding == "codebook")
 
 
-def kv_traffic(setup: Setup, contexts: tuple[int, ...]) -> tuple[int, int, int, int, int, float]:
+def kv_traffic(setup: RunSetup, contexts: tuple[int, ...]) -> tuple[int, int, int, int, int, float]:
     """(stream bytes, gather bytes, gather granule, dequant ops, total context, splits) of one
     layer's attention over ``contexts`` (the same in every layer of a step)."""
     kv = setup.kv

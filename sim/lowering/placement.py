@@ -34,8 +34,8 @@ from dataclasses import replace
 from functools import lru_cache
 from typing import NamedTuple
 
-from sim.config.setup import Setup
 from sim.lowering.graph import Access, KernelWork, Op, Work
+from sim.setup import RunSetup
 
 WEIGHT_CATEGORIES = ("weights", "expert")
 
@@ -51,7 +51,7 @@ class Plan(NamedTuple):
     scaleout_collectives: tuple[int, ...]  # stages whose tensor-parallel group spans chip groups
 
 
-def plan_of(setup: Setup) -> Plan:
+def plan_of(setup: RunSetup) -> Plan:
     hw = setup.hardware
     read_from, staged = [], []
     for category, what in (("weights", "weights"), ("expert", "experts"), ("kv", "kv")):
@@ -67,7 +67,7 @@ def plan_of(setup: Setup) -> Plan:
     return Plan(setup.store, tuple(read_from), tuple(staged), staging_limit(setup), spanning)
 
 
-def staging_limit(setup: Setup) -> int:
+def staging_limit(setup: RunSetup) -> int:
     """The most bytes of one op that are staged whole: a quarter of the staging buffer level's
     resident bytes (two buffers take at most half of it)."""
     places = [setup.hardware.place(what) for what in ("weights", "experts")]
@@ -77,7 +77,7 @@ def staging_limit(setup: Setup) -> int:
     return int(setup.hardware.level(buffers[0]).resident_bytes // 4)
 
 
-def place_ops(setup: Setup, ops: list[Op]) -> list[Op]:
+def place_ops(setup: RunSetup, ops: list[Op]) -> list[Op]:
     """``ops`` with each access moved to the tier or link its data uses and, for streamed
     weights, the staging ops added (indices and dependencies renumbered)."""
     plan = plan_of(setup)

@@ -1,6 +1,6 @@
 """The MoE part of a run's setup: routing, expert sizes, the SRAM budget and the placement.
 
-Built once by the setup stage (``sim.config.setup.resolve``) for a model with a ``moe:``
+Built once by the setup stage (``sim.setup.resolve``) for a model with a ``moe:``
 section, before any step is lowered: the routing trace (generated or read), how many
 experts (or expert shards) fit the chip's pinnable SRAM, and the placement's per-(step,
 MoE layer) counts for the critical chip. The lowering reads it; nothing writes it later.

@@ -6,13 +6,13 @@
 
 from __future__ import annotations
 
-from sim.config.setup import resolve
 from sim.costs import CostModel
 from sim.formats import get_format
 from sim.formats.fidelity import measure
 from sim.formats.tables import BASELINE, model_sample
 from sim.lowering.decode import lower_step
 from sim.run import simulate
+from sim.setup import resolve
 
 
 def compare_rows(spec, kv_formats: list[str], fidelity_tokens: int = 2048) -> list[dict]:

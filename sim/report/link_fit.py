@@ -146,7 +146,7 @@ def main(argv=None) -> int:
     parser.add_argument("--mode", default="graph", help="rows of this mode column value (default graph; 'any': all)")
     args = parser.parse_args(argv)
     try:
-        from sim.config.setup import load_profile
+        from sim.setup import load_profile
 
         gap = load_profile(args.profile).host.kernel_gap_ns.value
         result = fit(read_rows(args.csv, None if args.mode == "any" else args.mode), source=args.csv)

@@ -107,7 +107,7 @@ def fit_overrides(hardware: str = "h200-sxm") -> list[tuple[str, float, str]]:
     """The microbenchmark figures of calibration/h200_fit.json as (path, value, meaning)."""
     import json
 
-    from sim.config.setup import load_profile
+    from sim.setup import load_profile
 
     path = repo_path(FIT_JSON)
     if not path.is_file():
@@ -506,10 +506,10 @@ GEMV_BYTES, SDPA_BYTES = 234_946_560, 1_074_266_112  # W[28672, 4096] bf16; K, V
 def overlap_rows() -> list[dict]:
     """calibration/kernels.py's overlap section against the DES: a GEMV stream beside an
     attention stream (and two GEMV streams) in one graph, sharing HBM through the flows."""
-    from sim.config.setup import load_profile
     from sim.costs import CostModel
     from sim.engine.simulation import Simulation
     from sim.lowering.graph import Access, Builder, make_graph
+    from sim.setup import load_profile
 
     with open(repo_path(OVERLAP_CSV), newline="") as handle:
         rows = [r for r in csv.DictReader(handle) if r["section"] == "overlap" and r["together_us"]]
@@ -605,7 +605,7 @@ def _section_measured(csv_path) -> list[str]:
 
 
 def _profile_value(path: str) -> tuple[float, str]:
-    from sim.config.setup import load_profile
+    from sim.setup import load_profile
 
     profile = load_profile("h200-sxm")
     node = profile
@@ -866,8 +866,8 @@ def _section_tp() -> list[str]:
 
 def _collectives_rows(data: list[Path]) -> list[str]:
     """Fit the link figures from each multi-GPU collectives CSV and compare with the profile's."""
-    from sim.config.setup import load_profile
     from sim.report import link_fit
+    from sim.setup import load_profile
 
     links = load_profile("h200-sxm-x8").system.links
     gap = load_profile("h200-sxm-x8").host.kernel_gap_ns.value

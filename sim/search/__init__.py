@@ -19,7 +19,7 @@ from sim.search.space import Deployment, SearchSpec, Space, build_space, load_sp
 
 
 def _profile_chips(name: str) -> int:
-    from sim.config.setup import load_profile
+    from sim.setup import load_profile
 
     return load_profile(name).chips
 
@@ -40,7 +40,7 @@ def _known(axis: str, value: str) -> None:
 
 def load_space(path: str | Path | None = None, changes: dict | None = None) -> Space:
     """The checked search space of a search file (or of ``changes`` alone)."""
-    from sim.config.setup import load_model
+    from sim.setup import load_model
 
     spec, file = load_spec(path, changes)
     if spec.model is not None:

@@ -46,8 +46,7 @@ import math
 
 import numpy as np
 
-from sim import trace as traces
-from sim.config.setup import Setup
+from sim import decode_trace as traces
 from sim.config.spec import RunSpec
 from sim.errors import ConfigError, SimulationError
 from sim.formats.base import check_widths
@@ -55,6 +54,7 @@ from sim.run import capacity, kv_bytes, kv_pool_bytes
 from sim.search.space import Deployment
 from sim.search.workload import Workload, replay_window, window_requests
 from sim.serve.stepmodel import SimulatorStepModel, serve_resolved
+from sim.setup import RunSetup
 from sim.units import GB
 
 MAX_ANCHOR = 1 << 20  # row anchors stop here (a guard; steps are far smaller in practice)
@@ -249,7 +249,7 @@ class SetupScreen:
         self._steady: SteadyStep | None = None
         self._step_model = None
         try:
-            self.resolved: Setup | None = serve_resolved(run_spec(d, model, overrides))
+            self.resolved: RunSetup | None = serve_resolved(run_spec(d, model, overrides))
         except (ConfigError, SimulationError) as err:
             self.resolved, self.status, self.problem = None, "invalid", str(err)
             return

@@ -45,7 +45,7 @@ from sim.io import AtomicFile
 from sim.serve.metrics import Metrics
 from sim.serve.requests import Request
 from sim.serve.scheduler import Scheduler, Sequence
-from sim.serve.spec import ServeSpec, Setup, build
+from sim.serve.spec import ServeSetup, ServeSpec, build
 from sim.serve.stepmodel import SimulatorStepModel, StepModel
 from sim.units import ns_to_ms, ns_to_s, s_to_ns
 
@@ -205,12 +205,12 @@ def _request_row(requests: TableWriter, seq: Sequence, origin: int, status: str)
 # -- a replay from a spec ---------------------------------------------------------------------
 
 
-def serve(spec: ServeSpec | Setup, out_dir: str | Path | None = None, *, step_model: StepModel | None = None,
+def serve(spec: ServeSpec | ServeSetup, out_dir: str | Path | None = None, *, step_model: StepModel | None = None,
           stop: Callable[[], bool] | None = None, progress: Callable[[float, int], None] | None = None) -> dict:
     """Build (if needed) and replay one serving setup; returns the summary (setup, metrics,
     step-model statistics, wall time). ``out_dir`` receives the tables; ``stop`` and
     ``progress`` as in ``replay``."""
-    setup = spec if isinstance(spec, Setup) else build(spec)
+    setup = spec if isinstance(spec, ServeSetup) else build(spec)
     wall = time.perf_counter()
     model = step_model or SimulatorStepModel(setup.resolved)
     metered = None

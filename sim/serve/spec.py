@@ -17,15 +17,15 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, field_validator
 
-from sim import trace as traces
+from sim import decode_trace as traces
 from sim.config.loader import parse_assignment
 from sim.config.quantity import Strict, real, whole
-from sim.config.setup import Setup as Resolved
 from sim.config.spec import MAX_BATCH, MAX_CHIPS, MAX_TARGET_MS, Name, RunSpec
 from sim.run import capacity, kv_bytes, kv_pool_bytes
 from sim.serve.requests import MAX_DURATION_S, MAX_RATE_PER_S, MAX_TOKENS, RequestSource, open_source
 from sim.serve.scheduler import DEFAULT_MAX_BATCH, DEFAULT_MAX_TOKENS_PER_STEP, VLLM_BLOCK_TOKENS, KVPool
 from sim.serve.stepmodel import serve_resolved
+from sim.setup import RunSetup
 
 POOL_CONTEXT = 4096  # tokens of the sequence whose bytes per token size the KV pool figure
 MAX_RATE_SCALE = 1e6  # x a trace's native rate (the offered rate is bounded separately)
@@ -78,11 +78,11 @@ class ServeSpec(Strict):
 
 
 @dataclass
-class Setup:
+class ServeSetup:
     """A resolved serving setup: the run, its KV pool figures and the request source."""
 
     spec: ServeSpec
-    resolved: Resolved
+    resolved: RunSetup
     capacity: dict
     kv_pool_bytes: int
     source: RequestSource
@@ -128,7 +128,7 @@ def upgrade_names(table):
     return table.rename(columns={k: v for k, v in RENAMED.items() if k in table.columns})
 
 
-def build(spec: ServeSpec) -> Setup:
+def build(spec: ServeSpec) -> ServeSetup:
     """Resolve ``spec``: the run, the KV pool and the request source (ConfigError if bad)."""
     source = open_source(spec.requests, rate_scale=spec.rate_scale, rate_per_s=spec.rate,  # bad input first
                          duration_s=spec.duration_s, seed=spec.seed, prompt_median=spec.prompt_median,
@@ -136,7 +136,7 @@ def build(spec: ServeSpec) -> Setup:
     res = serve_resolved(spec.run_spec())
     cap = capacity(dataclasses.replace(res, steps=traces.fixed(spec.activation_rows, 1, 1)))
     pool_bytes = kv_pool_bytes(res, cap)
-    return Setup(spec, res, cap, pool_bytes, source)
+    return ServeSetup(spec, res, cap, pool_bytes, source)
 
 
-__all__ = ["ServeSpec", "Setup", "build", "upgrade_names", "RENAMED", "POOL_CONTEXT"]
+__all__ = ["ServeSpec", "ServeSetup", "build", "upgrade_names", "RENAMED", "POOL_CONTEXT"]

@@ -39,13 +39,13 @@ import math
 from typing import Protocol
 
 from sim.analytic import analyse
-from sim.config.setup import Setup, resolve
 from sim.config.spec import RunSpec
 from sim.costs import CostModel
 from sim.errors import ConfigError
 from sim.lowering.decode import lower_step
 from sim.lowering.ops import attention, builder, prefill_attention
 from sim.lowering.placement import plan_of
+from sim.setup import RunSetup, resolve
 
 TAIL_OPS = frozenset({"final_norm", "lm_head", "argmax", "gather_tokens"})  # ops at M = logit rows
 ATTENTION_OPS = frozenset({"attention", "attention_prefill"})
@@ -58,7 +58,7 @@ class StepModel(Protocol):
     def step_ns(self, decode_contexts: tuple[int, ...], prefill: tuple[tuple[int, int], ...]) -> float: ...
 
 
-def serve_resolved(spec: RunSpec) -> Setup:
+def serve_resolved(spec: RunSpec) -> RunSetup:
     """The sealed setup for serving: a dense model (per-step expert routing is not modelled in
     serving) under the analytic engine."""
     setup = resolve(spec)
@@ -74,7 +74,7 @@ class SimulatorStepModel:
     ``exact=True`` evaluates every step by a full lowering and analysis; the default uses the
     exact decomposition of the module docstring, checked every ``check_every`` steps."""
 
-    def __init__(self, setup: Setup, *, exact: bool = False, check_every: int = 4999):
+    def __init__(self, setup: RunSetup, *, exact: bool = False, check_every: int = 4999):
         self.setup = setup
         self.costs = CostModel(setup.hardware, setup.stack)
         self.exact = exact

@@ -14,8 +14,8 @@ from functools import lru_cache
 from pathlib import Path
 
 import sim
-from sim.config.setup import Setup, resolve
 from sim.config.spec import RunSpec, apply_run_overrides
+from sim.setup import RunSetup, resolve
 
 
 @lru_cache(maxsize=1)
@@ -42,7 +42,7 @@ def _file_bytes(path: str | None) -> bytes:
         return b""
 
 
-def content_hash(spec: RunSpec, extra: str = "", res: Setup | None = None) -> str:
+def content_hash(spec: RunSpec, extra: str = "", res: RunSetup | None = None) -> str:
     """The key of one run: everything that can change its result, and nothing else.
     ``res`` is ``resolve(spec)`` when the caller already has it (saves resolving twice)."""
     res = resolve(spec) if res is None else res

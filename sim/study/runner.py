@@ -35,11 +35,11 @@ from typing import Any
 
 import pandas as pd
 
-from sim.config.setup import resolve
 from sim.config.spec import RunSpec, apply_run_overrides
 from sim.errors import ConfigError
 from sim.io import output_problem, stale_temp_files
 from sim.paths import display_path
+from sim.setup import resolve
 from sim.study.keys import content_hash, simulator_version
 from sim.study.spec import Point, Study, detail_assignments, is_number
 
@@ -418,7 +418,7 @@ def results(out_dir: str | Path) -> pd.DataFrame:
 def run_detail(study: Study, out: Path) -> None:
     """Run one point with the DES, keeping its op table and event log, for the timeline plots."""
     from sim.costs import CostModel
-    from sim.report.trace import trace_of
+    from sim.report.timeline import trace_of
     from sim.run import simulate
 
     chosen = detail_assignments(study)

@@ -14,7 +14,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from sim.config.setup import resolve
 from sim.config.spec import (
     HARDWARE,
     MODEL,
@@ -27,6 +26,7 @@ from sim.config.spec import (
 )
 from sim.errors import ConfigError
 from sim.run import simulate
+from sim.setup import resolve
 
 
 @dataclass

@@ -45,12 +45,12 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from sim.config.loader import load_yaml, validate
 from sim.config.quantity import Strict
-from sim.config.setup import Setup, resolve
 from sim.config.spec import RUN_FIELDS, RunSpec, canonical
 from sim.errors import ConfigError
 from sim.formats.base import check_widths
 from sim.paths import resolve as resolve_path
 from sim.paths import studies_dir
+from sim.setup import RunSetup, resolve
 from sim.study.keys import content_hash
 
 MAX_POINTS = 100_000  # points in one study unless raised (each is resolved before anything runs)
@@ -478,7 +478,7 @@ def check_points(study: Study) -> None:
         raise _width_error(study, misfits)
 
 
-def _width_misfit(res: Setup) -> tuple | None:
+def _width_misfit(res: RunSetup) -> tuple | None:
     """(format name, model name, message) when a format does not fit the point's row widths."""
     m = res.model
     try:

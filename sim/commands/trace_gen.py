@@ -53,16 +53,16 @@ def check_args(args) -> None:
 
 
 def handle(args) -> int:
-    from sim import trace
+    from sim import decode_trace
     from sim.errors import ConfigError
 
     check_args(args)
     if args.kind == "fixed":
-        steps = trace.fixed(args.batch, args.context, args.steps)
+        steps = decode_trace.fixed(args.batch, args.context, args.steps)
     else:
         if args.kind == "synthetic":
-            requests = trace.synthetic_requests(args.requests, args.rate, args.prompt_median, args.output_median,
-                                                seed=args.seed)
+            requests = decode_trace.synthetic_requests(args.requests, args.rate, args.prompt_median,
+                                                       args.output_median, seed=args.seed)
         else:
             if args.azure is None:
                 raise ConfigError("command line", "--azure", "the azure generator needs --azure CSV")
@@ -70,10 +70,10 @@ def handle(args) -> int:
                 raise ConfigError(str(args.azure), None, "file not found")
             if args.speedup <= 0:
                 raise ConfigError("command line", "--speedup", "must be > 0", args.speedup)
-            requests = [trace.Request(r.arrival_s / args.speedup, r.prompt, r.output)
-                        for r in trace.azure_requests(args.azure, limit=args.requests)]
-        steps = trace.from_requests(requests, args.batch, step_ms=args.step_ms, max_steps=args.steps)
-    trace.write(steps, args.out)
+            requests = [decode_trace.Request(r.arrival_s / args.speedup, r.prompt, r.output)
+                        for r in decode_trace.azure_requests(args.azure, limit=args.requests)]
+        steps = decode_trace.from_requests(requests, args.batch, step_ms=args.step_ms, max_steps=args.steps)
+    decode_trace.write(steps, args.out)
     batches = [s.batch for s in steps]
     print(f"wrote {len(steps)} steps to {args.out} (batch {min(batches)}..{max(batches)}, "
           f"max context {max(max(s.contexts) for s in steps)})")

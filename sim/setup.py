@@ -1,4 +1,4 @@
-"""The setup stage: one frozen ``Setup`` per run, resolved before anything is simulated.
+"""The setup stage: one frozen ``RunSetup`` per run, resolved before anything is simulated.
 
 ``resolve(spec)`` reads the hardware profile and the model (the one loader), applies the
 overrides (the one grammar, sim.config.spec), validates both, loads the weight and KV
@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from sim import trace as traces
+from sim import decode_trace as traces
 from sim.config.hardware import OFF_CHIP, SRAM, HardwareProfile, Place
 from sim.config.loader import load_yaml, validate
 from sim.config.model import ModelSpec
@@ -29,7 +29,7 @@ ACT_BYTES = 2  # activations in bf16
 
 
 @dataclass(frozen=True)
-class Setup:
+class RunSetup:
     """A resolved run. Widths are per chip under tensor parallelism ``tp``."""
 
     spec: RunSpec
@@ -79,8 +79,8 @@ def _raw(path: str) -> dict:
     return load_yaml(path)
 
 
-def resolve(spec: RunSpec) -> Setup:
-    """Resolve ``spec`` into a sealed Setup (ConfigError / SimulationError on bad input)."""
+def resolve(spec: RunSpec) -> RunSetup:
+    """Resolve ``spec`` into a sealed RunSetup (ConfigError / SimulationError on bad input)."""
     spec = apply_run_overrides(spec)
     hw_path = str(resolve_path(spec.hardware, hardware_dir(), "hardware"))
     model_path = str(resolve_path(spec.model, models_dir(), "model"))
@@ -133,7 +133,7 @@ def resolve(spec: RunSpec) -> Setup:
         moe = build(spec, model, hardware, weights, tp, [step.batch for step in steps],
                     graph=stack.launch == "graph" if spec.graph is None else spec.graph)
     layers_per_stage = max(sum(1 for _, part in stage if part == "attn") for stage in partition)
-    return Setup(
+    return RunSetup(
         spec=spec, hardware=hardware, model=model, weights=weights, kv=kv, tp=tp, pp=pp, software=stack.name,
         stack=stack, graph=stack.launch == "graph" if spec.graph is None else spec.graph,
         steps=tuple(steps), hardware_file=hw_path, model_file=model_path, moe=moe,
@@ -343,4 +343,4 @@ def load_model(name_or_path: str) -> ModelSpec:
     return validate(ModelSpec, load_yaml(path), path)
 
 
-__all__ = ["Setup", "resolve", "parallelism", "ACT_BYTES", "load_profile", "load_model"]
+__all__ = ["RunSetup", "resolve", "parallelism", "ACT_BYTES", "load_profile", "load_model"]
