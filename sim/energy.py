@@ -27,7 +27,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from sim.costs import CATEGORY_ROW, MEMO_LIMIT
+from sim.costs import CATEGORY_ROW, MEMO_LIMIT, CostModel
+from sim.lowering.decode import lower_step
 from sim.results import op_key
 
 PJ = 1e-12  # J per pJ
@@ -214,8 +215,6 @@ class MeteredStepModel:
     (a systematic sample: the replay's steps vary slowly with the batch and the contexts)."""
 
     def __init__(self, inner, setup, sample_every: int = 64):
-        from sim.costs import CostModel
-
         self.inner, self.setup, self.sample_every = inner, setup, sample_every
         self.model = EnergyModel(setup.hardware, setup.tp, setup.pp)
         self.costs = getattr(inner, "costs", None) or CostModel(setup.hardware, setup.stack)
@@ -233,8 +232,6 @@ class MeteredStepModel:
 
     def dynamic_J(self, decode_contexts, prefill) -> float:
         """The ops' dynamic energy of one step on all its chips (J)."""
-        from sim.lowering.decode import lower_step
-
         graph = lower_step(self.setup, decode_contexts, prefill=prefill)
         pj = 0.0
         for op in graph.ops:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from sim.commands.common import output_file
-from sim.io import write_atomic
 
 
 def register(sub) -> None:
@@ -13,16 +12,6 @@ def register(sub) -> None:
                        description="Run Mixtral-8x7B and DeepSeek-V3 on h200-sxm (1 and 8 chips) and groq-lpu "
                                    "with every dispatch path at batch 1, 8 and 64, and write the Markdown report.")
     p.add_argument("--out", type=output_file, default=Path("reports/moe.md"), help="output file (default reports/moe.md)")
-    p.set_defaults(handler=handle)
+    p.set_defaults(handler="sim.commands.handlers.moe_report")
 
 
-def handle(args) -> int:
-    # deferred: the CLI imports every command at start-up, and these pull in the simulator and matplotlib
-    from sim.experiments import moe
-    from sim.report.moe_report import PLOT_NAME, build_report
-
-    command = "decodesim moe-report" + (f" --out {args.out}" if str(args.out) != "reports/moe.md" else "")
-    text = build_report(moe.run(), command, plot_path=args.out.parent / PLOT_NAME)
-    write_atomic(args.out, text)
-    print(f"wrote {args.out} and {args.out.parent / PLOT_NAME}")
-    return 0

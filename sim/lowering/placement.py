@@ -149,39 +149,58 @@ def _with_staging(placed: list[Op], lowered: list[Op], staged: dict, store: str,
     reader of copy ``m`` waits for it, so copies run one reader ahead. Copies are placed at the
     start of their stage (the first two) or right after the reader whose buffer they reuse.
     Expert weights are staged per experts op, after that layer's router."""
-    dense = "weights" in staged
-    experts = "expert" in staged
-    readers: dict[int, list[int]] = {}  # stage -> ops reading staged dense weights, in order
-    for op in lowered:
-        if dense and 0 < _staged_bytes(op, "weights", store) <= limit:
-            readers.setdefault(op.stage, []).append(op.idx)
-    first_of_stage = {}
-    for op in lowered:
-        first_of_stage.setdefault(op.stage, op.idx)
-    copy_of: dict[int, tuple[int, int]] = {}  # reader -> (stage, its copy number)
-    after: dict[int, list[tuple[str, int, int]]] = {}  # old idx -> copies placed after it
-    before: dict[int, list[tuple[str, int, int]]] = {}  # old idx -> copies placed before it
-    for stage, ops in readers.items():
-        for m, reader in enumerate(ops):
-            copy_of[reader] = (stage, m)
-            slot = ("weights", stage, m)
-            if m < 2:
-                before.setdefault(first_of_stage[stage], []).append(slot)
-            else:
-                after.setdefault(ops[m - 2], []).append(slot)
-    routers: dict[tuple[int, int], int] = {}
-    if experts:
-        for op in lowered:
-            if op.name == "router":
-                routers[(op.stage, op.layer)] = op.idx
-        for op in lowered:
-            if 0 < _staged_bytes(op, "expert", store) <= limit and (op.stage, op.layer) in routers:
-                after.setdefault(routers[(op.stage, op.layer)], []).append(("expert", op.stage, op.idx))
+    readers = _dense_readers(lowered, store, limit) if "weights" in staged else {}
+    routers = _routers(lowered) if "expert" in staged else {}
+    before, after = _copy_slots(lowered, readers, routers, store, limit)
     order: list[tuple] = []
     for op in lowered:
         order.extend(("copy", slot) for slot in before.get(op.idx, ()))
         order.append(("op", op.idx))
         order.extend(("copy", slot) for slot in after.get(op.idx, ()))
+    return _emit(order, placed, lowered, staged, store, readers, routers)
+
+
+def _dense_readers(lowered: list[Op], store: str, limit: int) -> dict[int, list[int]]:
+    """Stage -> the ops reading staged dense weights, in program order."""
+    readers: dict[int, list[int]] = {}
+    for op in lowered:
+        if 0 < _staged_bytes(op, "weights", store) <= limit:
+            readers.setdefault(op.stage, []).append(op.idx)
+    return readers
+
+
+def _routers(lowered: list[Op]) -> dict[tuple[int, int], int]:
+    """(stage, layer) -> the router op, after which that layer's experts are staged."""
+    return {(op.stage, op.layer): op.idx for op in lowered if op.name == "router"}
+
+
+def _copy_slots(lowered: list[Op], readers: dict[int, list[int]], routers: dict[tuple[int, int], int],
+                store: str, limit: int) -> tuple[dict, dict]:
+    """Where each copy goes: old op idx -> copies placed before it, and -> copies placed after it.
+    A copy is (category, stage, copy number) for dense weights, (category, stage, reader) for experts."""
+    first_of_stage: dict[int, int] = {}
+    for op in lowered:
+        first_of_stage.setdefault(op.stage, op.idx)
+    after: dict[int, list[tuple[str, int, int]]] = {}
+    before: dict[int, list[tuple[str, int, int]]] = {}
+    for stage, ops in readers.items():
+        for m in range(len(ops)):
+            slot = ("weights", stage, m)
+            if m < 2:
+                before.setdefault(first_of_stage[stage], []).append(slot)
+            else:
+                after.setdefault(ops[m - 2], []).append(slot)
+    if routers:
+        for op in lowered:
+            if 0 < _staged_bytes(op, "expert", store) <= limit and (op.stage, op.layer) in routers:
+                after.setdefault(routers[(op.stage, op.layer)], []).append(("expert", op.stage, op.idx))
+    return before, after
+
+
+def _emit(order: list[tuple], placed: list[Op], lowered: list[Op], staged: dict, store: str,
+          readers: dict[int, list[int]], routers: dict[tuple[int, int], int]) -> list[Op]:
+    """The ops and copies in ``order``, renumbered, each waiting for what its buffer needs."""
+    copy_of = {reader: (stage, m) for stage, ops in readers.items() for m, reader in enumerate(ops)}
     new_of = {ref: pos for pos, (what, ref) in enumerate(order) if what == "op"}
     copy_pos = {ref: pos for pos, (what, ref) in enumerate(order) if what == "copy"}
     expert_copy = {slot[2]: pos for slot, pos in copy_pos.items() if slot[0] == "expert"}
@@ -201,28 +220,36 @@ def _with_staging(placed: list[Op], lowered: list[Op], staged: dict, store: str,
                           stream=op.stream, stage=op.stage, host_sync=op.host_sync, row=op.row,
                           compute_row=op.compute_row, tags=op.tags))
             continue
-        category, stage, m = ref
-        tier, buffer = staged[category]
-        stream = "dma" if category == "weights" else "dma_experts"
-        lane = (stage, stream)
-        deps = {last_on[lane]} if lane in last_on else set()
-        if category == "weights":
-            reader = readers[stage][m]
-            if m >= 2:  # the buffer it fills was last read by the reader two copies before
-                deps.add(new_of[readers[stage][m - 2]])
-            name = "stage_weights"
-        else:
-            reader = m
-            deps.add(new_of[routers[(stage, lowered[m].layer)]])
-            done = expert_readers.get(stage, [])
-            if len(done) >= 2:
-                deps.add(new_of[done[-2]])
-            name = "stage_experts"
-        size = _staged_bytes(lowered[reader], category, store)
-        out.append(Op(idx=pos, name=name, layer=lowered[reader].layer, work=_copy_work(tier, buffer, size, category),
-                      deps=tuple(sorted(deps)), stream=stream, stage=stage))
-        last_on[lane] = pos
+        out.append(_staging_copy(pos, ref, staged, store, lowered, readers, routers, new_of, expert_readers, last_on))
     return out
+
+
+def _staging_copy(pos: int, slot: tuple[str, int, int], staged: dict, store: str, lowered: list[Op],
+                  readers: dict[int, list[int]], routers: dict[tuple[int, int], int], new_of: dict[int, int],
+                  expert_readers: dict[int, list[int]], last_on: dict[tuple[int, str], int]) -> Op:
+    """One staging copy at ``pos``: after the previous copy on its DMA stream and after the
+    reader that last used the buffer it fills (``last_on`` is updated)."""
+    category, stage, m = slot
+    tier, buffer = staged[category]
+    stream = "dma" if category == "weights" else "dma_experts"
+    lane = (stage, stream)
+    deps = {last_on[lane]} if lane in last_on else set()
+    if category == "weights":
+        reader = readers[stage][m]
+        if m >= 2:  # the buffer it fills was last read by the reader two copies before
+            deps.add(new_of[readers[stage][m - 2]])
+        name = "stage_weights"
+    else:
+        reader = m
+        deps.add(new_of[routers[(stage, lowered[m].layer)]])
+        done = expert_readers.get(stage, [])
+        if len(done) >= 2:
+            deps.add(new_of[done[-2]])
+        name = "stage_experts"
+    size = _staged_bytes(lowered[reader], category, store)
+    last_on[lane] = pos
+    return Op(idx=pos, name=name, layer=lowered[reader].layer, work=_copy_work(tier, buffer, size, category),
+              deps=tuple(sorted(deps)), stream=stream, stage=stage)
 
 
 @lru_cache(maxsize=4096)

@@ -41,6 +41,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from sim.energy import MeteredStepModel
 from sim.io import AtomicFile
 from sim.serve.metrics import Metrics
 from sim.serve.requests import Request
@@ -215,8 +216,6 @@ def serve(spec: ServeSpec | ServeSetup, out_dir: str | Path | None = None, *, st
     model = step_model or SimulatorStepModel(setup.resolved)
     metered = None
     if setup.resolved.hardware.energy is not None and step_model is None:
-        from sim.energy import MeteredStepModel
-
         metered = MeteredStepModel(model, setup.resolved)
     scheduler = Scheduler(setup.pool(), max_batch=setup.spec.max_batch,
                           max_tokens_per_step=setup.spec.max_tokens_per_step, policy=setup.spec.policy)

@@ -483,8 +483,6 @@ def run_detail(study: Study, out: Path) -> None:
         write_json_atomic(meta_path, {"hash": key, "error": f"{type(err).__name__}: {err}",
                                       "assignments": [list(a) for a in chosen]})
         return
-    from sim.io import write_atomic, write_frame
-
     result = detail.result
     steps, ops, log = result.tables()
     write_frame(ops, folder / "ops")

@@ -1,0 +1,82 @@
+"""What ``decodesim routing`` does: distinct experts touched per MoE layer against batch."""
+
+from __future__ import annotations
+
+from sim.commands.common import emit_json
+from sim.config.loader import load_yaml, validate
+from sim.config.model import ModelSpec
+from sim.config.spec import MAX_BATCH, MAX_STEPS
+from sim.errors import ConfigError
+from sim.moe import routing
+from sim.moe.plan import MAX_ROUTING_DRAWS, moe_layers
+from sim.paths import bundled, models_dir
+from sim.paths import resolve as resolve_path
+
+
+def handle(args) -> int:
+    path = resolve_path(args.model, models_dir(), "model")
+    model = validate(ModelSpec, load_yaml(path), path)
+    if model.moe is None:
+        raise ConfigError(str(path), "moe", "the model has no moe: section (a dense model routes nothing)")
+    batches = _batches(args.batch)
+    if not 1 <= args.steps <= MAX_STEPS:
+        raise ConfigError("--steps", "steps", f"must be in [1, {MAX_STEPS:,}]", args.steps)
+    if batches[-1] > MAX_BATCH:
+        raise ConfigError("--batch", "batch", f"batch sizes must be at most {MAX_BATCH:,}", batches[-1])
+    if args.seed < 0:
+        raise ConfigError("--seed", "seed", "must be >= 0", args.seed)
+    moe = model.moe
+    layers = moe_layers(model)
+    draws = args.steps * layers * batches[-1] * moe.experts
+    if args.routing in routing.KINDS and draws > MAX_ROUTING_DRAWS:
+        raise ConfigError("--steps", "steps", f"steps x MoE layers x largest batch x experts is {draws:.3g} expert "
+                          f"scores to draw; at most {MAX_ROUTING_DRAWS:.0e}: fewer --steps or smaller --batch")
+    if args.routing in routing.KINDS:
+        trace = routing.generate(moe.experts, moe.top_k, layers, args.steps, batches[-1], kind=args.routing,
+                                 skew=args.skew, locality=args.locality, seed=args.seed)
+    else:
+        file = resolve_path(args.routing, bundled("workloads", "routing"), "routing", suffixes=(".jsonl",))
+        trace = routing.read(file, moe.experts, moe.top_k, layers)
+        batches = [b for b in batches if b <= trace.tokens] or [trace.tokens]
+    rows = [_row(trace, batch, moe.top_k, routing.expected_distinct(moe.experts, moe.top_k, batch))
+            for batch in batches]
+    if args.write is not None:
+        routing.write(trace, args.write)
+    if args.json:
+        emit_json("routing", {"model": model.name, "experts": moe.experts, "top_k": moe.top_k, "moe_layers": layers,
+                              "routing": trace.description, "rows": rows})
+    else:
+        _print_table(f"{model.name}, {moe.experts} experts, top-{moe.top_k}, {layers} MoE layers, "
+                     f"{trace.steps} steps, routing {trace.description}", rows, args.write)
+    return 0
+
+
+def _batches(text) -> list[int]:
+    """The sorted distinct batch sizes of a comma list, each >= 1."""
+    try:
+        batches = sorted({int(b) for b in str(text).split(",") if b.strip()})
+    except ValueError:
+        raise ConfigError("--batch", "batch", "expected comma-separated whole numbers", text) from None
+    if not batches or batches[0] < 1:
+        raise ConfigError("--batch", "batch", "expected batch sizes >= 1", text)
+    return batches
+
+
+def _row(trace, batch: int, top_k: int, closed_form: float) -> dict:
+    """Distinct experts one layer touches per step at ``batch``, beside the uniform closed form."""
+    distinct = trace.distinct(batch)
+    mean = float(distinct.mean())
+    return {"batch": batch, "distinct_mean": mean, "distinct_min": int(distinct.min()),
+            "distinct_max": int(distinct.max()), "uniform_closed_form": closed_form,
+            "pairs_per_active_expert": batch * top_k / mean}
+
+
+def _print_table(title: str, rows: list[dict], written) -> None:
+    print(f"decodesim routing: {title}")
+    print(f"  {'batch':>6}  {'distinct/layer':>14}  {'min':>4}  {'max':>4}  {'uniform E(1-(1-k/E)^T)':>23}  "
+          f"{'pairs/expert':>12}")
+    for r in rows:
+        print(f"  {r['batch']:>6}  {r['distinct_mean']:>14.2f}  {r['distinct_min']:>4}  {r['distinct_max']:>4}  "
+              f"{r['uniform_closed_form']:>23.2f}  {r['pairs_per_active_expert']:>12.2f}")
+    if written is not None:
+        print(f"  wrote {written}")
