@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from sim.costs import CATEGORY_ROW, MEMO_LIMIT, CostModel
 from sim.lowering.decode import lower_step
-from sim.results import op_key
+from sim.results import op_key, starts_with
 
 PJ = 1e-12  # J per pJ
 NS = 1e-9  # s per ns
@@ -108,7 +108,7 @@ class EnergyModel:
         and resumed from when the next step's entries start with the same ones."""
         entries = list(keys.values())
         prefix, snapshot = self._prefix
-        if prefix and len(prefix) <= len(entries) and all(a is b for a, b in zip(prefix, entries)):
+        if starts_with(entries, prefix):
             start, by_row, by_part = len(prefix), defaultdict(float, snapshot[0]), defaultdict(float, snapshot[1])
         else:
             start, by_row, by_part = 0, defaultdict(float), defaultdict(float)

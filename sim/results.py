@@ -41,6 +41,12 @@ BOUND_OF = {
 }
 
 
+def starts_with(entries: list, prefix: list) -> bool:
+    """Whether ``entries`` begin with the very objects of ``prefix`` (a non-empty one): the test
+    under which a running sum over ``prefix`` may be resumed instead of recomputed."""
+    return bool(prefix) and len(prefix) <= len(entries) and all(a is b for a, b in zip(prefix, entries, strict=False))
+
+
 def op_key(op: Op) -> tuple:
     """What an op's rows and byte totals depend on."""
     return (op.work, op.row, op.compute_row)
@@ -96,7 +102,7 @@ class Ledger:
         entries start with the same ones (the same additions in the same order: bit-identical)."""
         entries = list(keys.values())
         prefix, snapshot = self._prefix
-        if prefix and len(prefix) <= len(entries) and all(a is b for a, b in zip(prefix, entries)):
+        if starts_with(entries, prefix):
             start, acc = len(prefix), _copy_sums(snapshot)
         else:
             start, acc = 0, (defaultdict(float), defaultdict(int), defaultdict(int), [0, 0])

@@ -171,6 +171,7 @@ def test_scripts_import(folder, module):
     """Every measuring script (and the split whole_step.py with its modules) imports cleanly: the
     harness, the sweep files and the kernel modules resolve, with torch stubbed."""
     import importlib
+
     from tests.calibration import torch_stub
     with torch_stub.installed(str(ROOT / folder), str(ROOT / "calibration")):
         importlib.import_module(module)

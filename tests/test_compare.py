@@ -56,8 +56,8 @@ def test_kv_bound_regime_llama3_8b_h200_batch16_32k(cli):
 
 
 def test_formats_report_has_every_section(tmp_path):
-    from sim.formats.fidelity import SyntheticKV
     from sim.experiments import formats
+    from sim.formats.fidelity import SyntheticKV
     from sim.report.formats_report import build_report
 
     text = build_report(formats.run(fidelity=SyntheticKV(tokens=256, kv_heads=2, queries=2),

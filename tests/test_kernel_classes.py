@@ -18,8 +18,7 @@ from sim.config.hardware import KernelCosts
 from sim.config.loader import load_yaml
 from sim.config.software import Kernel, SoftwareStack, software_dir
 from sim.costs import CostModel
-from sim.kernel_classes import KVQuant
-from sim.kernel_classes import CLASSES, FALLBACK, default_class
+from sim.kernel_classes import CLASSES, FALLBACK, KVQuant, default_class
 from sim.lowering.graph import Access, KernelWork, Work
 from sim.lowering.kernels import expand, with_prologue
 

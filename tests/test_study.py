@@ -160,9 +160,8 @@ def test_exclude_leaves_out_the_combinations_a_format_cannot_run(tmp_path):
 
 
 def test_every_bundled_study_resolves_and_checks_every_width():
-    from sim.paths import studies_dir
-
     from sim.config.loader import load_yaml
+    from sim.paths import studies_dir
 
     for path in sorted(studies_dir().glob("*.yaml")):
         if load_yaml(path).get("kind") == "serve":  # a serving study (decodesim serve --study)
