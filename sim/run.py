@@ -218,35 +218,25 @@ def simulate(spec: RunSpec | dict | None = None, *, keep_ops: bool = False, keep
     return RunResult(base, step_rows, op_rows, log, setup)
 
 
-def _advance(state: _Step | None, graph, costs: CostModel, changed: tuple[int, ...] | None) -> _Step:
+def _advance(state: _Step | None, graph, costs: CostModel, changed) -> _Step:
     """The op costs and distinct-op counts of ``graph``: from the previous step's when the
-    graph cache says only the ops ``changed`` differ, else afresh."""
+    graph cache says which ops changed (``changed``: sim.lowering.cache.Change records), else afresh."""
     ops = graph.ops
     if state is not None and changed is not None:
-        old_ops, op_costs, keys = state.graph.ops, list(state.costs), dict(state.keys)
-        durations = list(state.durations)
-        runs: list[list] = []  # [old key, new key, ops, last op, their rows] per run of changed ops alike
-        work = previous = cost = None
-        for idx in changed:
-            op, old = ops[idx], old_ops[idx]
-            # the re-lowered ops share one Work: consecutive ops alike share their keys and cost
-            if (op.work is not work or old.work is not previous or not runs
-                    or (op.row, op.compute_row, old.row, old.compute_row) != runs[-1][4]):
-                work, previous = op.work, old.work
-                # unchanged work keeps its cost; a new one (a step's attention) is not memoised
-                cost = op_costs[idx] if work == previous else costs.cost_once(work)
-                runs.append([op_key(old), op_key(op), 0, idx, (op.row, op.compute_row, old.row, old.compute_row)])
-            run = runs[-1]
-            run[2] += 1
-            run[3] = idx
-            op_costs[idx] = cost
-            durations[idx] = cost.total_ns
+        op_costs, durations, keys = list(state.costs), list(state.durations), dict(state.keys)
         net: dict[tuple, int] = {}  # op key -> change in its count
         holder: dict[tuple, int] = {}  # op key -> an op of the new graph that has it
-        for old_key, new_key, n, idx, _rows in runs:
-            net[old_key] = net.get(old_key, 0) - n
-            net[new_key] = net.get(new_key, 0) + n
-            holder[new_key] = idx
+        for change in changed:
+            # unchanged work keeps its cost; a new one (a step's attention) is not memoised
+            cost = op_costs[change.places[0]] if change.work == change.before else costs.cost_once(change.work)
+            total = cost.total_ns
+            for idx in change.places:
+                op_costs[idx] = cost
+                durations[idx] = total
+            old_key, new_key = (change.before, *change.rows), (change.work, *change.rows)
+            net[old_key] = net.get(old_key, 0) - len(change.places)
+            net[new_key] = net.get(new_key, 0) + len(change.places)
+            holder[new_key] = change.places[-1]
         for key, delta in net.items():
             if delta:
                 _count(keys, key, ops, delta, holder.get(key))

@@ -221,18 +221,38 @@ def test_pipeline_stages_split_layers_evenly():
     assert [res.stage_of(layer) for layer in res.stage_layers(4)] == [4] * sizes[4]
 
 
-def test_reused_step_graph_equals_full_lowering(monkeypatch):
+@pytest.mark.parametrize("model", ["llama-3-8b", "gemma-2-9b"])  # gemma: sliding and global layers alternate
+def test_reused_step_graph_equals_full_lowering(monkeypatch, model):
     import sim.lowering.decode as decode
 
-    res = resolve(RunSpec(batch=3, context=1000, steps=1))
+    res = resolve(RunSpec(model=model, batch=3, context=1000, steps=1))
     cache = GraphCache(res)
     cache.lower((1000, 5, 300))  # primes the reuse
-    reused = cache.lower((1001, 6, 9000), step=1)
-    assert cache.reused == 1
+    cache.lower((1001, 6, 8000), step=1)
+    reused = cache.lower((1002, 7, 9000), step=2)
+    assert cache.reused == 2
     monkeypatch.setattr(decode, "_same_ops", lambda a, b: False)
-    full = lower_step(res, (1001, 6, 9000), step=1)
-    assert [decode._signature(op, 0) + (op.layer,) for op in reused.ops] == \
-        [decode._signature(op, 0) + (op.layer,) for op in full.ops]
+    full = lower_step(res, (1002, 7, 9000), step=2)
+    assert [decode._signature(op, 0) + (op.layer, op.work) for op in reused.ops] == \
+        [decode._signature(op, 0) + (op.layer, op.work) for op in full.ops]
+    assert reused.ops[3:9] == full.ops[3:9] and len(reused.ops) == len(full.ops)
+
+
+def test_reused_steps_time_as_lowered_afresh(monkeypatch):
+    """A run that re-lowers only attention between steps gives every step the times, rows and
+    per-op table of lowering each step in full (gemma-2: two kinds of attention layer)."""
+    kw = dict(model="gemma-2-9b", batch=2, context=6000, steps=3, keep_ops=True, check_capacity=False)
+    reused = simulate(**kw)
+    lower = GraphCache.lower
+
+    def afresh(self, contexts, step=0, position=0):
+        self._lowered = None
+        return lower(self, contexts, step, position)
+
+    monkeypatch.setattr(GraphCache, "lower", afresh)
+    full = simulate(**kw)
+    assert reused.steps == full.steps and reused.ops == full.ops
+    assert len({s["time_ns"] for s in full.steps}) == 3  # contexts grow: each step differs
 
 
 @pytest.mark.parametrize("kw", [

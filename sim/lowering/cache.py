@@ -2,58 +2,127 @@
 
 In a model without MoE layers only attention depends on the sequences' contexts: a step
 with the same batch as the previous one has the same ops except attention. ``GraphCache``
-keeps the previous graph and re-lowers only the attention work, which every layer shares
-(tests check this equals a full lowering). The serving step model (sim.serve.stepmodel)
-lowers its steps' attention through the same cache. It holds state, so it belongs to one run; the
-lowering functions themselves stay pure.
+keeps the last fully lowered graph and re-lowers only the attention work, once per kind of
+attention layer (a sliding-window layer reads less than a global one) that every layer of
+that kind shares (tests check this equals a full lowering). The re-lowered graph's ops are a
+view of the lowered ones (``ReworkedOps``) that builds an attention op only when something
+reads it, and ``changed`` says what differs from the step before (``Change`` records), so the
+runner updates its costs and counts without reading the ops. The serving step model
+(sim.serve.stepmodel) lowers its steps' attention through the same cache. It holds state, so
+it belongs to one run; the lowering functions themselves stay pure.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import NamedTuple
+
 from sim.lowering.decode import lower_step
-from sim.lowering.graph import Op, OpGraph
+from sim.lowering.graph import Op, OpGraph, Work
 from sim.lowering.ops import attention, builder, op_expander, prefill_attention
 from sim.setup import RunSetup
 
 
+class Change(NamedTuple):
+    """Ops of a re-lowered step that ask ``work`` instead of ``before``: at ``places``, all
+    with the breakdown rows ``rows`` (row, compute_row)."""
+
+    rows: tuple[str, str]
+    places: tuple[int, ...]
+    before: Work
+    work: Work
+
+
+class ReworkedOps(Sequence):
+    """The ops of a lowered graph with some asking other work (``changed``: op index ->
+    (work, tags)): a read-only sequence that builds a changed op the first time it is read."""
+
+    __slots__ = ("_base", "_changed", "_made")
+
+    def __init__(self, base: tuple[Op, ...], changed: dict[int, tuple[Work, tuple]]):
+        self._base, self._changed = base, changed
+        self._made: dict[int, Op] = {}
+
+    def __len__(self) -> int:
+        return len(self._base)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return tuple(self[j] for j in range(*i.indices(len(self._base))))
+        op = self._base[i]
+        new = self._changed.get(op.idx)
+        if new is None:
+            return op
+        made = self._made.get(op.idx)
+        if made is None:
+            made = self._made[op.idx] = op.with_work(*new)
+        return made
+
+    def __iter__(self):
+        for i in range(len(self._base)):
+            yield self[i]
+
+
+class _Kind(NamedTuple):
+    """The attention ops of one kind in the lowered graph: a layer to re-lower them as, their
+    breakdown rows and indices, and the work they asked last."""
+
+    layer: int
+    rows: tuple[str, str]
+    places: tuple[int, ...]
+
+
 class GraphCache:
-    """Lowers the steps of one run, reusing the previous graph where only attention changed."""
+    """Lowers the steps of one run, reusing the last lowered graph where only attention changed."""
 
     def __init__(self, setup: RunSetup):
         self.setup = setup
         self._expand = op_expander(setup)
-        self._previous: OpGraph | None = None
-        self._attention: tuple[int, ...] = ()  # indices of the attention ops
+        self._lowered: OpGraph | None = None  # the last graph lowered in full
+        self._kinds: tuple[_Kind, ...] = ()  # its attention ops by kind
+        self._works: list[Work] = []  # per kind: the work of the last graph returned
         self.reused = 0
-        self.changed: tuple[int, ...] | None = None  # ops of the last graph that differ from the one before
+        self.changed: tuple[Change, ...] | None = None  # how the last graph differs from the one before (None: afresh)
 
     def lower(self, contexts: tuple[int, ...], step: int = 0, position: int = 0) -> OpGraph:
         contexts = tuple(contexts)
-        previous = self._previous
-        if (self.setup.moe is None and self.setup.spec.microbatches == 1 and previous is not None
-                and previous.batch == len(contexts)):
+        lowered = self._lowered
+        if (self.setup.moe is None and self.setup.spec.microbatches == 1 and lowered is not None
+                and lowered.batch == len(contexts) and self._kinds):
             self.reused += 1
-            graph = self._relower_attention(previous, contexts, step)
-            self.changed = self._attention
-        else:
-            graph = lower_step(self.setup, contexts, step, position)
-            self.changed = None
-            self._attention = tuple(op.idx for op in graph.ops if op.kind == "attention")
-        self._previous = graph
+            return self._relower_attention(lowered, contexts, step)
+        graph = self._lowered = lower_step(self.setup, contexts, step, position)
+        self.changed = None
+        window = self.setup.model.window
+        kinds: dict[tuple, list[int]] = {}
+        for op in graph.ops:
+            if op.kind == "attention":
+                kinds.setdefault((window(op.layer), op.row, op.compute_row), []).append(op.idx)
+        self._kinds = tuple(_Kind(graph.ops[idxs[0]].layer, (row, compute_row), tuple(idxs))
+                            for (_window, row, compute_row), idxs in kinds.items())
+        self._works = [graph.ops[kind.places[0]].work for kind in self._kinds]
         return graph
 
-    def attention(self, contexts: tuple[int, ...]) -> Op:
-        """The decode attention op over ``contexts``, as every layer of a step asks it."""
-        return attention(self.setup, builder(self.setup, expand=self._expand), 0, contexts)
+    def _relower_attention(self, lowered: OpGraph, contexts: tuple[int, ...], step: int) -> OpGraph:
+        changes, changed = [], {}
+        fresh: dict[int | None, Op] = {}  # window -> the attention op over these contexts
+        window = self.setup.model.window
+        for i, kind in enumerate(self._kinds):
+            key = window(kind.layer)
+            op = fresh.get(key)
+            if op is None:
+                op = fresh[key] = self.attention(contexts, kind.layer)
+            changes.append(Change(kind.rows, kind.places, self._works[i], op.work))
+            self._works[i] = op.work
+            for idx in kind.places:
+                changed[idx] = (op.work, op.tags)
+        self.changed = tuple(changes)
+        return lowered.with_ops(ReworkedOps(lowered.ops, changed), step=step, contexts=contexts)
+
+    def attention(self, contexts: tuple[int, ...], layer: int = 0) -> Op:
+        """The decode attention op over ``contexts``, as every layer of ``layer``'s kind asks it."""
+        return attention(self.setup, builder(self.setup, expand=self._expand), layer, contexts)
 
     def prefill_attention(self, prefill: tuple[tuple[int, int], ...]) -> Op:
         """The attention op of a step's prompt chunks, as every layer asks it."""
         return prefill_attention(self.setup, builder(self.setup, expand=self._expand), 0, prefill)
-
-    def _relower_attention(self, previous: OpGraph, contexts: tuple[int, ...], step: int) -> OpGraph:
-        fresh = self.attention(contexts)
-        ops = list(previous.ops)
-        work, tags = fresh.work, fresh.tags
-        for idx in self._attention:
-            ops[idx] = ops[idx].with_work(work, tags)
-        return previous.with_ops(tuple(ops), step=step, contexts=contexts)
