@@ -5,8 +5,9 @@ exposes ``register(subparsers)``; modules are discovered, so a new subcommand is
 Those modules are light (every start imports all of them to build the parser); what a
 command does lives in ``sim.commands.handlers.<name>``, named by the parser's ``handler``
 default and imported only when that command runs, so a handler imports what it needs at
-its top. Bad input (``ConfigError``) becomes one line on stderr and exit status 2, never a
-traceback.
+its top. The options the explorer parses too (the run options, ``run``'s and ``serve``'s) are
+defined in sim.options, below both front ends, and registered from there. Bad input
+(``ConfigError``) becomes one line on stderr and exit status 2, never a traceback.
 """
 
 from __future__ import annotations

@@ -152,23 +152,34 @@ def _frame(steps):
     return pd.DataFrame(rows, columns=["step", "seq_id", "context"])
 
 
-def read(path: str | Path) -> list[Step]:
+def read(path: str | Path, steps: int | None = None) -> list[Step]:
     """Read and check a trace file: JSON Lines, or a Parquet / CSV table with columns step,
-    seq_id, context (others are ignored); ``check`` below says what a trace must satisfy."""
+    seq_id, context (others are ignored); ``check`` below says what a trace must satisfy.
+
+    ``steps``: the first this many steps only (``None``: all; ``decodesim run --trace FILE
+    --steps N`` asks for N). JSON Lines stops reading after the N-th step, so what follows
+    it is never parsed (a line there may even be invalid); a table is read whole, its
+    columns checked as whole numbers, and only the steps with the N smallest step numbers
+    are built. ``check`` runs on the steps read, so a problem after them goes unnoticed.
+    """
+    if steps is not None and steps < 1:
+        raise ValueError(f"steps must be >= 1 or None, got {steps}")
     path = Path(path)
     if not path.exists():
         raise ConfigError(str(path), None, "trace file not found")
     if not path.is_file():
         raise ConfigError(str(path), None, "is not a file; expected a trace file (JSONL, Parquet or CSV)")
-    steps = _read_table(path) if path.suffix in (".parquet", ".csv") else _read_jsonl(path)
-    check(steps, str(path))
-    return steps
+    out = _read_table(path, steps) if path.suffix in (".parquet", ".csv") else _read_jsonl(path, steps)
+    check(out, str(path))
+    return out
 
 
-def _read_jsonl(path: Path) -> list[Step]:
-    steps = []
+def _read_jsonl(path: Path, limit: int | None) -> list[Step]:
+    steps: list[Step] = []
     for number, record in read_jsonl(path, "JSON Lines (one step per line), or a .parquet / .csv table"):
         steps.append(_step(record, path, number, len(steps)))
+        if len(steps) == limit:  # the lines after it are never parsed (read_jsonl reads as consumed)
+            break
     return steps
 
 
@@ -198,7 +209,8 @@ def _step(record, path, number, index) -> Step:
     return Step(step, tuple(ids), tuple(contexts))
 
 
-def _read_table(path: Path) -> list[Step]:
+def _read_table(path: Path, limit: int | None) -> list[Step]:
+    import numpy as np
     import pandas as pd
 
     if path.stat().st_size == 0:
@@ -211,9 +223,14 @@ def _read_table(path: Path) -> list[Step]:
     for column in ("step", "seq_id", "context"):
         if column not in frame.columns:
             raise ConfigError(str(path), column, "required column is missing")
-        columns[column] = _whole_column(frame[column], path, column)
+        columns[column] = _whole_values(frame[column], path, column)
+    if limit is not None:  # the rows of the first ``limit`` step numbers
+        numbers = np.unique(columns["step"])
+        if len(numbers) > limit:
+            kept = columns["step"] <= numbers[limit - 1]
+            columns = {column: values[kept] for column, values in columns.items()}
     by_step: dict[int, tuple[list[int], list[int]]] = {}
-    for step, seq, context in zip(columns["step"], columns["seq_id"], columns["context"], strict=True):
+    for step, seq, context in zip(*(map(int, columns[c]) for c in ("step", "seq_id", "context")), strict=True):
         ids, contexts = by_step.setdefault(step, ([], []))
         ids.append(seq)
         contexts.append(context)
@@ -222,13 +239,17 @@ def _read_table(path: Path) -> list[Step]:
 
 def _whole_column(series, path: Path, column: str) -> list[int]:
     """The column as Python ints; the first value that is not a whole number is the error."""
+    return [int(v) for v in _whole_values(series, path, column)]
+
+
+def _whole_values(series, path: Path, column: str):
+    """The column as a float array of whole numbers; the first value that is not one is the error."""
     import numpy as np
     import pandas as pd
 
     if series.dtype == bool:
         raise ConfigError(str(path), column, "expected whole numbers, got booleans")
-    numbers = pd.to_numeric(series, errors="coerce").astype(float)
-    values = numbers.to_numpy()
+    values = pd.to_numeric(series, errors="coerce").astype(float).to_numpy()
     with np.errstate(invalid="ignore"):
         bad = ~np.isfinite(values) | (values != np.floor(values))
     if bad.any():
@@ -237,7 +258,7 @@ def _whole_column(series, path: Path, column: str) -> list[int]:
         value = series.iloc[row]
         raise ConfigError(str(path), f"{column} ({where})", "expected a whole number",
                           value.item() if hasattr(value, "item") else value)
-    return [int(v) for v in numbers]
+    return values
 
 
 def check(steps: list[Step], source: str) -> None:

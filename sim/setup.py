@@ -103,7 +103,7 @@ def resolve(spec: RunSpec) -> RunSetup:
     weights, kv = get_format(spec.weights), get_format(spec.kv)
     tp, pp = parallelism(spec, hardware, model, hw_path)
     if spec.trace:
-        steps = traces.read(spec.trace)[: spec.steps]
+        steps = traces.read(spec.trace, spec.steps)
     else:
         steps = traces.fixed(spec.batch, spec.context, spec.steps)
     check_context(spec, model, steps)

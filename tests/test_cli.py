@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 
 from sim import decode_trace
+from sim.errors import ConfigError
 
 REQUIRED = {"per_token_ms_p50", "per_token_ms_p99", "meets_target", "verdict", "bound", "hbm_bytes_per_token",
             "weight_bytes_per_token", "kv_bytes_per_token", "hbm_achieved_GBps", "breakdown_ms", "events", "wall_s"}
@@ -60,6 +61,35 @@ def test_trace_roundtrip_and_replay(cli, tmp_path):
         assert decode_trace.read(path) == steps
     code, out, err = cli("run", "--trace", str(tmp_path / "t.jsonl"), "--steps", "30", "--engine", "analytic")
     assert code == 0, err and "batch over the trace" in out
+
+
+def test_trace_read_stops_after_the_steps_asked_for(cli, tmp_path):
+    """``--steps N`` with a JSON Lines trace parses its first N steps only: lines after them may
+    be anything, while a bad line among the first N is still the CLI's one-line error."""
+    good = [f'{{"step": {i}, "seqs": [[0, {100 + i}], [1, {200 + i}]]}}' for i in range(3)]
+    garbage = ["{not json}", '{"step": -1, "seqs": []}', "\xff trailing text"]
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(good + garbage) + "\n")
+    steps = decode_trace.read(path, steps=3)
+    assert [s.index for s in steps] == [0, 1, 2] and steps[2].contexts == (102, 202)
+    code, out, err = cli("run", "--trace", str(path), "--steps", "3", "--json", "--engine", "analytic")
+    assert code == 0, err
+    assert len(json.loads(out)["batch_over_time"]) == 3
+    with pytest.raises(ConfigError, match="line 4: invalid JSON"):
+        decode_trace.read(path, steps=4)
+    code, _out, err = cli("run", "--trace", str(path), "--steps", "4", "--engine", "analytic")
+    assert code == 2 and "line 4: invalid JSON" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet", ".csv"])
+def test_trace_steps_read_are_the_first_of_a_full_read(tmp_path, suffix):
+    requests = decode_trace.synthetic_requests(40, rate_per_s=200, prompt_median=300, output_median=20, seed=5)
+    path = tmp_path / f"t{suffix}"
+    decode_trace.write(decode_trace.from_requests(requests, max_batch=8, step_ms=5), path)
+    full = decode_trace.read(path)
+    assert len(full) > 30
+    for n in (1, 7, 30, len(full), len(full) + 5):
+        assert decode_trace.read(path, steps=n) == full[:n]
 
 
 def test_bundled_azure_trace_replays(cli, root):

@@ -186,6 +186,25 @@ def test_sram_heavy_design_meets_10ms_and_needs_its_bandwidth():
     assert profile.store.kind == "sram" and profile.store.capacity_bytes >= s["capacity"]["needed_bytes"]
 
 
+def test_sram_heavy_command_runs_and_keeps_the_profile_energy_section(tmp_path):
+    """``python -m sim.report.sram_heavy --write`` derives the design from h200-sxm (whose energy
+    section names its HBM, which the design replaces) and writes the profile with the energy
+    estimates it had; the profile it writes loads, energy included."""
+    from sim.experiments.sram_heavy import NAME, derive
+    from sim.report.sram_heavy import ENERGY_MARKER, write
+
+    committed = (hardware_dir() / f"{NAME}.yaml").read_text()
+    path = tmp_path / f"{NAME}.yaml"
+    path.write_text(committed)
+    result = derive()
+    write(result, path)
+    text = path.read_text()
+    assert text.endswith(committed[committed.index(ENERGY_MARKER):]) and text.count(ENERGY_MARKER) == 1
+    profile = load_profile(str(path))
+    assert profile.store.kind == "sram" and profile.store.bandwidth_GBps.value == result["bandwidth_GBps"]
+    assert profile.energy is not None and result["per_token_ms"] <= 10.0
+
+
 @pytest.mark.parametrize("system", [s.name for s in __import__("sim.report.multichip", fromlist=["SYSTEMS"]).SYSTEMS])
 def test_multi_chip_profiles_carry_their_base_chip_figures(system):
     """h200-sxm-x8 and groq-lpu-576 copy their single-chip bases; re-run

@@ -8,7 +8,7 @@ per token (all layers, at the context), reduction against fp16, the KV share of 
 
 from __future__ import annotations
 
-from sim.commands.common import add_run_options
+from sim.options.run import add_run_options
 
 
 def register(sub) -> None:

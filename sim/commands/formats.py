@@ -7,7 +7,7 @@ writes the Markdown report (byte table, fidelity table, the claims check) instea
 
 from __future__ import annotations
 
-from sim.commands.common import output_file
+from sim.options.run import output_file
 
 
 def register(sub) -> None:

@@ -9,7 +9,7 @@ expert. ``--write FILE`` saves the generated trace in the routing file format
 
 from __future__ import annotations
 
-from sim.commands.common import output_file
+from sim.options.run import output_file
 
 
 def register(sub) -> None:

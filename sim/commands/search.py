@@ -12,7 +12,7 @@ The arguments; sim.commands.handlers.search runs it.
 
 from __future__ import annotations
 
-from sim.commands.common import output_dir
+from sim.options.run import output_dir
 
 
 def register(sub) -> None:

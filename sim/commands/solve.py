@@ -5,7 +5,7 @@ The arguments; sim.commands.handlers.solve runs it.
 
 from __future__ import annotations
 
-from sim.commands.common import add_run_options
+from sim.options.run import add_run_options
 
 
 def register(sub) -> None:

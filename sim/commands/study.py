@@ -5,7 +5,7 @@ The arguments; sim.commands.handlers.study runs it.
 
 from __future__ import annotations
 
-from sim.commands.common import output_dir, output_file
+from sim.options.run import output_dir, output_file
 
 
 def register(sub) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sim.commands.common import output_file
+from sim.options.run import output_file
 
 
 def register(sub) -> None:

@@ -3,7 +3,7 @@ published anchors reproduced from specs, the tensor-parallel row). Needs no GPU.
 
 from __future__ import annotations
 
-from sim.commands.common import output_file
+from sim.options.run import output_file
 
 
 def register(sub) -> None:

@@ -26,9 +26,6 @@ import shlex
 from functools import lru_cache
 from pathlib import Path
 
-from sim.commands import run as run_command
-from sim.commands import serve as serve_command
-from sim.commands.handlers.spec import spec_from_args
 from sim.config.defaults import RUN_DEFAULTS
 from sim.config.loader import validate
 from sim.config.software import software_dir
@@ -36,6 +33,9 @@ from sim.config.spec import apply_run_overrides
 from sim.errors import ConfigError, SimulationError
 from sim.explore.compute import MAX_STEPS, RUN_FLAGS, FormError, curves_for, plain, roofline_of
 from sim.formats.base import list_formats
+from sim.options.run import add_run_command_options
+from sim.options.serve import add_serve_options
+from sim.options.spec import spec_from_args
 from sim.paths import bundled, formats_dir, hardware_dir, models_dir
 from sim.run import simulate
 from sim.serve.spec import ServeSpec
@@ -71,11 +71,11 @@ class _Parser(argparse.ArgumentParser):
 
 @lru_cache(maxsize=1)
 def _parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
-    """The ``run`` and ``serve`` subcommands' own options (sim.commands.run / serve)."""
+    """The ``run`` and ``serve`` subcommands' own options (sim.options.run / serve, as the CLI's)."""
     out = []
-    for command in (run_command, serve_command):
+    for name, add_options in (("run", add_run_command_options), ("serve", add_serve_options)):
         parser = _Parser(prog="decodesim")
-        command.register(parser.add_subparsers(dest="command", parser_class=_Parser))
+        add_options(parser.add_subparsers(dest="command", parser_class=_Parser).add_parser(name))
         out.append(parser)
     return out[0], out[1]
 
@@ -281,7 +281,7 @@ def serve_points(form: dict) -> tuple[list, str]:
         if args.duration_s is None or not 0 < args.duration_s <= MAX_SERVE_DURATION_S:
             raise FormError(f"decodesim: form: duration_s: the explorer replays at most {MAX_SERVE_DURATION_S:g} s "
                             f"of arrivals, got {args.duration_s}")
-        for path, value in (a.partition("=")[::2] for a in args.overrides):
+        for path in (a.partition("=")[0] for a in args.overrides):
             if path.strip() in NAME_FIELDS + ("requests", "trace"):
                 raise FormError(f"decodesim: --set: {path.strip()}: set it with the form's menus")
         base = validate(ServeSpec, {

@@ -1,7 +1,8 @@
 """``python -m sim.report.sram_heavy``: print the derivation of the hypothetical
 ``sram-heavy-10ms`` profile (sim.experiments.sram_heavy: what on-chip SRAM would let one chip
 decode llama-3-70b in bf16 under 10 ms per token); ``--write`` also (re)writes
-hardware_profiles/sram-heavy-10ms.yaml atomically, with the derivation in its header.
+hardware_profiles/sram-heavy-10ms.yaml atomically, with the derivation in its header and the
+energy section it had (hand-kept estimates, calibration/energy/SOURCES.md) at its end.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from sim.experiments.sram_heavy import NAME, TARGET_MS, derive, design
 from sim.io import write_atomic
 from sim.paths import hardware_dir
 
+ENERGY_MARKER = "# >>> energy"
+
 
 def write(result: dict, path: Path | None = None) -> Path:
     path = path or hardware_dir() / f"{NAME}.yaml"
@@ -31,10 +34,21 @@ def write(result: dict, path: Path | None = None) -> Path:
         f"#   bandwidth {result['bandwidth_GBps']:g} GB/s (bisection: {result['bisection_GBps']:.0f} GB/s)\n"
         f"#   predicted {result['per_token_ms']:.3f} ms per token, {result['bound']}-bound; at 98% of that\n"
         f"#   bandwidth {result['per_token_ms_at_98pct']:.3f} ms.\n"
-        "# Do not edit by hand: re-run the command when h200-sxm.yaml changes.\n")
-    text = header + yaml.safe_dump(raw, sort_keys=False, default_flow_style=None, width=200)
+        "# Do not edit by hand (but for the energy section at the end, estimates kept by hand by the rules of\n"
+        "# calibration/energy/SOURCES.md): re-run the command when h200-sxm.yaml changes.\n")
+    text = header + yaml.safe_dump(raw, sort_keys=False, default_flow_style=None, width=200) + energy_block(path)
     write_atomic(path, text)
     return path
+
+
+def energy_block(path: Path) -> str:
+    """The profile's energy section as it stands (``# >>> energy`` to the end): estimates kept
+    by hand by calibration/energy/SOURCES.md's rules, which ``design`` does not derive."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return ""
+    return text[text.index(ENERGY_MARKER):] if ENERGY_MARKER in text else ""
 
 
 def main(argv=None) -> int:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from sim.commands.common import emit_json
-from sim.commands.handlers.spec import spec_from_args
 from sim.errors import ConfigError
 from sim.experiments.compare import attention_rows, compare_rows, kv_qualities
+from sim.options.spec import spec_from_args
 
 MAX_FORMATS = 64  # KV formats (and stacks) per compare: each is a simulated run and a fidelity measurement
 

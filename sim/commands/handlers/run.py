@@ -4,10 +4,10 @@ trace and HTML view."""
 from __future__ import annotations
 
 from sim.commands.common import emit_json, fmt_bytes, to_json, write_atomic, write_frame
-from sim.commands.handlers.spec import spec_from_args
 from sim.energy import render_lines
 from sim.errors import ConfigError
 from sim.explore.compute import run_view
+from sim.options.spec import spec_from_args
 from sim.report.timeline import trace_of
 from sim.run import simulate
 

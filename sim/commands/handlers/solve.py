@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from sim.commands.common import emit_json
-from sim.commands.handlers.spec import spec_from_args
 from sim.errors import ConfigError
+from sim.options.spec import spec_from_args
 from sim.study.solve import solve
 
 

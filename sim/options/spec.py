@@ -1,10 +1,11 @@
-"""The RunSpec that the run options (sim.commands.common.add_run_options) ask for."""
+"""The RunSpec that the run options (sim.options.run.add_run_options) ask for, validated as the
+command line's (the CLI's handlers and the explorer make it here)."""
 
 from __future__ import annotations
 
-from sim.commands.common import SPEC_ARGS
 from sim.config.loader import validate
 from sim.config.spec import RunSpec
+from sim.options.run import SPEC_ARGS
 
 
 def spec_from_args(args, **changes) -> RunSpec:
