@@ -11,11 +11,13 @@ stream) that executes its ops in order, as a GPU stream does:
    runs; the op's tiles overlap loads with compute (double buffering);
 4. the drain (the last chunk's compute).
 
-When a stage has a single stream (``LoneStream``), nothing on its links can overlap: its ops
-are timed by a loop over their uncontended durations (gap + fill + body + drain), with events
-only where it waits for another stream or the host, and no flow network is built. Where a stage has several
-streams (``SharedStream``), their ops' bodies are flows that share bandwidth through the
-stage's flow network (weighted max-min, sim.engine.flows).
+Events only where something is shared. When no stage has more than one stream, nothing can
+overlap on any link: the step is the step timer's closed form (sim.engine.timer.timeline),
+with no environment, process or event. Where some stage has several streams
+(``SharedStream``), their ops' bodies are flows that share bandwidth through the stage's
+flow network (weighted max-min, sim.engine.flows); a stage with a single stream beside them
+(``LoneStream``) is timed by a loop over its ops' uncontended durations (gap + fill + body +
+drain), with events only where it waits for another stream or the host.
 
 The host issues kernels in program order: ``launch_ns`` per kernel in eager mode, one
 ``graph_launch_ns`` per captured segment in graph mode. An op with ``host_sync`` makes the
@@ -35,7 +37,7 @@ import simpy
 from sim.costs import COMPUTE, HostTimes, OpCost
 from sim.engine.flows import FlowNetwork
 from sim.engine.records import Span, StepOutcome
-from sim.engine.timer import after_sync, issue, segments
+from sim.engine.timer import after_sync, issue, segments, timeline
 from sim.lowering.graph import OpGraph
 
 
@@ -49,13 +51,14 @@ class Simulation:
         self.graph_mode = graph_mode
         self.host = host
         self.capacity = capacity
-        self.env = simpy.Environment()
         self.log: list[Span] | None = [] if log else None
         streams_per_stage: dict[int, int] = {}
         for stage, _stream in graph.streams:
             streams_per_stage[stage] = streams_per_stage.get(stage, 0) + 1
-        self.networks = {stage: FlowNetwork(self.env, capacity, self.log, (stage,))
-                         for stage, n in streams_per_stage.items() if n > 1}
+        shared = [stage for stage, n in streams_per_stage.items() if n > 1]
+        # events only where something is shared: no environment for a step without a shared stage
+        self.env = simpy.Environment() if shared else None
+        self.networks = {stage: FlowNetwork(self.env, capacity, self.log, (stage,)) for stage in shared}
         n = len(graph.ops)
         # each op alone: gap + fill + body + drain (the runner keeps them between steps)
         self.durations = durations if durations is not None else [c.total_ns for c in op_costs]
@@ -66,7 +69,7 @@ class Simulation:
         self._waiters: dict[int, simpy.Event] = {}
         self.watched = graph.watched  # ops another process waits for: cross-stream dependents, host syncs
         self.issue_time: list[float | None] = [None] * n
-        self.published = self.env.event()
+        self.published = self.env.event() if shared else None
         self.host_sync_ns = 0.0
         self.wait_ns = 0.0
         self.contended: dict[int, float] = {}
@@ -162,6 +165,11 @@ class Simulation:
 
     # -- the step -------------------------------------------------------------------------------
     def run(self) -> StepOutcome:
+        if not self.networks:  # no stage's streams share anything: the step is the timer's closed form
+            outcome = timeline(self.graph, self.op_costs, self.host, self.graph_mode, self.durations)
+            if self.log is not None:
+                outcome.log = self._log_timeline(outcome)
+            return outcome
         env, ops = self.env, self.graph.ops
         env.process(self.issue_kernels())
         for lane in self.graph.lanes:
@@ -179,6 +187,24 @@ class Simulation:
         return StepOutcome(self.graph.step, max(last_end, env.now), self.log or [], events, self.host_sync_ns,
                            self.wait_ns, sum(self.contended.values()), self.contended, last_end,
                            moments=(self.ready, self.issue_time, self.start, self.end, self.op_costs, self.bodies))
+
+
+    def _log_timeline(self, outcome: StepOutcome) -> list[Span]:
+        """The spans of a closed-form step, as the events would have logged them: per segment,
+        the host's launches, then its ops alone on their links, then the host's wait."""
+        ready, issued, start, end, costs, _bodies = outcome.moments
+        self.issue_time, ops, t = issued, self.graph.ops, 0.0
+        for first, last in segments(self.graph):
+            t = issued[last]
+            self._log_issue(first, last, t)
+            for idx in range(first, last + 1):
+                cost = costs[idx]
+                self.log_alone(ops[idx], cost, start[idx] + cost.gap_ns + cost.fill_ns)
+            if ops[last].host_sync:
+                waited = max(t, end[last])
+                t = after_sync(t, end[last], self.host, costs[last])
+                self._log_host(ops[last], "host.sync", waited, t)
+        return self.log
 
 
 class LoneStream:
