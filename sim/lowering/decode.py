@@ -236,7 +236,8 @@ def lower_layers(setup: RunSetup, b: Builder, layers, contexts: tuple[int, ...],
                  prefill: tuple[tuple[int, int], ...] = ()) -> None:
     """Lower ``layers``. Layers whose FFN is dense lower to the same ops; after the first two
     dense layers have been lowered (and found equal), further dense layers are copies with
-    shifted indices rather than lowered again. MoE layers are always lowered (routing
+    shifted indices rather than lowered again (copies share the first layer's Work objects, so a
+    memo lookup finds a work's key by identity instead of comparing two equal works field by field). MoE layers are always lowered (routing
     differs per layer)."""
     template: list[Op] | None = None
     previous: list[Op] | None = None
@@ -251,11 +252,7 @@ def lower_layers(setup: RunSetup, b: Builder, layers, contexts: tuple[int, ...],
             previous = None
             continue
         if previous is not None and _same_ops(previous, span):
-            # the copies share the first layer's Work objects: a memo lookup then finds its key
-            # by identity instead of comparing two equal works field by field
-            del b.ops[start:]
-            b.append_shifted(previous, start - previous[0].idx, layer)
-            template = previous
+            template = previous  # the builder gave both layers the same Work objects
         previous = span
 
 
@@ -290,7 +287,8 @@ def lower_attention_half(setup: RunSetup, b: Builder, layer: int, contexts: tupl
     matmul(setup, b, "qkv", layer, batch, m.hidden, qkv,
            parts={"q": setup.q_width / qkv, "k": setup.k_width / qkv, "v": setup.v_width / qkv})
     if m.qk_norm != "none":  # RMSNorm of the query and key projections before RoPE
-        for name, width, gain in zip(("q_norm", "k_norm"), (setup.q_width, setup.k_width), qk_norm_bytes(setup)):
+        for name, width, gain in zip(("q_norm", "k_norm"), (setup.q_width, setup.k_width), qk_norm_bytes(setup),
+                                    strict=True):
             row = batch * width * ACT_BYTES
             vector(setup, b, name, layer, reads=row, weights=gain, writes=row, ops=batch * width * VEC_OPS["rmsnorm"],
                    rows=batch * (width // m.head_dim if m.qk_norm == "per_head" else 1))

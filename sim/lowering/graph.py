@@ -249,6 +249,7 @@ class Builder:
         self.expand = expand  # (name, kind, accesses, fields) -> the kernels that run the op
         self.streams = streams  # op name -> (side stream, op that joins it) or None
         self._joins: dict[str, list[int]] = {}  # op name -> side ops it must wait for
+        self._works: dict[tuple, Work] = {}  # what an op asked -> its Work (see _work)
 
     def add(self, name: str, layer: int, kind: str, accesses, *, deps=None, stream: str = "main",
             host_sync: bool = False, row: str = "", compute_row: str = "compute", tags=(), **work) -> Op:
@@ -266,19 +267,29 @@ class Builder:
             deps = (self._last[key],) if key in self._last else ()
         if name in self._joins:
             deps = tuple(deps) + tuple(self._joins.pop(name))
-        accesses = tuple(a for a in accesses if a.bytes > 0)
-        extra = {k: work.pop(k) for k in ("parts", "values", "quant", "active") if k in work}
-        if self.expand is not None:
-            kernels = self.expand(name, kind, accesses, work, **extra)
-            work["kernels_run"] = kernels
-            work["kernels"] = sum(k.launches for k in kernels)
-        op = Op(idx=idx, name=name, layer=layer,
-                work=Work(kind=kind, accesses=accesses, **work),
+        op = Op(idx=idx, name=name, layer=layer, work=self._work(name, kind, accesses, work),
                 deps=tuple(deps), stream=stream, stage=self.stage, host_sync=host_sync, row=row,
                 compute_row=compute_row, tags=tuple(tags))
         self.ops.append(op)
         self._last[key] = idx
         return op
+
+    def _work(self, name: str, kind: str, accesses, work: dict) -> Work:
+        """The ``Work`` of an op; an op asked again the same (the same op of the next layer)
+        gets the same object without running ``expand`` again (a pure function of the op)."""
+        accesses = tuple(a for a in accesses if a.bytes > 0)
+        parts = work.pop("parts", None)
+        key = (name, kind, accesses, tuple(work.items()), parts and tuple(parts.items()))
+        made = self._works.get(key)
+        if made is None:
+            fields = dict(work)
+            extra = {k: fields.pop(k) for k in ("values", "quant", "active") if k in fields}
+            if self.expand is not None:
+                kernels = self.expand(name, kind, accesses, fields, parts=parts, **extra)
+                fields["kernels_run"] = kernels
+                fields["kernels"] = sum(k.launches for k in kernels)
+            made = self._works[key] = Work(kind=kind, accesses=accesses, **fields)
+        return made
 
     def append_shifted(self, protos: list[Op], shift: int, layer: int) -> None:
         """Append copies of ``protos`` (a contiguous run of this builder's ops) as ``layer``,
