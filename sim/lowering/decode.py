@@ -55,25 +55,23 @@ def weight_bytes_per_chip(setup: RunSetup, stage: int) -> int:
 def weight_bytes_by_unit(setup: RunSetup, stage: int, experts: bool | None = None) -> dict[tuple[int, str], int]:
     """Weight bytes one chip of ``stage`` holds per unit; ``experts`` True counts only MoE
     expert weights, False everything else, None both."""
+    m = setup.model
+    dense, expert = experts is not True, experts is not False
+    ffn_norms = (m.norms_per_layer - m.norms_per_layer // 2) * norm_bytes(setup)  # pre-FFN (and post-FFN) norms
+    tied = m.tied_embeddings and setup.pp == 1
+    dense_part = {  # the dense weights of each kind of unit but an MoE layer's FFN (the same in every layer)
+        "embed": vocab_bytes(setup),
+        "head": norm_bytes(setup) + (0 if tied else vocab_bytes(setup)),
+        "attn": attention_weight_bytes(setup) + m.norms_per_layer // 2 * norm_bytes(setup) + sum(qk_norm_bytes(setup)),
+        "ffn": dense_ffn_weight_bytes(setup) + ffn_norms,
+    }
     from_moe = moe_weight_bytes_per_chip(setup) if setup.moe is not None else 0
     out: dict[tuple[int, str], int] = {}
-    dense = experts is not True
     for layer, part in setup.stage_units(stage):
-        if part == "embed":
-            size = vocab_bytes(setup) if dense else 0
-        elif part == "head":
-            tied = setup.model.tied_embeddings and setup.pp == 1
-            size = norm_bytes(setup) + (0 if tied else vocab_bytes(setup)) if dense else 0
-        elif part == "attn":
-            norms = setup.model.norms_per_layer // 2  # pre-attention (and post-attention) norms
-            size = attention_weight_bytes(setup) + norms * norm_bytes(setup) + sum(qk_norm_bytes(setup)) if dense else 0
-        elif setup.is_moe_layer(layer):
-            norms = setup.model.norms_per_layer - setup.model.norms_per_layer // 2
-            size = (from_moe if experts is not False else 0) + (norms * norm_bytes(setup) if dense else 0)
+        if part == "ffn" and setup.is_moe_layer(layer):
+            out[(layer, part)] = (from_moe if expert else 0) + (ffn_norms if dense else 0)
         else:
-            norms = setup.model.norms_per_layer - setup.model.norms_per_layer // 2
-            size = dense_ffn_weight_bytes(setup) + norms * norm_bytes(setup) if dense else 0
-        out[(layer, part)] = size
+            out[(layer, part)] = dense_part[part] if dense else 0
     return out
 
 
