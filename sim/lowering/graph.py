@@ -203,37 +203,42 @@ class Lane(NamedTuple):
 def make_graph(ops, *, step: int, contexts: tuple[int, ...], stages: int) -> OpGraph:
     """An OpGraph over ``ops`` with its streams, watched ops and lanes derived from them."""
     ops = tuple(ops)
+    lane_of = [(op.stage, op.stream) for op in ops]
     watched = [op.host_sync for op in ops]
     members: dict[tuple[int, str], list[int]] = {}
     external: dict[tuple[int, str], list[tuple[int, ...]]] = {}
-    for op in ops:
-        key = (op.stage, op.stream)
-        lane = members.setdefault(key, [])
-        previous = lane[-1] if lane else None
-        external.setdefault(key, []).append(tuple(d for d in op.deps if d != previous))
+    for op, key in zip(ops, lane_of, strict=True):
+        lane = members.get(key)
+        if lane is None:
+            lane = members[key] = []
+            external[key] = []
+        deps = op.deps
+        if lane and deps == (lane[-1],):  # the usual op: it waits for the one before it on its stream
+            external[key].append(())
+        else:
+            previous = lane[-1] if lane else None
+            external[key].append(tuple(d for d in deps if d != previous))
         lane.append(op.idx)
-        for dep in op.deps:
-            other = ops[dep]
-            if (other.stage, other.stream) != key:
+        for dep in deps:
+            if lane_of[dep] != key:
                 watched[dep] = True
     lanes = tuple(Lane(stage, stream, tuple(members[(stage, stream)]), tuple(external[(stage, stream)]))
                   for stage, stream in members)
     return OpGraph(ops, step=step, batch=len(contexts), contexts=tuple(contexts), stages=stages,
                    streams=tuple(members), watched=tuple(watched), lanes=lanes,
-                   syncs=tuple(op.idx for op in ops if op.host_sync), chains=_chains(ops),
+                   syncs=tuple(op.idx for op in ops if op.host_sync), chains=_chains(ops, lane_of),
                    watched_ops=tuple(i for i, w in enumerate(watched) if w))
 
 
-def _chains(ops: tuple[Op, ...]) -> tuple[int, ...]:
+def _chains(ops: tuple[Op, ...], lane_of: list[tuple[int, str]]) -> tuple[int, ...]:
     """Per op ``i``: the largest ``j`` such that every op of ``i+1 .. j-1`` is on ``i``'s
-    stream and stage and depends on the op just before it and nothing else."""
+    stream and stage (``lane_of``, per op) and depends on the op just before it and nothing else."""
     n = len(ops)
     chains = [0] * n
     end = n
     for i in range(n - 1, -1, -1):
         chains[i] = end
-        op = ops[i]
-        if not (op.deps == (i - 1,) and i > 0 and (ops[i - 1].stage, ops[i - 1].stream) == (op.stage, op.stream)):
+        if not (i > 0 and ops[i].deps == (i - 1,) and lane_of[i - 1] == lane_of[i]):
             end = i
     return tuple(chains)
 
