@@ -255,6 +255,7 @@ class Builder:
         self.streams = streams  # op name -> (side stream, op that joins it) or None
         self._joins: dict[str, list[int]] = {}  # op name -> side ops it must wait for
         self._works: dict[tuple, Work] = {}  # what an op asked -> its Work (see _work)
+        self._equal: dict[Work, Work] = {}  # each distinct Work built, by value
 
     def add(self, name: str, layer: int, kind: str, accesses, *, deps=None, stream: str = "main",
             host_sync: bool = False, row: str = "", compute_row: str = "compute", tags=(), **work) -> Op:
@@ -281,7 +282,8 @@ class Builder:
 
     def _work(self, name: str, kind: str, accesses, work: dict) -> Work:
         """The ``Work`` of an op; an op asked again the same (the same op of the next layer)
-        gets the same object without running ``expand`` again (a pure function of the op)."""
+        gets the same object without running ``expand`` again (a pure function of the op), and
+        ops of other names that ask the same of the hardware (two norms) share one object too."""
         accesses = tuple(a for a in accesses if a.bytes > 0)
         parts = work.pop("parts", None)
         key = (name, kind, accesses, tuple(work.items()), parts and tuple(parts.items()))
@@ -293,7 +295,8 @@ class Builder:
                 kernels = self.expand(name, kind, accesses, fields, parts=parts, **extra)
                 fields["kernels_run"] = kernels
                 fields["kernels"] = sum(k.launches for k in kernels)
-            made = self._works[key] = Work(kind=kind, accesses=accesses, **fields)
+            work = Work(kind=kind, accesses=accesses, **fields)
+            made = self._works[key] = self._equal.setdefault(work, work)
         return made
 
     def append_shifted(self, protos: list[Op], shift: int, layer: int) -> None:
