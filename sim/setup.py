@@ -9,8 +9,8 @@ is sealed: the later stages (lowering, costs, engine, results) only read it.
 
 from __future__ import annotations
 
-import copy
 import math
+import os
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -19,7 +19,7 @@ from sim.config.hardware import OFF_CHIP, SRAM, HardwareProfile, Place
 from sim.config.loader import load_yaml, validate
 from sim.config.model import ModelSpec
 from sim.config.software import SoftwareStack, load_stack
-from sim.config.spec import RunSpec, apply_run_overrides, override_raw, validate_overridden
+from sim.config.spec import HARDWARE, MODEL, RunSpec, apply_run_overrides, override_raw, validate_overridden
 from sim.errors import ConfigError
 from sim.formats import Format, get_format
 from sim.paths import hardware_dir, models_dir
@@ -74,9 +74,29 @@ class RunSetup:
         return self.moe is not None and layer in self.moe.moe_index
 
 
+def _version(path: str) -> tuple[str, int]:
+    """A file's path and modification time: what a file read once per version is keyed by."""
+    return path, os.stat(path).st_mtime_ns
+
+
 @lru_cache(maxsize=64)
-def _raw(path: str) -> dict:
+def _raw(path: str, mtime_ns: int) -> dict:
+    """The YAML data of one version of a file (callers never mutate it: overrides copy)."""
     return load_yaml(path)
+
+
+@lru_cache(maxsize=64)
+def _file_model(model, path: str, mtime_ns: int):
+    """One version of a profile or model file, validated once; the result is frozen, so runs share it."""
+    return validate(model, _raw(path, mtime_ns), path)
+
+
+def _validated(model, raw: dict, version: tuple[str, int], overrides, prefix: str):
+    """``model`` from ``raw`` (a file's data, the ``overrides`` under ``prefix`` applied); a file
+    that no override addresses is validated once per version (``_file_model``)."""
+    if any(path.startswith(prefix) for path, _ in overrides):
+        return validate_overridden(model, raw, version[0], overrides, prefix)
+    return _file_model(model, *version)
 
 
 def resolve(spec: RunSpec) -> RunSetup:
@@ -84,12 +104,13 @@ def resolve(spec: RunSpec) -> RunSetup:
     spec = apply_run_overrides(spec)
     hw_path = str(resolve_path(spec.hardware, hardware_dir(), "hardware"))
     model_path = str(resolve_path(spec.model, models_dir(), "model"))
-    hw_raw, model_raw = copy.deepcopy(_raw(hw_path)), copy.deepcopy(_raw(model_path))
+    hw_version, model_version = _version(hw_path), _version(model_path)
     chips = () if spec.chips is None else (("hardware.system.chips", spec.chips),)
-    hw_raw, model_raw = override_raw(hw_raw, model_raw, (*chips, *spec.overrides), hw_path, model_path,
+    overrides = (*chips, *spec.overrides)
+    hw_raw, model_raw = override_raw(_raw(*hw_version), _raw(*model_version), overrides, hw_path, model_path,
                                      HardwareProfile, ModelSpec)
-    hardware = validate_overridden(HardwareProfile, hw_raw, hw_path, (*chips, *spec.overrides), "hardware.")
-    model = validate_overridden(ModelSpec, model_raw, model_path, spec.overrides, "model.")
+    hardware = _validated(HardwareProfile, hw_raw, hw_version, overrides, HARDWARE)
+    model = _validated(ModelSpec, model_raw, model_version, spec.overrides, MODEL)
     # a run that names no stack runs the one its machine runs (a compiler's static schedule), else the default
     named = "software" in spec.model_fields_set
     if named or hardware.software is None:

@@ -55,25 +55,23 @@ def weight_bytes_per_chip(setup: RunSetup, stage: int) -> int:
 def weight_bytes_by_unit(setup: RunSetup, stage: int, experts: bool | None = None) -> dict[tuple[int, str], int]:
     """Weight bytes one chip of ``stage`` holds per unit; ``experts`` True counts only MoE
     expert weights, False everything else, None both."""
+    m = setup.model
+    dense, expert = experts is not True, experts is not False
+    ffn_norms = (m.norms_per_layer - m.norms_per_layer // 2) * norm_bytes(setup)  # pre-FFN (and post-FFN) norms
+    tied = m.tied_embeddings and setup.pp == 1
+    dense_part = {  # the dense weights of each kind of unit but an MoE layer's FFN (the same in every layer)
+        "embed": vocab_bytes(setup),
+        "head": norm_bytes(setup) + (0 if tied else vocab_bytes(setup)),
+        "attn": attention_weight_bytes(setup) + m.norms_per_layer // 2 * norm_bytes(setup) + sum(qk_norm_bytes(setup)),
+        "ffn": dense_ffn_weight_bytes(setup) + ffn_norms,
+    }
     from_moe = moe_weight_bytes_per_chip(setup) if setup.moe is not None else 0
     out: dict[tuple[int, str], int] = {}
-    dense = experts is not True
     for layer, part in setup.stage_units(stage):
-        if part == "embed":
-            size = vocab_bytes(setup) if dense else 0
-        elif part == "head":
-            tied = setup.model.tied_embeddings and setup.pp == 1
-            size = norm_bytes(setup) + (0 if tied else vocab_bytes(setup)) if dense else 0
-        elif part == "attn":
-            norms = setup.model.norms_per_layer // 2  # pre-attention (and post-attention) norms
-            size = attention_weight_bytes(setup) + norms * norm_bytes(setup) + sum(qk_norm_bytes(setup)) if dense else 0
-        elif setup.is_moe_layer(layer):
-            norms = setup.model.norms_per_layer - setup.model.norms_per_layer // 2
-            size = (from_moe if experts is not False else 0) + (norms * norm_bytes(setup) if dense else 0)
+        if part == "ffn" and setup.is_moe_layer(layer):
+            out[(layer, part)] = (from_moe if expert else 0) + (ffn_norms if dense else 0)
         else:
-            norms = setup.model.norms_per_layer - setup.model.norms_per_layer // 2
-            size = dense_ffn_weight_bytes(setup) + norms * norm_bytes(setup) if dense else 0
-        out[(layer, part)] = size
+            out[(layer, part)] = dense_part[part] if dense else 0
     return out
 
 
@@ -236,7 +234,8 @@ def lower_layers(setup: RunSetup, b: Builder, layers, contexts: tuple[int, ...],
                  prefill: tuple[tuple[int, int], ...] = ()) -> None:
     """Lower ``layers``. Layers whose FFN is dense lower to the same ops; after the first two
     dense layers have been lowered (and found equal), further dense layers are copies with
-    shifted indices rather than lowered again. MoE layers are always lowered (routing
+    shifted indices rather than lowered again (copies share the first layer's Work objects, so a
+    memo lookup finds a work's key by identity instead of comparing two equal works field by field). MoE layers are always lowered (routing
     differs per layer)."""
     template: list[Op] | None = None
     previous: list[Op] | None = None
@@ -251,11 +250,7 @@ def lower_layers(setup: RunSetup, b: Builder, layers, contexts: tuple[int, ...],
             previous = None
             continue
         if previous is not None and _same_ops(previous, span):
-            # the copies share the first layer's Work objects: a memo lookup then finds its key
-            # by identity instead of comparing two equal works field by field
-            del b.ops[start:]
-            b.append_shifted(previous, start - previous[0].idx, layer)
-            template = previous
+            template = previous  # the builder gave both layers the same Work objects
         previous = span
 
 
@@ -290,7 +285,8 @@ def lower_attention_half(setup: RunSetup, b: Builder, layer: int, contexts: tupl
     matmul(setup, b, "qkv", layer, batch, m.hidden, qkv,
            parts={"q": setup.q_width / qkv, "k": setup.k_width / qkv, "v": setup.v_width / qkv})
     if m.qk_norm != "none":  # RMSNorm of the query and key projections before RoPE
-        for name, width, gain in zip(("q_norm", "k_norm"), (setup.q_width, setup.k_width), qk_norm_bytes(setup)):
+        for name, width, gain in zip(("q_norm", "k_norm"), (setup.q_width, setup.k_width), qk_norm_bytes(setup),
+                                    strict=True):
             row = batch * width * ACT_BYTES
             vector(setup, b, name, layer, reads=row, weights=gain, writes=row, ops=batch * width * VEC_OPS["rmsnorm"],
                    rows=batch * (width // m.head_dim if m.qk_norm == "per_head" else 1))

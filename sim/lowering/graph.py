@@ -203,37 +203,42 @@ class Lane(NamedTuple):
 def make_graph(ops, *, step: int, contexts: tuple[int, ...], stages: int) -> OpGraph:
     """An OpGraph over ``ops`` with its streams, watched ops and lanes derived from them."""
     ops = tuple(ops)
+    lane_of = [(op.stage, op.stream) for op in ops]
     watched = [op.host_sync for op in ops]
     members: dict[tuple[int, str], list[int]] = {}
     external: dict[tuple[int, str], list[tuple[int, ...]]] = {}
-    for op in ops:
-        key = (op.stage, op.stream)
-        lane = members.setdefault(key, [])
-        previous = lane[-1] if lane else None
-        external.setdefault(key, []).append(tuple(d for d in op.deps if d != previous))
+    for op, key in zip(ops, lane_of, strict=True):
+        lane = members.get(key)
+        if lane is None:
+            lane = members[key] = []
+            external[key] = []
+        deps = op.deps
+        if lane and deps == (lane[-1],):  # the usual op: it waits for the one before it on its stream
+            external[key].append(())
+        else:
+            previous = lane[-1] if lane else None
+            external[key].append(tuple(d for d in deps if d != previous))
         lane.append(op.idx)
-        for dep in op.deps:
-            other = ops[dep]
-            if (other.stage, other.stream) != key:
+        for dep in deps:
+            if lane_of[dep] != key:
                 watched[dep] = True
     lanes = tuple(Lane(stage, stream, tuple(members[(stage, stream)]), tuple(external[(stage, stream)]))
                   for stage, stream in members)
     return OpGraph(ops, step=step, batch=len(contexts), contexts=tuple(contexts), stages=stages,
                    streams=tuple(members), watched=tuple(watched), lanes=lanes,
-                   syncs=tuple(op.idx for op in ops if op.host_sync), chains=_chains(ops),
+                   syncs=tuple(op.idx for op in ops if op.host_sync), chains=_chains(ops, lane_of),
                    watched_ops=tuple(i for i, w in enumerate(watched) if w))
 
 
-def _chains(ops: tuple[Op, ...]) -> tuple[int, ...]:
+def _chains(ops: tuple[Op, ...], lane_of: list[tuple[int, str]]) -> tuple[int, ...]:
     """Per op ``i``: the largest ``j`` such that every op of ``i+1 .. j-1`` is on ``i``'s
-    stream and stage and depends on the op just before it and nothing else."""
+    stream and stage (``lane_of``, per op) and depends on the op just before it and nothing else."""
     n = len(ops)
     chains = [0] * n
     end = n
     for i in range(n - 1, -1, -1):
         chains[i] = end
-        op = ops[i]
-        if not (op.deps == (i - 1,) and i > 0 and (ops[i - 1].stage, ops[i - 1].stream) == (op.stage, op.stream)):
+        if not (i > 0 and ops[i].deps == (i - 1,) and lane_of[i - 1] == lane_of[i]):
             end = i
     return tuple(chains)
 
@@ -249,6 +254,8 @@ class Builder:
         self.expand = expand  # (name, kind, accesses, fields) -> the kernels that run the op
         self.streams = streams  # op name -> (side stream, op that joins it) or None
         self._joins: dict[str, list[int]] = {}  # op name -> side ops it must wait for
+        self._works: dict[tuple, Work] = {}  # what an op asked -> its Work (see _work)
+        self._equal: dict[Work, Work] = {}  # each distinct Work built, by value
 
     def add(self, name: str, layer: int, kind: str, accesses, *, deps=None, stream: str = "main",
             host_sync: bool = False, row: str = "", compute_row: str = "compute", tags=(), **work) -> Op:
@@ -266,19 +273,31 @@ class Builder:
             deps = (self._last[key],) if key in self._last else ()
         if name in self._joins:
             deps = tuple(deps) + tuple(self._joins.pop(name))
-        accesses = tuple(a for a in accesses if a.bytes > 0)
-        extra = {k: work.pop(k) for k in ("parts", "values", "quant", "active") if k in work}
-        if self.expand is not None:
-            kernels = self.expand(name, kind, accesses, work, **extra)
-            work["kernels_run"] = kernels
-            work["kernels"] = sum(k.launches for k in kernels)
-        op = Op(idx=idx, name=name, layer=layer,
-                work=Work(kind=kind, accesses=accesses, **work),
+        op = Op(idx=idx, name=name, layer=layer, work=self._work(name, kind, accesses, work),
                 deps=tuple(deps), stream=stream, stage=self.stage, host_sync=host_sync, row=row,
                 compute_row=compute_row, tags=tuple(tags))
         self.ops.append(op)
         self._last[key] = idx
         return op
+
+    def _work(self, name: str, kind: str, accesses, work: dict) -> Work:
+        """The ``Work`` of an op; an op asked again the same (the same op of the next layer)
+        gets the same object without running ``expand`` again (a pure function of the op), and
+        ops of other names that ask the same of the hardware (two norms) share one object too."""
+        accesses = tuple(a for a in accesses if a.bytes > 0)
+        parts = work.pop("parts", None)
+        key = (name, kind, accesses, tuple(work.items()), parts and tuple(parts.items()))
+        made = self._works.get(key)
+        if made is None:
+            fields = dict(work)
+            extra = {k: fields.pop(k) for k in ("values", "quant", "active") if k in fields}
+            if self.expand is not None:
+                kernels = self.expand(name, kind, accesses, fields, parts=parts, **extra)
+                fields["kernels_run"] = kernels
+                fields["kernels"] = sum(k.launches for k in kernels)
+            work = Work(kind=kind, accesses=accesses, **fields)
+            made = self._works[key] = self._equal.setdefault(work, work)
+        return made
 
     def append_shifted(self, protos: list[Op], shift: int, layer: int) -> None:
         """Append copies of ``protos`` (a contiguous run of this builder's ops) as ``layer``,
