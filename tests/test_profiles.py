@@ -203,6 +203,8 @@ def test_sram_heavy_command_runs_and_keeps_the_profile_energy_section(tmp_path):
     profile = load_profile(str(path))
     assert profile.store.kind == "sram" and profile.store.bandwidth_GBps.value == result["bandwidth_GBps"]
     assert profile.energy is not None and result["per_token_ms"] <= 10.0
+    assert text == committed, ("hardware_profiles/sram-heavy-10ms.yaml is stale (h200-sxm changed since it was "
+                               "derived): run `python -m sim.report.sram_heavy --write`")
 
 
 @pytest.mark.parametrize("system", [s.name for s in __import__("sim.report.multichip", fromlist=["SYSTEMS"]).SYSTEMS])
