@@ -77,14 +77,26 @@ def op_expander(setup: RunSetup):
     head_variants = (f"d{m.head_dim}",)
     new_kv_share = (setup.k_width + setup.v_width) / (setup.q_width + setup.k_width + setup.v_width)
 
-    def run(name: str, kind: str, accesses, work: dict, parts=None, values: int = 0, quant=None,
-            active: int = 1):
+    chosen: dict[tuple[str, str], tuple | None] = {}  # (op name, kind) -> its kernel specs
+
+    def kernels_of(name: str, kind: str):
+        """The stack's kernels for op ``name``: for the model's variants, fused projections and
+        the matmul dtype's prologue (the same for every layer, so chosen once)."""
+        key = (name, kind)
+        if key in chosen:
+            return chosen[key]
         variants = norm_variants if name in NORM_OPS else (head_variants if name == "attention" else ())
         specs = stack.kernels_for(name, kv=kv, variants=variants)
         if name in ("qkv", "gate_up") and m.fused_projections:
             specs = stack.ops[f"{name}@fused"].kernels if f"{name}@fused" in stack.ops else None
         if name not in NOT_WEIGHTS and name not in stack.unquantized:
             specs = with_prologue(specs, prologue, kind, bias if name == "qkv" and m.qkv_bias else ())
+        chosen[key] = specs
+        return specs
+
+    def run(name: str, kind: str, accesses, work: dict, parts=None, values: int = 0, quant=None,
+            active: int = 1):
+        specs = kernels_of(name, kind)
         sizes = {}
         if kind == "attention":  # the KV it reads, as bf16 (a dequantizing cache's copies)
             sizes["kv_dense"] = (setup.store, values * ACT_BYTES)
