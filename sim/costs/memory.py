@@ -26,6 +26,10 @@ class Memory:
         self.levels = {level.name: level for level in hw.memory}
         self.store = hw.store
         self._efficiency: dict[tuple[str, int | None], float] = {}  # (level, granule) -> efficiency
+        # per HBM level: (channels, interleave bytes, channel GB/s), the striping its flows' caps follow
+        self._striping = {level.name: (level.channels, level.interleave_bytes.value, level.channel_bandwidth_GBps.value)
+                          for level in hw.memory if isinstance(level, HBM)}
+        self._tile_load = hw.compute.tile_load_GBps.value
 
     def capacity(self) -> dict[str, float]:
         """Each level's pin bandwidth (bytes/ns), the capacity its flows share."""
@@ -44,12 +48,12 @@ class Memory:
         store (the kernel class's rate)."""
         name = access.level
         eff = self.efficiency(name, access.granule)
-        level = self.levels[name]
         cap = math.inf
-        if isinstance(level, HBM):
-            covered = min(level.channels, math.ceil(access.bytes / level.interleave_bytes.value))
-            cap = covered * level.channel_bandwidth_GBps.value * eff
-        tile_cap = tiles * self.hw.compute.tile_load_GBps.value
+        striping = self._striping.get(name)
+        if striping is not None:
+            channels, interleave, channel_GBps = striping
+            cap = min(channels, math.ceil(access.bytes / interleave)) * channel_GBps * eff
+        tile_cap = tiles * self._tile_load
         if name == self.store.name and store_cap < tile_cap:
             tile_cap = store_cap
         return Flow(name, access.bytes, 1.0 / eff, cap, access.category, access.write, tile_cap)
