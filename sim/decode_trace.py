@@ -29,6 +29,7 @@ from pathlib import Path
 
 from sim.errors import ConfigError
 from sim.io import read_jsonl, write_with
+from sim.units import ms_to_s
 
 MAX_CONTEXT = 1_000_000_000  # sim.config.model.MAX_CONTEXT (not imported: this module loads without pydantic)
 
@@ -81,7 +82,7 @@ def from_requests(requests: list[Request], max_batch: int, step_ms: float = 10.0
             active[rid][1] -= 1
             if active[rid][1] <= 0:
                 del active[rid]
-        clock += step_ms / 1e3
+        clock += ms_to_s(step_ms)
     return steps
 
 

@@ -17,17 +17,33 @@ TB = 1e12
 KiB = 1024
 MiB = 1024**2
 GiB = 1024**3
+MB_PER_GB = 1e3
+GB_PER_TB = 1e3  # also GB/s per TB/s
+GFLOP_PER_TFLOP = 1e3  # also G operations per T operations, per second or not
 
 NS_PER_S = 1e9
 NS_PER_US = 1e3
 NS_PER_MS = 1e6
 MS_PER_S = 1e3
+US_PER_MS = 1e3
 S_PER_MIN = 60.0
 S_PER_H = 3600.0
 
 
 def ns_to_ms(ns: float) -> float:
     return ns / NS_PER_MS
+
+
+def ns_to_us(ns: float) -> float:
+    return ns / NS_PER_US
+
+
+def us_to_ns(us: float) -> float:
+    return us * NS_PER_US
+
+
+def ms_to_us(ms: float) -> float:
+    return ms * US_PER_MS
 
 
 def ns_to_s(ns: float) -> float:

@@ -1,9 +1,11 @@
-"""How the code reads, checked: few function-local imports of sim modules, each saying why, and
-no function whose cyclomatic complexity passes 20 (issue 26's 'Done when')."""
+"""How the code reads, checked: few function-local imports of sim modules, each saying why, no
+function whose cyclomatic complexity passes 20 (issue 26's 'Done when'), and unit conversions
+only through sim.units."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from radon.complexity import cc_visit
@@ -12,6 +14,46 @@ ROOT = Path(__file__).resolve().parent.parent / "sim"
 SOURCES = sorted(ROOT.rglob("*.py"))
 MAX_LOCAL_IMPORTS = 10
 MAX_COMPLEXITY = 20
+# a literal unit factor: 1e3, 1e-6, 1e9, 1e12 ..., / 1000, * 1000, 1024**2, 1024**3, 1_000_000
+UNIT_LITERAL = re.compile(r"\b1e(-)?(3|6|9|12)\b|/ ?1000\b|\* ?1000\b|1024 ?\*\* ?[23]|\b1_000_000\b")
+# file -> (lines matching UNIT_LITERAL, why they stay): the lines that are no unit conversion, and
+# (marked TO CLEAR) conversions in files that were being edited elsewhere when this list was made
+UNIT_LITERALS_ALLOWED = {
+    "sim/commands/handlers/trace.py": (3, "flag bounds (LIMITS)"),
+    "sim/config/hardware.py": (1, "module docstring stating the units"),
+    "sim/config/loader.py": (3, "1e9 as an example of number syntax in a docstring, a message, a comment"),
+    "sim/config/model.py": (2, "bounds: PosFloat <= 1e6, MAX_WIDTH"),
+    "sim/config/quantity.py": (4, "bounds MAX_VALUE, MIN_POSITIVE and docstrings showing them"),
+    "sim/config/spec.py": (4, "bounds: MAX_BATCH, MAX_STEPS, MAX_TARGET_MS, MAX_CHIPS"),
+    "sim/costs/compute.py": (1, "epsilon under ceil"),
+    "sim/costs/kernels.py": (1, "TO CLEAR: ps -> ns (/ 1e3; sim.units has no PS_PER_NS yet)"),
+    "sim/energy.py": (2, "TO CLEAR: PJ = 1e-12 J per pJ, NS = 1e-9 s per ns (products by reciprocals: "
+                         "moving them keeps the multiplication, so sim.units would need J_PER_PJ, S_PER_NS)"),
+    "sim/engine/flows.py": (1, "epsilon _EPS"),
+    "sim/engine/simulation.py": (1, "relative tolerance"),
+    "sim/experiments/link_fit.py": (1, "relative tolerance of the fit"),
+    "sim/experiments/sram_heavy.py": (1, "bisection bracket 1 TB/s to 1 PB/s, values in GB/s"),
+    "sim/experiments/validation.py": (1, "relative tolerance"),
+    "sim/explore/compute.py": (1, "epsilon duration guard"),
+    "sim/explore/views.py": (1, "--rates bound"),
+    "sim/formats/fidelity.py": (1, "epsilon under sqrt"),
+    "sim/formats/reference.py": (1, "epsilon under ceil"),
+    "sim/lowering/placement.py": (2, "parallelism=1e9: unbounded parallelism, a count"),
+    "sim/report/detail_plots.py": (2, "epsilon duration guard, log-axis floor"),
+    "sim/report/figures.py": (1, "tolerance of a tick's leading digit"),
+    "sim/report/labels.py": (2, "number-format thresholds"),
+    "sim/report/markdown.py": (1, "number-format threshold"),
+    "sim/report/moe_report.py": (1, "tolerance: a difference under 1e-3 ms is no change"),
+    "sim/report/plots.py": (3, "NO_EFFECT_FRACTION, log-colour floor, axis-span fallback"),
+    "sim/run.py": (2, "TO CLEAR: bytes -> MB (n / 1e6 is n / MB), tokens per ms -> per s (1e3 * is MS_PER_S *)"),
+    "sim/search/screen.py": (1, "absolute tolerance"),
+    "sim/search/space.py": (3, "bounds: MAX_DEPLOYMENTS, rate, axis values"),
+    "sim/search/workload.py": (1, "relative and absolute padding of a duration"),
+    "sim/serve/plots.py": (2, "epsilon guards"),
+    "sim/serve/requests.py": (2, "bounds: MAX_REQUESTS, MAX_ARRIVAL_S"),
+    "sim/serve/spec.py": (1, "bound MAX_RATE_SCALE"),
+    "sim/serve/stepmodel.py": (1, "relative tolerance REL_TOLERANCE"),
+}
 
 
 def _imports_sim(node: ast.AST) -> bool:
@@ -61,3 +103,28 @@ def test_no_function_is_more_complex_than_twenty():
             for path in SOURCES for block in cc_visit(path.read_text())
             if block.complexity > MAX_COMPLEXITY]
     assert not over, "cyclomatic complexity above 20 (split them): " + "; ".join(over)
+
+
+def unit_literal_lines() -> dict[str, list[str]]:
+    """file -> its lines with a literal unit factor, over all of sim/ but sim/units.py."""
+    found: dict[str, list[str]] = {}
+    for path in SOURCES:
+        name = str(path.relative_to(ROOT.parent))
+        if name == "sim/units.py":
+            continue
+        for lineno, line in enumerate(path.read_text().splitlines(), 1):
+            if UNIT_LITERAL.search(line):
+                found.setdefault(name, []).append(f"{name}:{lineno}: {line.strip()}")
+    return found
+
+
+def test_unit_conversions_go_through_sim_units():
+    found = unit_literal_lines()
+    over = [line for name, lines in found.items() if len(lines) > UNIT_LITERALS_ALLOWED.get(name, (0, ""))[0]
+            for line in lines]
+    assert not over, ("more literal unit factors than UNIT_LITERALS_ALLOWED lists (convert through sim.units' "
+                      "constants and converters, same arithmetic; or list a literal that is no conversion): "
+                      + "; ".join(over))
+    stale = {name: (n, len(found.get(name, []))) for name, (n, _) in UNIT_LITERALS_ALLOWED.items()
+             if len(found.get(name, [])) != n}
+    assert not stale, f"UNIT_LITERALS_ALLOWED counts (allowed, found) to lower: {stale}"

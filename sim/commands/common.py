@@ -13,12 +13,13 @@ from __future__ import annotations
 
 from sim.io import to_json, write_atomic, write_frame
 from sim.schema import SCHEMA_VERSION
+from sim.units import GB, KB, MB, TB
 
 __all__ = ["fmt_bytes", "to_json", "write_atomic", "write_frame", "emit_json", "envelope"]
 
 
 def fmt_bytes(n: float) -> str:
-    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+    for unit, size in (("TB", TB), ("GB", GB), ("MB", MB), ("KB", KB)):
         if abs(n) >= size:
             return f"{n / size:.2f} {unit}"
     return f"{n:.0f} B"

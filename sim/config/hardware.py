@@ -28,7 +28,7 @@ from pydantic import Field, field_validator, model_validator
 from sim.config.energy import Energy, energy_tiers
 from sim.config.quantity import Count, Frac, Num, Pos, Share, Strict, Table, by_dtype
 from sim.kernel_classes import check as check_classes
-from sim.units import GB, MB
+from sim.units import GB, GFLOP_PER_TFLOP, MB
 
 
 class HBM(Strict):
@@ -226,7 +226,7 @@ class Compute(Strict):
         return table
 
     def matrix_peak_TFLOPs(self, dtype: str) -> float:
-        return self.tiles.value * self.matrix_rate(dtype) * self.clock_GHz.value / 1e3
+        return self.tiles.value * self.matrix_rate(dtype) * self.clock_GHz.value / GFLOP_PER_TFLOP
 
     def matrix_rate(self, dtype: str) -> float:
         """FLOPs per cycle per tile for ``dtype``; falls back to the widest listed type."""

@@ -19,6 +19,7 @@ from sim.formats.tables import BASELINE, model_sample
 from sim.lowering.decode import lower_step
 from sim.run import simulate
 from sim.setup import resolve
+from sim.units import ns_to_ms
 
 
 def compare_rows(spec, kv_formats: list[str], fidelity_tokens: int = 2048) -> list[dict]:
@@ -107,11 +108,11 @@ def attention_costs(spec) -> dict:
         if op.kind != "attention":
             continue
         c = costs.cost(op.work)
-        out["matrix_ms"] += c.matrix_ns / 1e6
-        out["dequant_ms"] += c.dequant_ns / 1e6
-        out["other_vector_ms"] += (c.vector_ns - c.dequant_ns) / 1e6
-        out["kv_read_ms"] += sum(f.bytes * f.weight / costs.capacity[f.link] for f in c.flows
-                                 if f.category in ("kv", "outliers")) / 1e6
+        out["matrix_ms"] += ns_to_ms(c.matrix_ns)
+        out["dequant_ms"] += ns_to_ms(c.dequant_ns)
+        out["other_vector_ms"] += ns_to_ms(c.vector_ns - c.dequant_ns)
+        out["kv_read_ms"] += ns_to_ms(sum(f.bytes * f.weight / costs.capacity[f.link] for f in c.flows
+                                          if f.category in ("kv", "outliers")))
     out["matrix_m"] = next(op.work.matrix_m for op in graph.ops if op.kind == "attention")
     out["matrix_tile_m"] = costs.tile_m
     return out
@@ -140,7 +141,7 @@ def _attention(spec) -> dict:
     att = [o for o in r.ops if o["name"] == "attention" and o["step"] == r.steps[0]["step"]]
     ns = sum(o["duration_ns"] for o in att)
     kv_bytes = sum(o.get("read_kv_hbm_bytes", 0) + o.get("read_outliers_hbm_bytes", 0) for o in att)
-    return {"step_ms": r.summary["per_token_ms_p50"], "attention_ms": ns / 1e6,
+    return {"step_ms": r.summary["per_token_ms_p50"], "attention_ms": ns_to_ms(ns),
             "kv_GBps": kv_bytes / ns if ns else 0.0}
 
 

@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from sim.errors import ConfigError
+from sim.units import us_to_ns
 
 STEPS = {"allreduce": lambda n: 2 * (n - 1), "alltoall": lambda n: n - 1}
 WIRE = {"allreduce": lambda n: 2 * (n - 1) / n, "alltoall": lambda n: (n - 1) / n}
@@ -110,7 +111,7 @@ def _row(path: Path, line: int, row: dict, time_key: str, mode: str | None) -> d
         raise ConfigError(str(path), f"line {line}", f"expected numbers ({err})") from None
     if n < 2 or size <= 0 or us <= 0:
         return None
-    return {"op": op, "world_size": n, "bytes": size, "t_ns": us * 1e3}
+    return {"op": op, "world_size": n, "bytes": size, "t_ns": us_to_ns(us)}
 
 
 def fit(rows: list[dict], source: str = "collectives CSV") -> LinkFit:

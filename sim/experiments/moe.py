@@ -17,7 +17,7 @@ from sim.lowering.moe import DISPATCHES, HOST_DISPATCH_NS
 from sim.moe.sizes import expert_bytes, experts_per_chip, sram_budget
 from sim.paths import bundled
 from sim.run import RunSpec, resolve, simulate
-from sim.units import MB
+from sim.units import MB, MS_PER_S
 
 __all__ = ["DISPATCHES", "HOST_DISPATCH_NS", "MoeCase", "MoeResults", "collect", "executions", "policy_table",
            "run", "scale_check"]
@@ -101,7 +101,7 @@ def scale_check() -> dict:
     C1: Llama-2-70B at 300 tokens/s/user on 576 chips, about 3.3 ms per token)."""
     s = simulate(RunSpec(model="llama-2-70b", hardware="groq-lpu", weights="int8", chips=576, tp=18, pp=32,
                          batch=1, context=CONTEXT, steps=2, allow_long_context=True)).summary  # 4096 is its window
-    return {"ms": s["per_token_ms_p99"], "published_ms": 1e3 / 300, "bound": s["bound"]}
+    return {"ms": s["per_token_ms_p99"], "published_ms": MS_PER_S / 300, "bound": s["bound"]}
 
 
 def hypothetical_profile() -> Path:

@@ -32,7 +32,7 @@ import yaml
 from sim.config.loader import load_yaml
 from sim.paths import hardware_dir
 from sim.run import simulate
-from sim.units import GB
+from sim.units import GB, GB_PER_TB, MB_PER_GB
 
 NAME = "sram-heavy-10ms"
 TARGET_MS = 10.0
@@ -51,7 +51,7 @@ def design(bandwidth_GBps: float, capacity_GB: float, base: str = "h200-sxm") ->
     store = {
         "kind": "sram", "name": "sram", "scope": "chip",
         "count": {"value": 1, "source": "one chip-wide SRAM backing store (hypothetical design)"},
-        "capacity_MB": {"value": capacity_GB * 1e3, "estimate": True,
+        "capacity_MB": {"value": capacity_GB * MB_PER_GB, "estimate": True,
                         "source": f"{DERIVED}: llama-3-70b bf16 weights + fp16 KV (batch 1, context 4096) "
                                   "+ activations, rounded up to 10 GB"},
         "bandwidth_GBps": {"value": bandwidth_GBps, "estimate": True,
@@ -69,7 +69,7 @@ def design(bandwidth_GBps: float, capacity_GB: float, base: str = "h200-sxm") ->
     raw["memory"][0] = store
     raw["name"] = NAME
     raw["description"] = (f"Hypothetical: an H200-class chip whose HBM is replaced by {capacity_GB:g} GB of "
-                          f"on-chip SRAM at {bandwidth_GBps / 1e3:g} TB/s, so llama-3-70b bf16 decodes under "
+                          f"on-chip SRAM at {bandwidth_GBps / GB_PER_TB:g} TB/s, so llama-3-70b bf16 decodes under "
                           f"{TARGET_MS:g} ms")
     raw["compute"]["tile_load_GBps"] = {
         "value": round(2 * bandwidth_GBps / tiles, 1), "estimate": True,
@@ -88,7 +88,7 @@ def _predict(raw: dict) -> dict:
         return simulate(hardware=str(path), **RUN).summary
 
 
-def derive(lo_GBps: float = 1e3, hi_GBps: float = 1e6, iterations: int = 30) -> dict:
+def derive(lo_GBps: float = 1e3, hi_GBps: float = 1e6, iterations: int = 30) -> dict:  # 1 TB/s to 1 PB/s
     """Capacity from the run's needs; bandwidth by bisection. Returns the derivation."""
     probe = _predict(design(hi_GBps, 1e4))
     needed_GB = probe["capacity"]["needed_bytes"] / GB

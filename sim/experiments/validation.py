@@ -37,6 +37,7 @@ from sim.lowering.graph import Access, Builder, make_graph
 from sim.paths import bundled
 from sim.run import RunSpec, resolve, simulate
 from sim.setup import load_profile
+from sim.units import ns_to_us
 
 DECODE_CSV = Path("calibration/data/h200/decode_steps.csv")
 MEDIAN_BOUND_PCT = 10.0
@@ -379,7 +380,7 @@ def overlap_rows() -> list[dict]:
                 add(b, b_kind, "b")
         graph = make_graph(b.ops, step=0, contexts=(), stages=1)
         op_costs = [costs.cost(op.work) for op in graph.ops]
-        return Simulation(graph, op_costs, costs.capacity, costs.host, True).run().time_ns / 1e3
+        return ns_to_us(Simulation(graph, op_costs, costs.capacity, costs.host, True).run().time_ns)
 
     out = []
     for r in rows:

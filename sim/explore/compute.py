@@ -19,6 +19,7 @@ from sim.explore.html import view_document
 from sim.io import to_json
 from sim.run import simulate
 from sim.setup import resolve
+from sim.units import GFLOP_PER_TFLOP
 
 MAX_STEPS = 64
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -42,7 +43,7 @@ def plain(obj):
 def vector_peak_Tops(hardware) -> float:
     """The vector units' peak (tera operations per second, fp32), the dequantization ceiling."""
     c = hardware.compute
-    return c.tiles.value * c.vector_rate("fp32") * c.clock_GHz.value / 1e3
+    return c.tiles.value * c.vector_rate("fp32") * c.clock_GHz.value / GFLOP_PER_TFLOP
 
 
 def roofline_of(result) -> dict | None:
@@ -80,7 +81,7 @@ def _level_points(ops: list[dict], levels: list[str]) -> dict[str, dict]:
                 p = points.setdefault(level, {"name": [], "intensity": [], "rate": []})
                 p["name"].append(op["name"])
                 p["intensity"].append(work / moved)
-                p["rate"].append(work / duration / 1e3)
+                p["rate"].append(work / duration / GFLOP_PER_TFLOP)
     return points
 
 

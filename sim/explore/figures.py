@@ -9,6 +9,8 @@ requests per second.
 
 from __future__ import annotations
 
+from sim.units import GFLOP_PER_TFLOP
+
 COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
 DASHES = ("solid", "dash")
 LEVEL_SYMBOLS = ("circle", "square", "triangle-up", "diamond", "triangle-down", "cross", "x")
@@ -77,7 +79,8 @@ def roofline(view: dict) -> dict:
     matrix = roof["matrix_peak_TFLOPs"]
     data = []
     for i, (level, gbps) in enumerate(roof["peaks_GBps"].items()):
-        data.append({"type": "scatter", "mode": "lines", "x": xs, "y": [min(matrix, x * gbps / 1e3) for x in xs],
+        roof_y = [min(matrix, x * gbps / GFLOP_PER_TFLOP) for x in xs]
+        data.append({"type": "scatter", "mode": "lines", "x": xs, "y": roof_y,
                      "name": f"{level} roof ({gbps:,.0f} GB/s)",
                      "line": {"color": COLOURS[i % len(COLOURS)], "width": 1.5}, "hoverinfo": "name"})
     data.append({"type": "scatter", "mode": "lines", "x": [lo, hi], "y": [roof["vector_peak_Tops"]] * 2,

@@ -19,6 +19,7 @@ from pathlib import Path
 from sim.errors import ConfigError
 from sim.explore import figures
 from sim.io import write_atomic
+from sim.units import GB
 
 STYLE = """
 body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:24px;color:#222;max-width:1200px}
@@ -78,8 +79,8 @@ def headline(view: dict) -> str:
     s = view["summary"]
     e = html.escape
     cap = s["capacity"]
-    mem = (f"memory per chip: {cap['needed_bytes'] / 1e9:.2f} GB needed (weights {cap['weights_bytes'] / 1e9:.2f} GB, "
-           f"KV {cap['kv_bytes'] / 1e9:.2f} GB) of {cap['available_bytes'] / 1e9:.2f} GB")
+    mem = (f"memory per chip: {cap['needed_bytes'] / GB:.2f} GB needed (weights {cap['weights_bytes'] / GB:.2f} GB, "
+           f"KV {cap['kv_bytes'] / GB:.2f} GB) of {cap['available_bytes'] / GB:.2f} GB")
     parts = [f"<div class=\"card\" data-label=\"{e(view['label'])}\"><h3>{e(view['label'])}: {e(s['model'])} on "
              f"{e(s['hardware'])}, weights {e(s['weights'])}, KV {e(s['kv'])}</h3>"]
     if s["verdict"] == "does-not-fit":

@@ -24,6 +24,7 @@ import pandas as pd
 
 from sim.report import labels
 from sim.report.figures import eng_axis, rate_text, save, settings_text
+from sim.units import GFLOP_PER_TFLOP, NS_PER_MS, NS_PER_US
 
 MIN_PEAK_FRACTION = 0.01  # a resource never above 1% of its peak gets no panel, only a mention
 MARKERS = ("o", "s", "^", "D", "v", "P", "X")
@@ -85,7 +86,7 @@ def bandwidth(detail: Path, folder: Path, bins: int = 400) -> list[str]:
         (shown if util.max() >= MIN_PEAK_FRACTION else quiet).append((resource, util))
     if not shown:
         return []
-    scale, unit = (1e3, "µs") if t_end < 2e6 else (1e6, "ms")
+    scale, unit = (NS_PER_US, "µs") if t_end < 2 * NS_PER_MS else (NS_PER_MS, "ms")
     fig, axes = plt.subplots(len(shown), 1, figsize=(10, 1.7 * len(shown) + 1.2), sharex=True, squeeze=False)
     for ax, (resource, util) in zip(axes[:, 0], shown, strict=True):
         rows = moving[moving["resource"] == resource]
@@ -128,7 +129,7 @@ def roofline(detail: Path, folder: Path) -> list[str]:
     ops = pd.read_parquet(detail / "ops.parquet").rename(columns=OLD_OP_NAMES)  # tables written before the rename
     work = ops["flops"].fillna(0) + ops.get("vector_ops", 0)
     dur = (ops["t_end_ns"] - ops["t_start_ns"]).clip(lower=1e-9)
-    rate = work / dur / 1e3  # T operations per second
+    rate = work / dur / GFLOP_PER_TFLOP  # T operations per second
     levels = [lv for lv in meta["levels"] if lv in meta["peaks_GBps"]]
     points = {}
     for level in levels:
@@ -174,11 +175,11 @@ def _roofs(ax, meta: dict, levels: list[str], points: pd.DataFrame) -> None:
     peak_t = meta["matrix_peak_TFLOPs"]
     lowest_bw = min(meta["peaks_GBps"][lv] for lv in levels)
     x = np.logspace(math.log10(max(points["intensity"].min() / 3, 1e-3)),
-                    math.log10(max(points["intensity"].max() * 3, peak_t * 1e3 / lowest_bw * 3)), 200)
+                    math.log10(max(points["intensity"].max() * 3, peak_t * GFLOP_PER_TFLOP / lowest_bw * 3)), 200)
     styles = ("-", "--", "-.", ":")
     for i, level in enumerate(levels):
         bw = meta["peaks_GBps"][level]
-        ax.plot(x, np.minimum(peak_t, x * bw / 1e3), color="black", lw=1.3, ls=styles[i % len(styles)],
+        ax.plot(x, np.minimum(peak_t, x * bw / GFLOP_PER_TFLOP), color="black", lw=1.3, ls=styles[i % len(styles)],
                 label=f"{labels.resource(level)} roof {rate_text(bw)}")
     ax.axhline(peak_t, color="black", lw=0.8, alpha=0.5)
     ax.text(x[0], peak_t * 1.08, f"matrix peak {labels.eng(peak_t)} TFLOP/s ({meta['matmul_dtype']})", fontsize=7)

@@ -21,6 +21,7 @@ from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from sim.io import write_with  # noqa: E402
 from sim.report import labels  # noqa: E402
+from sim.units import GB_PER_TB  # noqa: E402
 
 # every breakdown row sim.results assigns time to, in the order bars stack them
 ROW_ORDER = ["weights", "expert_weights", "staged_weights", "kv", "outliers", "activations", "temp", "combine",
@@ -170,7 +171,7 @@ def _minor(value: float) -> str:
 
 def rate_text(GBps: float) -> str:
     """A bandwidth in human units: 4800 -> "4.8 TB/s", 450 -> "450 GB/s"."""
-    return f"{GBps / 1e3:.3g} TB/s" if GBps >= 1e3 else f"{GBps:.3g} GB/s"
+    return f"{GBps / GB_PER_TB:.3g} TB/s" if GBps >= GB_PER_TB else f"{GBps:.3g} GB/s"
 
 
 def slug(value) -> str:

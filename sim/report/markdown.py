@@ -20,6 +20,7 @@ from sim.io import write_atomic
 from sim.paths import display_path, relative_text
 from sim.report.claims import claim_panels, metric_columns, metric_label, variants
 from sim.report.plots import LATENCY, load, no_effect, sensitivity_swings
+from sim.units import GB
 
 MAX_ROWS = 80
 
@@ -337,7 +338,7 @@ def _verdicts_section(grid: pd.DataFrame, axes: dict, md_table) -> list[str]:
     if "error" in view:
         view["error"] = view["error"].map(lambda e: relative_text(e) if isinstance(e, str) else e)
     if "capacity_needed_bytes" in view:
-        view["capacity_needed_bytes"] = view["capacity_needed_bytes"] / 1e9
+        view["capacity_needed_bytes"] = view["capacity_needed_bytes"] / GB
         view = view.rename(columns={"capacity_needed_bytes": "memory GB/chip"})
         cols = [c if c != "capacity_needed_bytes" else "memory GB/chip" for c in cols]
     lines += md_table(view, cols)

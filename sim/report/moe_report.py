@@ -34,6 +34,7 @@ from sim.experiments.moe import (
 from sim.io import write_with
 from sim.moe.routing import expected_distinct
 from sim.report.figures import eng_axis, row_colour, row_label, stacked_rows
+from sim.units import GB_PER_TB, MB_PER_GB, ms_to_us, ns_to_us
 
 
 def _top_rows(s: dict, n: int = 3) -> str:
@@ -98,7 +99,7 @@ def render(results: list[dict], policy_rows: list[dict], command: str, scale: di
     fit = policy_rows[0]["fit"]
     lines += ["", "## Placement policies and routing skew (hypothetical SRAM-rich HBM chip)", "",
               f"`{HYPOTHETICAL}` with `--set {HYPO_SET[0]}={HYPO_SET[1]}` and {HYPO_CHIPS} chips: the h200-sxm "
-              f"profile whose L2 is replaced by {HYPO_SET[1] / 1e3:g} GB of chip SRAM, 90% pinnable (a what-if, "
+              f"profile whose L2 is replaced by {HYPO_SET[1] / MB_PER_GB:g} GB of chip SRAM, 90% pinnable (a what-if, "
               f"not a product). Qwen3-30B-A3B bf16 ({fit['expert_MB']:.1f} MB per expert); batch {HYPO_BATCH}, "
               f"{HYPO_STEPS} steps, sram_zero_copy dispatch. Static, LRU and LFU pin tensor-parallel shards "
               f"({fit['slots']} slots of {fit['on_chip']} per chip); spread pins whole experts of each chip's "
@@ -126,7 +127,7 @@ def render(results: list[dict], policy_rows: list[dict], command: str, scale: di
               "- Under expert parallelism the dense lowering's all-reduce after the FFN is kept (an all-gather "
               "would do); the all-to-all uses the profile's link latency and per-message overhead "
               "(no DeepEP-style low-latency kernels); hot experts are not replicated.",
-              f"- The host_sync path's host work ({HOST_DISPATCH_NS / 1e3:g} us per layer plus one launch per "
+              f"- The host_sync path's host work ({ns_to_us(HOST_DISPATCH_NS):g} us per layer plus one launch per "
               "active expert) is an estimate; on the groq-lpu (a statically scheduled chip with no per-expert "
               "launches) it is a what-if only.",
               "- The static policy pins the experts that are hottest over the run's own routing (an oracle "
@@ -174,7 +175,7 @@ def _zero_copy_finding(by: dict) -> str:
     zc_gain = _gains(by, "sram_zero_copy")
     hi_zc = max(zc_gain)
     return ("Zero-copy dispatch itself (activations tile to tile instead of an HBM round trip) saves at most "
-            f"{1e3 * hi_zc[0]:.1f} us per token here ({hi_zc[1]}, batch {hi_zc[2]}), at most "
+            f"{ms_to_us(hi_zc[0]):.1f} us per token here ({hi_zc[1]}, batch {hi_zc[2]}), at most "
             f"{100 * max(g[3] for g in zc_gain):.2f}% of the step: a decode step's activations are kilobytes to a "
             "few megabytes per layer, so what zero-copy removes is a few HBM latencies per layer, not bandwidth.")
 
@@ -201,14 +202,14 @@ def _sram_finding(results: list[dict], ran: list[dict], by: dict, fits: dict) ->
     sram = [f for f in fits.values() if f["sram_store"]]
     sram_ran = [r for r in ran if r["fit"]["sram_store"] and r["dispatch"] == "device"]
     sram_all_meet = all(r["summary"]["meets_target"] for r in sram_ran)
-    sram_zc_us = max(1e3 * (by[(r["setup"], r["batch"], "device")]["per_token_ms_p99"]
-                            - by[(r["setup"], r["batch"], "sram_zero_copy")]["per_token_ms_p99"]) for r in sram_ran)
+    sram_zc_us = max(ms_to_us(by[(r["setup"], r["batch"], "device")]["per_token_ms_p99"]
+                              - by[(r["setup"], r["batch"], "sram_zero_copy")]["per_token_ms_p99"]) for r in sram_ran)
     sram_largest = sorted({max(r["summary"]["breakdown_ms"], key=r["summary"]["breakdown_ms"].get) for r in sram_ran})
     return (f"Where the experts do live in SRAM (groq-lpu, {min(f['chips'] for f in sram)} to "
             f"{max(f['chips'] for f in sram)} chips of {sram[0]['store_MB']:.0f} MB each, the whole model resident), "
             + ("sub-10 ms decode holds for every setup that fits" if sram_all_meet else
                "decode is fast but not under the target in every setup that fits")
-            + f", because expert weights stream from {sram[0]['store_GBps'] / 1e3:.0f} TB/s SRAM and the device "
+            + f", because expert weights stream from {sram[0]['store_GBps'] / GB_PER_TB:.0f} TB/s SRAM and the device "
             "path has no host syncs, not because of zero-copy dispatch: there the device path's activations already "
             f"go through SRAM, and the two paths differ by at most {sram_zc_us:.2f} us per token. The cost moves "
             f"elsewhere (the largest breakdown rows of the device path there: {', '.join(sram_largest)}) and, for "

@@ -23,6 +23,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from sim.io import write_atomic, write_with  # noqa: E402
+from sim.units import MS_PER_S
 
 MARKERS = ("o", "s", "D", "^", "v", "P", "X", "h")
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
@@ -48,7 +49,7 @@ def plot_front(rows: list[dict], front: list[dict], chosen: dict | None, data: d
         _draw_front(ax, front, style)
     if chosen is not None:
         _draw_chosen(ax, chosen)
-    floor = 1e3 / data["slo"]["tpot_ms"]
+    floor = MS_PER_S / data["slo"]["tpot_ms"]
     ax.axvline(floor, color="0.4", ls="--", lw=1)
     ax.text(floor, 1.0, f"  TPOT {data['slo']['tpot_ms']:g} ms", transform=ax.get_xaxis_transform(), va="top",
             fontsize=8, color="0.3")

@@ -24,6 +24,7 @@ from sim.experiments import spatial
 from sim.experiments.spatial import BATCHES, STAGED, Case, SpatialResults
 from sim.io import write_atomic
 from sim.paths import bundled
+from sim.units import MS_PER_S, ms_to_us
 
 MARKER = "<!-- VALIDATION: written by hand after the predictions above were frozen; kept on regeneration -->"
 
@@ -37,7 +38,7 @@ def predictions(rows: list[tuple[Case, dict]]) -> list[str]:
                          f"does not fit | | capacity | {r['reason']} |")
             continue
         lines.append(f"| {case.label} | {case.model} | {case.weights} | {r['software']} | {r['tp']} x {r['pp']} | "
-                     f"{r['ms']:.3f} | {1e3 / r['ms']:.0f} | {r['bound']} | {r['top']} |")
+                     f"{r['ms']:.3f} | {MS_PER_S / r['ms']:.0f} | {r['bound']} | {r['top']} |")
     return lines
 
 
@@ -86,7 +87,7 @@ def _zero_copy_findings(model: str, results: dict) -> list[str]:
 def contention(rows: list[tuple[str, float, float]]) -> list[str]:
     lines = ["| case | analytic ms | DES ms | DES - analytic (us) |", "|---|---|---|---|"]
     for label, ana, des in rows:
-        lines.append(f"| {label} | {ana:.4f} | {des:.4f} | {1e3 * (des - ana):.1f} |")
+        lines.append(f"| {label} | {ana:.4f} | {des:.4f} | {ms_to_us(des - ana):.1f} |")
     return lines
 
 

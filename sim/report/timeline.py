@@ -34,6 +34,8 @@ import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from sim.units import ns_to_us
+
 HOST_PID = 0
 HOST = "host"
 KERNELS = "kernels"
@@ -170,7 +172,7 @@ def _slice(r, start: float, end: float, pid: int, tid: int) -> dict:
         args.update(op=owner, kernel=kernel, kernel_class=kind)
     else:
         name = f"{op} L{layer}" if layer >= 0 else op
-    return {"name": name, "cat": kind, "ph": "X", "ts": start / 1e3, "dur": (end - start) / 1e3, "pid": pid,
+    return {"name": name, "cat": kind, "ph": "X", "ts": ns_to_us(start), "dur": ns_to_us(end - start), "pid": pid,
             "tid": tid, "args": args}
 
 
@@ -230,9 +232,9 @@ def counter_events(pid: int, resource: str, spans: list[tuple[float, float, int]
         if value == last:
             continue
         last = value
-        out.append({"name": f"{resource} bandwidth (GB/s)", "ph": "C", "ts": t / 1e3, "pid": pid, "tid": 0,
+        out.append({"name": f"{resource} bandwidth (GB/s)", "ph": "C", "ts": ns_to_us(t), "pid": pid, "tid": 0,
                     "args": {"GB/s": value[0]}})
-        out.append({"name": f"{resource} bytes in flight", "ph": "C", "ts": t / 1e3, "pid": pid, "tid": 0,
+        out.append({"name": f"{resource} bytes in flight", "ph": "C", "ts": ns_to_us(t), "pid": pid, "tid": 0,
                     "args": {"bytes": value[1]}})
     return out
 
@@ -244,9 +246,9 @@ def _step_slices(steps: list[int], offsets: dict[int, float], layout: Layout, lo
     out = []
     for s in steps:
         duration = layout.step_times_ns.get(s, ends.get(s, 0.0))
-        out.append({"name": f"step {s}", "cat": "step", "ph": "X", "ts": offsets.get(s, 0.0) / 1e3,
-                    "dur": duration / 1e3, "pid": HOST_PID, "tid": 1, "args": {"step": int(s),
-                                                                              "time_ns": float(duration)}})
+        out.append({"name": f"step {s}", "cat": "step", "ph": "X", "ts": ns_to_us(offsets.get(s, 0.0)),
+                    "dur": ns_to_us(duration), "pid": HOST_PID, "tid": 1, "args": {"step": int(s),
+                                                                                    "time_ns": float(duration)}})
     return out
 
 

@@ -33,6 +33,7 @@ from sim.experiments.validation import (
 )
 from sim.io import write_atomic
 from sim.paths import bundled, in_checkout
+from sim.units import ms_to_us, ns_to_ms, ns_to_us
 
 
 def explain(row: dict) -> str:
@@ -308,8 +309,8 @@ def _kernel_count_words(fitted: list[dict], r: dict, fit: dict) -> str:
                 f"{abs(mean_gap_ms):.2f} ms on average.")
     return (f"The lowering's `torch-eager` decomposition issues {r['kernels']} kernels per step where the "
             f"profiler counted {measured} (calibration/data/h200/decode_kernels.csv): "
-            f"{missing} kernels the simulator does not see. At the measured {gap / 1e3:.1f} us per kernel inside "
-            f"a graph that is {missing * gap / 1e6:.2f} ms of gaps alone, before the few microseconds each small "
+            f"{missing} kernels the simulator does not see. At the measured {ns_to_us(gap):.1f} us per kernel inside "
+            f"a graph that is {ns_to_ms(missing * gap):.2f} ms of gaps alone, before the few microseconds each small "
             f"kernel also runs; the graph rows are {side}-predicted by {abs(mean_gap_ms):.2f} ms on average. "
             "The kernel table lives in sim/lowering/decode.py (KERNELS).")
 
@@ -318,8 +319,8 @@ def _eager_words(eager_rows: list[dict], launch: float) -> list[str]:
     """Why the eager rows stay far above the prediction, and an odd smallest batch if there is one."""
     per_kernel = statistics.fmean(x["measured_ms"] / int(float(x["measured_kernels"] or 1)) for x in eager_rows)
     words = [
-        f"Eager rows take {per_kernel * 1e3:.0f} us of wall time per kernel against a measured "
-        f"{launch / 1e3:.1f} us launch of one small kernel: a plain PyTorch step pays Python and dispatcher "
+        f"Eager rows take {ms_to_us(per_kernel):.0f} us of wall time per kernel against a measured "
+        f"{ns_to_us(launch):.1f} us launch of one small kernel: a plain PyTorch step pays Python and dispatcher "
         "time per aten op (views and slices for RoPE, index_copy_, SDPA set-up) that a launch microbenchmark "
         "does not contain, so the eager rows stay launch-bound far above the prediction. calibration/README.md "
         "measures about 1 ms of host time per layer (30 kernel launches plus about 100 ATen calls that launch "

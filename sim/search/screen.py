@@ -55,7 +55,7 @@ from sim.search.space import Deployment
 from sim.search.workload import Workload, replay_window, window_requests
 from sim.serve.stepmodel import SimulatorStepModel, serve_resolved
 from sim.setup import RunSetup
-from sim.units import GB
+from sim.units import GB, NS_PER_S, ns_to_ms, s_to_ns
 
 MAX_ANCHOR = 1 << 20  # row anchors stop here (a guard; steps are far smaller in practice)
 # Row counts at which a setup's step parts are evaluated exactly. Below 64 rows a step is flat
@@ -179,7 +179,7 @@ def steady_batch(T, rate: float, output_mean: float, limit: float, iterations: i
     """The smallest ``b`` in [1, limit] with ``rate x output x T(b) <= b`` (T in ns; the first
     sign change over 1, 2, 4, ..., limit, then bisection), or None."""
     def g(b: float) -> float:
-        return rate * output_mean * T(b) / 1e9 - b
+        return rate * output_mean * T(b) / NS_PER_S - b
 
     if g(1.0) <= 0:
         return 1.0
@@ -229,7 +229,7 @@ def queue_ttft_ns(arrivals_s, prompts, outputs, slots: int, prefill_ns, tpot_ns:
     free = [0.0] * max(1, slots)  # when each slot is next free (a heap), ns
     ttft = np.empty(len(arrivals_s))
     hold = prefill_ns + (np.maximum(outputs, 1) - 1) * tpot_ns
-    for i, (t, pre, busy) in enumerate(zip((arrivals_s * 1e9).tolist(), prefill_ns.tolist(), hold.tolist(),
+    for i, (t, pre, busy) in enumerate(zip(s_to_ns(arrivals_s).tolist(), prefill_ns.tolist(), hold.tolist(),
                                            strict=True)):
         start = max(t, heapq.heappop(free))
         heapq.heappush(free, start + busy)
@@ -322,7 +322,7 @@ def screen(setup: SetupScreen, d: Deployment, *, rate: float | None, load: float
     def T(b: float) -> float:
         return steady.mean_ns(b, budget)
 
-    capacity_rate = b_limit * 1e9 / (work.output_mean * T(b_limit))
+    capacity_rate = b_limit * NS_PER_S / (work.output_mean * T(b_limit))
     operating = rate if rate is not None else load * capacity_rate
     row.update(capacity_rate_per_s=capacity_rate, rate_per_s=operating)
     b = steady_batch(T, operating, work.output_mean, b_limit)
@@ -333,7 +333,7 @@ def screen(setup: SetupScreen, d: Deployment, *, rate: float | None, load: float
     tpot_ns = T(b)
     tpot_pct_ns = tpot_percentile_ns(steady, b, budget, b_limit, work, slo["percentile"])
     chunk = max(1, int(budget - b))
-    window = replay_window(traffic, operating, work, tpot_ns / 1e6)
+    window = replay_window(traffic, operating, work, ns_to_ms(tpot_ns))
     arrivals, prompts, outputs = window_requests(traffic, window)
     # a prompt takes ceil(prompt / chunk) steps, each carrying a chunk of up to `chunk` tokens
     # (timed at the chunk size rounded up to CHUNK_GRAIN tokens: a few hundred distinct steps at most)
@@ -341,9 +341,10 @@ def screen(setup: SetupScreen, d: Deployment, *, rate: float | None, load: float
     times = {int(n): steady.step_ns(b, int(n)) for n in np.unique(sizes)}
     prefill_ns = np.ceil(prompts / chunk) * np.array([times[int(n)] for n in sizes]) + tpot_ns
     ttft_ns = queue_ttft_ns(arrivals, prompts, outputs, b_limit, prefill_ns, tpot_ns, slo["percentile"])
-    row.update(est_batch=b, est_tpot_ms=tpot_ns / 1e6, est_tpot_pct_ms=tpot_pct_ns / 1e6, est_ttft_ms=ttft_ns / 1e6,
+    row.update(est_batch=b, est_tpot_ms=ns_to_ms(tpot_ns), est_tpot_pct_ms=ns_to_ms(tpot_pct_ns),
+               est_ttft_ms=ns_to_ms(ttft_ns),
                est_requests=len(arrivals),
-               tokens_per_s_per_chip=operating * work.output_mean / d.chips, tokens_per_s_per_user=1e9 / tpot_ns)
+               tokens_per_s_per_chip=operating * work.output_mean / d.chips, tokens_per_s_per_user=NS_PER_S / tpot_ns)
     row["screen_ok"] = bool(row["est_tpot_pct_ms"] <= slo["tpot_ms"] and row["est_ttft_ms"] <= slo["ttft_ms"])
     return row
 

@@ -30,6 +30,7 @@ from sim.search.space import Deployment
 from sim.search.workload import Workload, replay_window
 from sim.serve.replay import serve
 from sim.serve.spec import ServeSpec, build
+from sim.units import MS_PER_S
 
 
 def verify(d: Deployment, model: str, overrides: tuple, rate: float, work: Workload, slo: dict, traffic: dict,
@@ -62,7 +63,7 @@ def verify(d: Deployment, model: str, overrides: tuple, rate: float, work: Workl
         "ttft_ms_mean": summary["ttft_ms_mean"], "replay_mean_batch": summary["mean_batch_busy"],
         "replay_preemptions": summary["preemptions"],
         "replay_tokens_per_s_per_chip": summary["throughput_tokens_per_s"] / d.chips,
-        "replay_tokens_per_s_per_user": 1e3 / summary["tpot_ms_mean"] if summary["tpot_ms_mean"] > 0 else math.nan,
+        "replay_tokens_per_s_per_user": MS_PER_S / summary["tpot_ms_mean"] if summary["tpot_ms_mean"] > 0 else math.nan,
         "des_step_ms": des.summary["per_token_ms_p50"], "analytic_step_ms": ana.summary["per_token_ms_p50"],
         "des_over_analytic": ratio, "bound": des.summary["bound"],
         "step_model_exact": summary.get("step_model", {}).get("exact"),

@@ -20,6 +20,7 @@ import numpy as np
 
 from sim.errors import ConfigError
 from sim.serve.requests import open_source
+from sim.units import MS_PER_S
 
 MAX_REQUESTS = 200_000  # requests read for the statistics
 
@@ -88,7 +89,8 @@ def replay_window(traffic: dict, rate: float, work: Workload, tpot_ms: float) ->
     so that its first ``n`` requests arrive at ``rate`` on average (the Azure traces start 2-3x
     sparser than their hour-long mean); synthetic arrivals are Poisson at ``rate``. Returns
     the ServeSpec fields (``rate`` or ``rate_scale``, ``duration_s``)."""
-    seconds = max(traffic["replay_lifetimes"] * work.output_mean * tpot_ms / 1e3, traffic["replay_requests"] / rate)
+    seconds = max(traffic["replay_lifetimes"] * work.output_mean * tpot_ms / MS_PER_S,
+                  traffic["replay_requests"] / rate)
     seconds = min(traffic["duration_s"], seconds)
     if traffic["requests"] == "synthetic":
         return {"rate": rate, "duration_s": seconds}

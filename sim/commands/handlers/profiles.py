@@ -6,6 +6,7 @@ from sim.commands.common import emit_json
 from sim.config.hardware import sources
 from sim.paths import display_path, hardware_dir
 from sim.setup import load_profile
+from sim.units import GB_PER_TB
 
 
 def profile_rows() -> list[dict]:
@@ -39,6 +40,7 @@ def handle(args) -> int:
           f"{'link GB/s':>10}  description")
     for h in rows:
         link = f"{h['link_GBps']:>10.0f}" if h["link_GBps"] is not None else f"{'-':>10}"
-        print(f"{h['name']:<20}{h['chips']:>6}{h['store']:>7}{h['capacity_GB']:>9.1f}{h['peak_GBps'] / 1e3:>10.2f}"
+        print(f"{h['name']:<20}{h['chips']:>6}{h['store']:>7}{h['capacity_GB']:>9.1f}"
+              f"{h['peak_GBps'] / GB_PER_TB:>10.2f}"
               f"{h['bf16_TFLOPs']:>9.0f}{h['on_chip_MB']:>9.1f}{link}  {h['description']}")
     return 0

@@ -19,6 +19,7 @@ from sim.serve.report import render as render_report
 from sim.serve.requests import open_source
 from sim.serve.spec import ServeSpec, build, upgrade_names
 from sim.serve.sweep import grid, load_study, run_sweep, study_points, write_table
+from sim.units import GB
 
 
 def handle(args) -> int:
@@ -304,7 +305,8 @@ def render(s: dict) -> str:
               f"{s['simulated_s']:.1f} s simulated in {s['steps']:,} steps",
               f"  scheduler: {s['policy']} prefill, <= {s['max_tokens_per_step']} tokens and <= {s['max_batch']} "
               f"sequences per step, {s['block_tokens']}-token KV blocks; KV pool "
-              f"{s['kv_pool_bytes_per_chip'] / 1e9:.1f} GB per chip, room for {s['kv_pool_tokens']:,} cached tokens ({s['kv_pool_tokens'] // 4096:,} "
+              f"{s['kv_pool_bytes_per_chip'] / GB:.1f} GB per chip, room for {s['kv_pool_tokens']:,} cached tokens "
+              f"({s['kv_pool_tokens'] // 4096:,} "
               f"sequences of 4,096 tokens)",
               f"  {'':<6}{'p50':>10}{'p90':>10}{'p99':>10}{'mean':>10}"]
     for key, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2e_ms", "E2E"), ("step_ms", "step")):
