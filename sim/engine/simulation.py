@@ -84,7 +84,7 @@ class Simulation:
         for first, last in segments(self.graph):
             t = issue(first, last, t, self.op_costs, host, self.graph_mode, issue_time)
             if self.log is not None:
-                self._log_issue(first, last, t)
+                self._log_issue(first, last, t, issue_time)
             op = ops[last]
             if op.host_sync:
                 self._publish()
@@ -101,7 +101,7 @@ class Simulation:
                     yield env.timeout(t - env.now)
         self._publish()
 
-    def _log_issue(self, first: int, last: int, t: float) -> None:
+    def _log_issue(self, first: int, last: int, t: float, issue_time) -> None:
         ops = self.graph.ops
         if self.graph_mode:
             self._log_host(ops[first], "host.graph_launch", t - self.host.graph_launch_ns, t)
@@ -109,7 +109,7 @@ class Simulation:
         for idx in range(first, last + 1):
             dispatch = self.op_costs[idx].dispatch_ns
             if dispatch > 0:
-                self._log_host(ops[idx], "host.dispatch", self.issue_time[idx] - dispatch, self.issue_time[idx])
+                self._log_host(ops[idx], "host.dispatch", issue_time[idx] - dispatch, issue_time[idx])
 
     def _publish(self):
         event, self.published = self.published, self.env.event()
@@ -192,11 +192,11 @@ class Simulation:
     def _log_timeline(self, outcome: StepOutcome) -> list[Span]:
         """The spans of a closed-form step, as the events would have logged them: per segment,
         the host's launches, then its ops alone on their links, then the host's wait."""
-        ready, issued, start, end, costs, _bodies = outcome.moments
-        self.issue_time, ops, t = issued, self.graph.ops, 0.0
+        _ready, issued, start, end, costs, _bodies = outcome.moments
+        ops = self.graph.ops
         for first, last in segments(self.graph):
             t = issued[last]
-            self._log_issue(first, last, t)
+            self._log_issue(first, last, t, issued)
             for idx in range(first, last + 1):
                 cost = costs[idx]
                 self.log_alone(ops[idx], cost, start[idx] + cost.gap_ns + cost.fill_ns)
