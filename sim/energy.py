@@ -30,9 +30,7 @@ from dataclasses import dataclass
 from sim.costs import CATEGORY_ROW, MEMO_LIMIT, CostModel
 from sim.lowering.decode import lower_step
 from sim.results import op_key, starts_with
-
-PJ = 1e-12  # J per pJ
-NS = 1e-9  # s per ns
+from sim.units import J_PER_PJ, S_PER_NS
 
 
 @dataclass(frozen=True)
@@ -124,9 +122,9 @@ class EnergyModel:
 def add_dynamic(by_row: dict, by_part: dict, n: int, rows: dict[str, float], parts: dict[str, float]) -> None:
     """Add ``n`` ops' dynamic energy (pJ by row, pJ by component) to the sums, in J."""
     for row, pj in rows.items():
-        by_row[row] += n * pj * PJ
+        by_row[row] += n * pj * J_PER_PJ
     for part, pj in parts.items():
-        by_part[part] += n * pj * PJ
+        by_part[part] += n * pj * J_PER_PJ
 
 
 def split(records, breakdown_ns: dict[str, float], time_ns: float, static_W: float, host_W: float,
@@ -144,7 +142,7 @@ def spread(by_row: dict, by_part: dict, breakdown_ns: dict[str, float], time_ns:
            host_W: float, idle_W: float, tokens: int) -> StepEnergy:
     """The step's energy: the dynamic sums (J, defaultdicts) plus static and host power x
     ``time_ns``, spread over the rows in proportion to ``breakdown_ns``."""
-    seconds = time_ns * NS
+    seconds = time_ns * S_PER_NS
     static, host = static_W * seconds, host_W * seconds
     by_part["static"] += static
     by_part["host"] += host
@@ -166,7 +164,7 @@ def summarize(steps: list[StepEnergy], power_limit_W: float | None = None) -> di
     all chips' limit together; the chips' average power above it is flagged."""
     tokens = sum(s.tokens for s in steps)
     total = sum(s.total_J for s in steps)
-    seconds = sum(s.time_ns for s in steps) * NS
+    seconds = sum(s.time_ns for s in steps) * S_PER_NS
     rows: dict[str, float] = defaultdict(float)
     parts: dict[str, float] = defaultdict(float)
     for s in steps:
@@ -237,12 +235,12 @@ class MeteredStepModel:
         for op in graph.ops:
             _rows, parts = self.model._op_pj(op, self.costs.cost_once(op.work))
             pj += sum(parts.values())
-        return pj * PJ * self.model.tp
+        return pj * J_PER_PJ * self.model.tp
 
     def summary(self, window_s: float, output_tokens: int) -> dict:
         """Flat figures for the serve summary (J per output token, average power)."""
         m = self.model
-        busy_s = self.busy_ns * NS
+        busy_s = self.busy_ns * S_PER_NS
         dynamic = (sum(self.samples) / len(self.samples)) * self.steps if self.samples else 0.0
         chip = m.static_W * busy_s + m.idle_W * max(0.0, window_s - busy_s) + dynamic
         total = chip + m.host_W * window_s

@@ -31,7 +31,7 @@ from sim.lowering.decode import largest_staged_reads, weight_bytes_by_unit, weig
 from sim.lowering.placement import staging_limit
 from sim.results import Ledger, bound_of, op_key, percentile
 from sim.setup import RunSetup, resolve
-from sim.units import GB, ns_to_ms
+from sim.units import GB, MB, MS_PER_S, ns_to_ms
 
 __all__ = ["RunSpec", "RunResult", "RUN_FIELDS", "simulate", "resolve", "capacity", "kv_bytes", "kv_layer_bytes",
            "kv_pool_bytes", "apply_run_overrides"]
@@ -288,7 +288,7 @@ def _does_not_fit(setup: RunSetup, cap: dict) -> dict:
 
 
 def _size(n: float) -> str:
-    return f"{n / GB:.2f} GB" if n >= GB else f"{n / 1e6:.1f} MB"
+    return f"{n / GB:.2f} GB" if n >= GB else f"{n / MB:.1f} MB"
 
 
 def _identity(setup: RunSetup, cap: dict) -> dict:
@@ -333,7 +333,7 @@ def _summary(setup: RunSetup, rows: list[dict], events: int, wall_s: float) -> d
         "weight_bytes_per_token": sum(r["weight_bytes"] for r in rows) / len(rows),
         "kv_bytes_per_token": sum(r["kv_bytes"] for r in rows) / len(rows),
         "hbm_achieved_GBps": achieved, "hbm_peak_GBps": peak, "hbm_fraction_of_peak": achieved / peak,
-        "throughput_tokens_per_s": 1e3 * tokens / sum(times), "events": events, "wall_s": wall_s,
+        "throughput_tokens_per_s": MS_PER_S * tokens / sum(times), "events": events, "wall_s": wall_s,
         "byte_floor_ms": ns_to_ms(store_bytes / len(rows) / peak),
         "batch_over_time": [r["batch"] for r in rows] if setup.spec.trace else None,
         **_moe_summary(setup),

@@ -22,6 +22,9 @@ GB_PER_TB = 1e3  # also GB/s per TB/s
 GFLOP_PER_TFLOP = 1e3  # also G operations per T operations, per second or not
 
 NS_PER_S = 1e9
+PS_PER_NS = 1e3
+S_PER_NS = 1e-9  # a product by it: x * S_PER_NS (not x / NS_PER_S, which can differ in the last bit)
+J_PER_PJ = 1e-12  # likewise, x * J_PER_PJ
 NS_PER_US = 1e3
 NS_PER_MS = 1e6
 MS_PER_S = 1e3

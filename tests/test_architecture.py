@@ -16,8 +16,7 @@ MAX_LOCAL_IMPORTS = 10
 MAX_COMPLEXITY = 20
 # a literal unit factor: 1e3, 1e-6, 1e9, 1e12 ..., / 1000, * 1000, 1024**2, 1024**3, 1_000_000
 UNIT_LITERAL = re.compile(r"\b1e(-)?(3|6|9|12)\b|/ ?1000\b|\* ?1000\b|1024 ?\*\* ?[23]|\b1_000_000\b")
-# file -> (lines matching UNIT_LITERAL, why they stay): the lines that are no unit conversion, and
-# (marked TO CLEAR) conversions in files that were being edited elsewhere when this list was made
+# file -> (lines matching UNIT_LITERAL, why they stay): the lines that are no unit conversion
 UNIT_LITERALS_ALLOWED = {
     "sim/commands/handlers/trace.py": (3, "flag bounds (LIMITS)"),
     "sim/config/hardware.py": (1, "module docstring stating the units"),
@@ -26,9 +25,6 @@ UNIT_LITERALS_ALLOWED = {
     "sim/config/quantity.py": (4, "bounds MAX_VALUE, MIN_POSITIVE and docstrings showing them"),
     "sim/config/spec.py": (4, "bounds: MAX_BATCH, MAX_STEPS, MAX_TARGET_MS, MAX_CHIPS"),
     "sim/costs/compute.py": (1, "epsilon under ceil"),
-    "sim/costs/kernels.py": (1, "TO CLEAR: ps -> ns (/ 1e3; sim.units has no PS_PER_NS yet)"),
-    "sim/energy.py": (2, "TO CLEAR: PJ = 1e-12 J per pJ, NS = 1e-9 s per ns (products by reciprocals: "
-                         "moving them keeps the multiplication, so sim.units would need J_PER_PJ, S_PER_NS)"),
     "sim/engine/flows.py": (1, "epsilon _EPS"),
     "sim/engine/simulation.py": (1, "relative tolerance"),
     "sim/experiments/link_fit.py": (1, "relative tolerance of the fit"),
@@ -45,7 +41,6 @@ UNIT_LITERALS_ALLOWED = {
     "sim/report/markdown.py": (1, "number-format threshold"),
     "sim/report/moe_report.py": (1, "tolerance: a difference under 1e-3 ms is no change"),
     "sim/report/plots.py": (3, "NO_EFFECT_FRACTION, log-colour floor, axis-span fallback"),
-    "sim/run.py": (2, "TO CLEAR: bytes -> MB (n / 1e6 is n / MB), tokens per ms -> per s (1e3 * is MS_PER_S *)"),
     "sim/search/screen.py": (1, "absolute tolerance"),
     "sim/search/space.py": (3, "bounds: MAX_DEPLOYMENTS, rate, axis values"),
     "sim/search/workload.py": (1, "relative and absolute padding of a duration"),

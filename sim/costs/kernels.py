@@ -19,6 +19,7 @@ import math
 
 from sim.config.hardware import HardwareProfile
 from sim.costs.records import CATEGORY_ROW
+from sim.units import PS_PER_NS
 
 
 class KernelClasses:
@@ -52,7 +53,7 @@ class KernelClasses:
             return flows, vector, dequant
         impl = self.stack.attention.get(k.impl)
         if impl is not None and k.quant:
-            measured = k.values * impl.ps_per_value(k.quant) / 1e3
+            measured = k.values * impl.ps_per_value(k.quant) / PS_PER_NS
             vector += measured - dequant
             dequant = measured
             flows = self._scaled(flows, impl.efficiency.value)
