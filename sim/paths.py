@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+from functools import cache
 from pathlib import Path
 
 from sim.errors import ConfigError
@@ -18,14 +19,18 @@ _PACKAGE = Path(__file__).resolve().parent
 _CHECKOUT = _PACKAGE.parent
 
 
+@cache
 def in_checkout() -> bool:
-    """True when running from a source checkout (not an installed package)."""
+    """True when running from a source checkout (not an installed package); asked once per
+    process (where the package runs from does not change while it runs)."""
     return (_CHECKOUT / "pyproject.toml").is_file() and (_CHECKOUT / "hardware_profiles").is_dir()
 
 
+@cache
 def bundled(*parts: str) -> Path:
     """The bundled folder ``parts`` (e.g. ``bundled("workloads", "models")``): beside sim/ in a
-    checkout, under sim/_bundled/ when installed (pyproject.toml maps the same folders)."""
+    checkout, under sim/_bundled/ when installed (pyproject.toml maps the same folders); found
+    once per process, as ``in_checkout``."""
     checkout = _CHECKOUT.joinpath(*parts)
     if checkout.is_dir() and in_checkout():
         return checkout
