@@ -18,8 +18,7 @@ CATEGORY_ROW = {"weights": "weights", "kv": "kv", "act": "activations", "outlier
                 "expert": "expert_weights", "staged": "staged_weights", "link": "links", "pcie": "host_link", "noc": "activations"}
 
 
-@dataclass(frozen=True, slots=True)
-class Flow:
+class Flow(NamedTuple):
     """One access as a transfer: its useful bytes on ``link``, the link capacity each byte
     consumes (1 / efficiency) and the rates that cap it alone and with the op's other accesses."""
 
@@ -42,8 +41,7 @@ def merged_limit(flows) -> float:
     return min(min(f.tile_cap for f in flows), sum(f.cap for f in flows))
 
 
-@dataclass(frozen=True, slots=True)
-class KernelCost:
+class KernelCost(NamedTuple):
     """One kernel alone on the chip: its start-up (all launches), its body, and the rows of
     the breakdown the body belongs to."""
 
@@ -105,13 +103,19 @@ class OpCost:
         return max(self.compute_ns, loads_ns(self.flows, capacity))
 
 
-def loads_ns(flows, capacity: dict[str, float]) -> float:
+def link_ns(flows, capacity: dict[str, float]) -> list[float]:
+    """Each flow's time alone on its link: the link capacity its bytes consume over the link's."""
+    return [f.bytes * f.weight / capacity[f.link] for f in flows]
+
+
+def loads_ns(flows, capacity: dict[str, float], alone: list[float] | None = None) -> float:
     """How long ``flows`` take together, uncontended: the busiest link, or the slowest group of
-    accesses to one link at one efficiency held to their merged rate limit."""
+    accesses to one link at one efficiency held to their merged rate limit. ``alone``: the
+    flows' ``link_ns`` where the caller has them."""
     per_link: dict[str, float] = {}
     together: dict[tuple, list] = {}
-    for f in flows:
-        per_link[f.link] = per_link.get(f.link, 0.0) + f.bytes * f.weight / capacity[f.link]
+    for f, t in zip(flows, link_ns(flows, capacity) if alone is None else alone, strict=True):
+        per_link[f.link] = per_link.get(f.link, 0.0) + t
         together.setdefault((f.link, f.weight), []).append(f)
     capped = [sum(f.bytes for f in group) / merged_limit(group) for group in together.values()]
     return max([*per_link.values(), *capped], default=0.0)
