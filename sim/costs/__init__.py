@@ -69,10 +69,11 @@ class CostModel:
     def flows(self, op: Work, k: KernelWork, tiles: float) -> list[Flow]:
         """Kernel ``k``'s accesses as flows from ``tiles`` tiles: on a link by their wire bytes, on a
         memory level by its efficiency and striping, held together to the tiles' load bandwidth
-        and on the backing store to the kernel class's rate."""
+        and on the backing store to the kernel class's rate, scaled by its implementation."""
         memory, links = self.memory, self.links
         levels, store = memory.levels, memory.store.name
         level_cap, store_cap = memory.tile_caps(tiles, self.kernels.store_cap(k))
+        store_cap = self.kernels.scaled(k, store_cap)
         return [links.flow(op, a) if a.level not in levels  # link, scaleout, pcie, noc
                 else memory.flow(a, store_cap if a.level == store else level_cap) for a in k.accesses]
 
@@ -96,15 +97,14 @@ class CostModel:
     def _cost(self, op: Work) -> OpCost:
         kernels = op.kernels_run or (_byte_model_kernel(op),)
         costs = [self.kernel_cost(op, k, first=i == 0) for i, k in enumerate(kernels)]
+        by_field = KernelCost(*zip(*costs))  # each field: the kernels' values, in order
         overlap = self._overlap
-        startup = sum(c.startup_ns * (1.0 if i == 0 else 1.0 - overlap) for i, c in enumerate(costs))
+        startup = sum(t * (1.0 if i == 0 else 1.0 - overlap) for i, t in enumerate(by_field.startup_ns))
         dispatch = sum(c.launches * (self.kernels.dispatch_ns(c.kclass) + k.host_ns)
                        for c, k in zip(costs, kernels, strict=True) if k.dispatched)
-        return OpCost(tuple(f for c in costs for f in c.flows), sum(c.compute_ns for c in costs),
-                      max((c.tiles for c in costs), default=1.0) / self._tiles,
-                      sum(c.matrix_ns for c in costs), sum(c.vector_ns for c in costs),
-                      sum(c.dequant_ns for c in costs), self.links.fill_ns(op), 0.0, startup,
-                      ideal_body_ns=sum(c.body_ns for c in costs),
+        return OpCost(sum(by_field.flows, ()), sum(by_field.compute_ns), max(by_field.tiles) / self._tiles,
+                      sum(by_field.matrix_ns), sum(by_field.vector_ns), sum(by_field.dequant_ns),
+                      self.links.fill_ns(op), 0.0, startup, ideal_body_ns=sum(by_field.body_ns),
                       host_ns=op.host_ns + op.host_launches * self._host_launch_ns + op.host_syncs * self.host.sync_ns,
                       kernels=tuple(costs), rows=_summed_rows(costs), dispatch_ns=dispatch)
 
@@ -114,8 +114,8 @@ class CostModel:
         tiles = chip.tiles_for(k)
         matrix = chip.matrix_ns(k, tiles)
         dequant = chip.vector_ns(k.dequant_ops, tiles)
-        flows, vector, dequant = self.kernels.implemented(k, self.flows(op, k, tiles), chip.vector_ns(k.vector_ops, tiles),
-                                                          dequant)
+        vector, dequant = self.kernels.implemented(k, chip.vector_ns(k.vector_ops, tiles), dequant)
+        flows = self.flows(op, k, tiles)
         compute = chip.to_cycles(matrix + vector)
         alone = link_ns(flows, self.capacity)
         body = max(compute, loads_ns(flows, self.capacity, alone))

@@ -39,6 +39,7 @@ class KernelClasses:
         self.store = hw.store
         self._classes = {name: _measured(hw, klass) for name, klass in hw.kernels.classes.items()} if hw.kernels else {}
         impls = stack.impls if stack is not None else {}
+        self._attention = stack.attention if stack is not None else {}
         self._impl_startup = {name: i.startup_ns.value for name, i in impls.items() if i.startup_ns is not None}
         self._impl_efficiency = {name: i.efficiency.value for name, i in impls.items()}
         self._dispatch: dict[str, float] = {}  # kclass -> the stack's eager dispatch (0: none)
@@ -53,25 +54,25 @@ class KernelClasses:
             return klass.store_cap
         return min(klass.store_cap, k.parallelism * klass.per_cta)
 
-    def implemented(self, k, flows: list, vector: float, dequant: float) -> tuple[list, float, float]:
-        """(flows, vector ns, dequant ns) of ``k`` under its implementation: a cache-dequantizing
-        one's measured per-value cost replaces the counted dequantization, and each
-        implementation's efficiency scales the rate its store accesses reach."""
-        if self.stack is None or not k.impl:
-            return flows, vector, dequant
-        impl = self.stack.attention.get(k.impl)
-        if impl is not None and k.quant:
-            measured = k.values * impl.ps_per_value(k.quant) / PS_PER_NS
-            vector += measured - dequant
-            dequant = measured
-            flows = self._scaled(flows, impl.efficiency.value)
-        efficiency = self._impl_efficiency.get(k.impl)
-        if efficiency is not None:
-            flows = self._scaled(flows, efficiency)
-        return flows, vector, dequant
+    def implemented(self, k, vector: float, dequant: float) -> tuple[float, float]:
+        """(vector ns, dequant ns) of ``k`` under its implementation: a cache-dequantizing
+        one's measured per-value cost replaces the counted dequantization."""
+        impl = self._attention.get(k.impl) if k.quant else None
+        if impl is None:
+            return vector, dequant
+        measured = k.values * impl.ps_per_value(k.quant) / PS_PER_NS
+        return vector + (measured - dequant), measured
 
-    def _scaled(self, flows: list, efficiency: float) -> list:
-        return [f._replace(tile_cap=f.tile_cap * efficiency) if f.link == self.store.name else f for f in flows]
+    def scaled(self, k, store_cap: float) -> float:
+        """The rate ``k``'s accesses to the backing store reach together, ``store_cap`` without its
+        implementation: each implementation's efficiency scales it (a cache-dequantizing one's,
+        then the kernel's)."""
+        if not k.impl:
+            return store_cap
+        if k.quant and k.impl in self._attention:
+            store_cap = store_cap * self._attention[k.impl].efficiency.value
+        efficiency = self._impl_efficiency.get(k.impl)
+        return store_cap if efficiency is None else store_cap * efficiency
 
     def startup_ns(self, k) -> float | None:
         """One launch's start-up of ``k`` by its measured class (its implementation's own where

@@ -35,10 +35,11 @@ class Flow(NamedTuple):
         return min(self.cap, self.tile_cap)
 
 
-def merged_limit(flows) -> float:
+def merged_limit(tile_cap: float, caps: float) -> float:
     """The rate limit of an op's accesses to one level at one efficiency, moving together:
-    their tiles' load bandwidth, or the sum of what each access's channels allow."""
-    return min(min(f.tile_cap for f in flows), sum(f.cap for f in flows))
+    their tiles' load bandwidth (the least ``tile_cap`` of theirs), or the sum of what each
+    access's channels allow (``caps``)."""
+    return min(tile_cap, caps)
 
 
 class KernelCost(NamedTuple):
@@ -113,11 +114,17 @@ def loads_ns(flows, capacity: dict[str, float], alone: list[float] | None = None
     accesses to one link at one efficiency held to their merged rate limit. ``alone``: the
     flows' ``link_ns`` where the caller has them."""
     per_link: dict[str, float] = {}
-    together: dict[tuple, list] = {}
+    together: dict[tuple, list] = {}  # (link, weight) -> [bytes, least tile cap, summed caps]
     for f, t in zip(flows, link_ns(flows, capacity) if alone is None else alone, strict=True):
         per_link[f.link] = per_link.get(f.link, 0.0) + t
-        together.setdefault((f.link, f.weight), []).append(f)
-    capped = [sum(f.bytes for f in group) / merged_limit(group) for group in together.values()]
+        group = together.get((f.link, f.weight))
+        if group is None:
+            together[f.link, f.weight] = [f.bytes, f.tile_cap, f.cap]
+        else:
+            group[0] += f.bytes
+            group[1] = min(group[1], f.tile_cap)
+            group[2] += f.cap
+    capped = [size / merged_limit(tile_cap, caps) for size, tile_cap, caps in together.values()]
     return max([*per_link.values(), *capped], default=0.0)
 
 
@@ -138,7 +145,7 @@ def merge(cost: OpCost) -> tuple:
     out = []
     for (link, weight), group in groups.items():
         size = sum(g[1] for g in group)
-        cap = min(min(g[4] for g in group), sum(g[3] for g in group))
+        cap = merged_limit(min(g[4] for g in group), sum(g[3] for g in group))
         if cost.ideal_body_ns > 0:  # the op's kernels run one after another: alone, it takes their summed body
             cap = min(cap, size / cost.ideal_body_ns)
         out.append((link, weight, cap, size, tuple((g[5], g[1]) for g in group)))
