@@ -15,7 +15,8 @@ steps of a collective, plus the NoC's latency for each hop and the host link's f
 message), ``drain`` after it, and ``gap`` (kernel boundaries) before everything.
 
 Costs are keyed by the op's ``Work`` (sim.lowering.graph), so the op of every layer that
-asks the same shares one ``OpCost``; the memo belongs to the CostModel instance.
+asks the same shares one ``OpCost``, and a kernel's by its ``KernelWork``; the memos belong
+to the CostModel instance.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class CostModel:
         self.host = HostTimes(host.launch_overhead_ns.value, host.graph_launch_ns.value,
                               host.sync_round_trip_ns.value)
         self._memo: dict[Work, OpCost] = {}
+        self._kernel_memo: dict[tuple[KernelWork, bool], KernelCost] = {}  # (kernel, first of its op) -> cost
         # the profile's and the stack's figures every op reads, read once
         self._tiles = hw.compute.tiles.value
         self._gap_ns = host.kernel_gap_ns.value
@@ -83,9 +85,7 @@ class CostModel:
         layer) share one OpCost."""
         cost = self._memo.get(work)
         if cost is None:
-            if len(self._memo) >= MEMO_LIMIT:  # bounded: a long run's memory does not grow with its steps
-                self._memo.clear()
-            cost = self._memo[work] = self._cost(work)
+            cost = _keep(self._memo, work, self._cost(work))
         return cost
 
     def cost_once(self, work: Work) -> OpCost:
@@ -109,7 +109,17 @@ class CostModel:
                       kernels=tuple(costs), rows=_summed_rows(costs), dispatch_ns=dispatch)
 
     def kernel_cost(self, op: Work, k: KernelWork, first: bool) -> KernelCost:
-        """One kernel alone on the chip: start-up, then the slowest of its loads and its compute."""
+        """One kernel alone on the chip: start-up, then the slowest of its loads and its compute.
+        Kernels of ops that are no collective (whose cost depends on nothing else of the op)
+        share one KernelCost: a step's attention op re-costs only the kernels whose work changed."""
+        if op.collective is not None:
+            return self._kernel_cost(op, k, first)
+        cost = self._kernel_memo.get((k, first))
+        if cost is None:
+            cost = _keep(self._kernel_memo, (k, first), self._kernel_cost(op, k, first))
+        return cost
+
+    def _kernel_cost(self, op: Work, k: KernelWork, first: bool) -> KernelCost:
         chip = self.compute
         tiles = chip.tiles_for(k)
         matrix = chip.matrix_ns(k, tiles)
@@ -133,6 +143,14 @@ class CostModel:
         if measured is not None:
             return measured
         return gap + self.memory.first_byte_ns(flows, first)
+
+
+def _keep(memo: dict, key, value):
+    """``value``, kept in ``memo`` under ``key``; bounded: a long run's memory does not grow with its steps."""
+    if len(memo) >= MEMO_LIMIT:
+        memo.clear()
+    memo[key] = value
+    return value
 
 
 def _summed_rows(costs) -> tuple[tuple[str, float], ...]:
