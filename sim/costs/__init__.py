@@ -15,19 +15,18 @@ steps of a collective, plus the NoC's latency for each hop and the host link's f
 message), ``drain`` after it, and ``gap`` (kernel boundaries) before everything.
 
 Costs are keyed by the op's ``Work`` (sim.lowering.graph), so the op of every layer that
-asks the same shares one ``OpCost``; the memo belongs to the CostModel instance.
+asks the same shares one ``OpCost``, and a kernel's by its ``KernelWork``; the memos belong
+to the CostModel instance.
 """
 
 from __future__ import annotations
-
-import math
 
 from sim.config.hardware import HardwareProfile
 from sim.costs.compute import Tiles
 from sim.costs.kernels import KernelClasses, breakdown
 from sim.costs.links import Links
 from sim.costs.memory import Memory
-from sim.costs.records import CATEGORY_ROW, COMPUTE, Flow, HostTimes, KernelCost, OpCost, loads_ns, merge
+from sim.costs.records import CATEGORY_ROW, COMPUTE, Flow, HostTimes, KernelCost, OpCost, link_ns, loads_ns, merge
 from sim.kernel_classes import default_class
 from sim.lowering.graph import KernelWork, Work
 
@@ -52,23 +51,33 @@ class CostModel:
         self.host = HostTimes(host.launch_overhead_ns.value, host.graph_launch_ns.value,
                               host.sync_round_trip_ns.value)
         self._memo: dict[Work, OpCost] = {}
+        self._kernel_memo: dict[tuple[KernelWork, bool], KernelCost] = {}  # (kernel, first of its op) -> cost
+        # the profile's and the stack's figures every op reads, read once
+        self._tiles = hw.compute.tiles.value
+        self._gap_ns = host.kernel_gap_ns.value
+        self._overlap = stack.overlap.value if stack is not None and stack.overlap is not None else 0.0
+        self._host_launch_ns = self.kernels.dispatch_ns(default_class("matmul"), self.host.launch_ns)
 
     @property
     def tiles(self) -> int:
         """The chip's compute tiles."""
-        return self.hw.compute.tiles.value
+        return self._tiles
 
     @property
     def tile_m(self) -> int:
         """The rows the matrix unit pads M to."""
         return self.hw.compute.matrix_tile_m.value
 
-    def flow(self, op: Work, access, tiles: float, store_cap: float = math.inf) -> Flow:
-        """An access as a flow: on a link by its wire bytes, on a memory level by its efficiency
-        and striping; ``store_cap`` caps an access to the backing store (the kernel class's rate)."""
-        if access.level not in self.memory.levels:  # link, scaleout, pcie, noc
-            return self.links.flow(op, access)
-        return self.memory.flow(access, tiles, store_cap)
+    def flows(self, op: Work, k: KernelWork, tiles: float) -> list[Flow]:
+        """Kernel ``k``'s accesses as flows from ``tiles`` tiles: on a link by their wire bytes, on a
+        memory level by its efficiency and striping, held together to the tiles' load bandwidth
+        and on the backing store to the kernel class's rate, scaled by its implementation."""
+        memory, links = self.memory, self.links
+        levels, store = memory.levels, memory.store.name
+        level_cap, store_cap = memory.tile_caps(tiles, self.kernels.store_cap(k))
+        store_cap = self.kernels.scaled(k, store_cap)
+        return [links.flow(op, a) if a.level not in levels  # link, scaleout, pcie, noc
+                else memory.flow(a, store_cap if a.level == store else level_cap) for a in k.accesses]
 
     # -- the op ---------------------------------------------------------------------------
     def cost(self, work: Work) -> OpCost:
@@ -76,9 +85,7 @@ class CostModel:
         layer) share one OpCost."""
         cost = self._memo.get(work)
         if cost is None:
-            if len(self._memo) >= MEMO_LIMIT:  # bounded: a long run's memory does not grow with its steps
-                self._memo.clear()
-            cost = self._memo[work] = self._cost(work)
+            cost = _keep(self._memo, work, self._cost(work))
         return cost
 
     def cost_once(self, work: Work) -> OpCost:
@@ -90,44 +97,60 @@ class CostModel:
     def _cost(self, op: Work) -> OpCost:
         kernels = op.kernels_run or (_byte_model_kernel(op),)
         costs = [self.kernel_cost(op, k, first=i == 0) for i, k in enumerate(kernels)]
-        overlap = self.stack.overlap.value if self.stack is not None and self.stack.overlap is not None else 0.0
-        startup = sum(c.startup_ns * (1.0 if i == 0 else 1.0 - overlap) for i, c in enumerate(costs))
+        by_field = KernelCost(*zip(*costs))  # each field: the kernels' values, in order
+        overlap = self._overlap
+        startup = sum(t * (1.0 if i == 0 else 1.0 - overlap) for i, t in enumerate(by_field.startup_ns))
         dispatch = sum(c.launches * (self.kernels.dispatch_ns(c.kclass) + k.host_ns)
                        for c, k in zip(costs, kernels, strict=True) if k.dispatched)
-        host_launch = self.kernels.dispatch_ns(default_class("matmul"), self.host.launch_ns)
-        return OpCost(tuple(f for c in costs for f in c.flows), sum(c.compute_ns for c in costs),
-                      max((c.tiles for c in costs), default=1.0) / self.tiles,
-                      sum(c.matrix_ns for c in costs), sum(c.vector_ns for c in costs),
-                      sum(c.dequant_ns for c in costs), self.links.fill_ns(op), 0.0, startup,
-                      ideal_body_ns=sum(c.body_ns for c in costs),
-                      host_ns=op.host_ns + op.host_launches * host_launch + op.host_syncs * self.host.sync_ns,
+        return OpCost(sum(by_field.flows, ()), sum(by_field.compute_ns), max(by_field.tiles) / self._tiles,
+                      sum(by_field.matrix_ns), sum(by_field.vector_ns), sum(by_field.dequant_ns),
+                      self.links.fill_ns(op), 0.0, startup, ideal_body_ns=sum(by_field.body_ns),
+                      host_ns=op.host_ns + op.host_launches * self._host_launch_ns + op.host_syncs * self.host.sync_ns,
                       kernels=tuple(costs), rows=_summed_rows(costs), dispatch_ns=dispatch)
 
     def kernel_cost(self, op: Work, k: KernelWork, first: bool) -> KernelCost:
-        """One kernel alone on the chip: start-up, then the slowest of its loads and its compute."""
-        tiles = self.compute.tiles_for(k)
-        store_cap = self.kernels.store_cap(k)
-        flows = [self.flow(op, a, tiles, store_cap) for a in k.accesses]
-        matrix = self.compute.matrix_ns(k, tiles)
-        dequant = self.compute.vector_ns(k.dequant_ops, tiles)
-        flows, vector, dequant = self.kernels.implemented(k, flows, self.compute.vector_ns(k.vector_ops, tiles),
-                                                          dequant)
-        compute = self.compute.to_cycles(matrix + vector)
-        body = max(compute, loads_ns(flows, self.capacity))
-        rows = breakdown(flows, self.capacity, body, compute, matrix, vector, dequant)
+        """One kernel alone on the chip: start-up, then the slowest of its loads and its compute.
+        Kernels of ops that are no collective (whose cost depends on nothing else of the op)
+        share one KernelCost: a step's attention op re-costs only the kernels whose work changed."""
+        if op.collective is not None:
+            return self._kernel_cost(op, k, first)
+        cost = self._kernel_memo.get((k, first))
+        if cost is None:
+            cost = _keep(self._kernel_memo, (k, first), self._kernel_cost(op, k, first))
+        return cost
+
+    def _kernel_cost(self, op: Work, k: KernelWork, first: bool) -> KernelCost:
+        chip = self.compute
+        tiles = chip.tiles_for(k)
+        matrix = chip.matrix_ns(k, tiles)
+        dequant = chip.vector_ns(k.dequant_ops, tiles)
+        vector, dequant = self.kernels.implemented(k, chip.vector_ns(k.vector_ops, tiles), dequant)
+        flows = self.flows(op, k, tiles)
+        compute = chip.to_cycles(matrix + vector)
+        alone = link_ns(flows, self.capacity)
+        body = max(compute, loads_ns(flows, self.capacity, alone))
+        rows = breakdown(flows, alone, body, compute, matrix, vector, dequant)
         return KernelCost(k.name, k.kclass, self._startup_ns(op, k, flows, first) * k.launches, body, tuple(flows),
                           compute, tiles, matrix, vector, dequant, k.launches, tuple(rows))
 
     def _startup_ns(self, op: Work, k: KernelWork, flows, first: bool) -> float:
         """One launch's start-up: a collective's latency steps, else the measured class's
         start-up, else (the byte model) the kernel gap and the first-byte latency."""
-        gap = self.hw.host.kernel_gap_ns.value
+        gap = self._gap_ns
         if op.collective is not None:
             return gap + self.links.collective_latency_ns(op)
         measured = self.kernels.startup_ns(k)
         if measured is not None:
             return measured
         return gap + self.memory.first_byte_ns(flows, first)
+
+
+def _keep(memo: dict, key, value):
+    """``value``, kept in ``memo`` under ``key``; bounded: a long run's memory does not grow with its steps."""
+    if len(memo) >= MEMO_LIMIT:
+        memo.clear()
+    memo[key] = value
+    return value
 
 
 def _summed_rows(costs) -> tuple[tuple[str, float], ...]:

@@ -22,37 +22,44 @@ class Tiles:
         self.compute = compute
         self._matrix_rate: dict[str, float] = {}  # dtype -> FLOPs per cycle per tile
         self._vector_rate = compute.vector_rate("fp32")
+        # the profile's figures, read once
+        self._tiles = compute.tiles.value
+        self._tile_m = compute.matrix_tile_m.value
+        self._clock = compute.clock_GHz.value
+        self._matrix_efficiency = compute.matrix_efficiency.value
+        self._vector_efficiency = compute.vector_efficiency.value
+        small = compute.small_tile_m
+        self._small = None if small is None else (small.value, compute.small_tile_efficiency.value)
 
     def tiles_for(self, work) -> float:
         """The tiles ``work`` spreads over: its independent units, at most the chip's."""
-        return max(1.0, min(self.compute.tiles.value, work.parallelism))
+        return max(1.0, min(self._tiles, work.parallelism))
 
     def matrix_ns(self, work, tiles: float) -> float:
         """``work``'s matrix FLOPs on ``tiles`` tiles: the cheaper of the matrix unit (M padded
         to its tile, or to the small tile) and the vector lanes."""
-        if not work.matrix_flops:
+        flops = work.matrix_flops
+        if not flops:
             return 0.0
-        c = self.compute
         m = max(1, work.matrix_m)
-        tile_m = c.matrix_tile_m.value
-        padded = work.matrix_flops * (math.ceil(m / tile_m) * tile_m) / m
+        tile_m = self._tile_m
+        padded = flops * (math.ceil(m / tile_m) * tile_m) / m
         per_tile = self._matrix_rate.get(work.dtype)
         if per_tile is None:
-            per_tile = self._matrix_rate[work.dtype] = c.matrix_rate(work.dtype)
-        rate = tiles * per_tile * c.clock_GHz.value * c.matrix_efficiency.value
+            per_tile = self._matrix_rate[work.dtype] = self.compute.matrix_rate(work.dtype)
+        rate = tiles * per_tile * self._clock * self._matrix_efficiency
         tensor = padded / rate
-        if c.small_tile_m is not None:
-            small_m = c.small_tile_m.value
-            narrow = work.matrix_flops * (math.ceil(m / small_m) * small_m) / m
-            tensor = min(tensor, narrow / (rate * c.small_tile_efficiency.value))
-        return min(tensor, self.vector_ns(work.matrix_flops, tiles))
+        if self._small is not None:
+            small_m, small_efficiency = self._small
+            narrow = flops * (math.ceil(m / small_m) * small_m) / m
+            tensor = min(tensor, narrow / (rate * small_efficiency))
+        return min(tensor, self.vector_ns(flops, tiles))
 
     def vector_ns(self, ops: int, tiles: float) -> float:
         """``ops`` vector operations on ``tiles`` tiles."""
-        c = self.compute
-        return ops / (tiles * self._vector_rate * c.clock_GHz.value * c.vector_efficiency.value) if ops else 0.0
+        return ops / (tiles * self._vector_rate * self._clock * self._vector_efficiency) if ops else 0.0
 
     def to_cycles(self, ns: float) -> float:
         """``ns`` rounded up to whole clock cycles."""
-        clock = self.compute.clock_GHz.value
+        clock = self._clock
         return math.ceil(ns * clock - 1e-9) / clock if ns > 0 else 0.0

@@ -14,12 +14,21 @@ launch overhead.
 
 from __future__ import annotations
 
-import dataclasses
 import math
+from typing import NamedTuple
 
 from sim.config.hardware import HardwareProfile
 from sim.costs.records import CATEGORY_ROW
 from sim.units import PS_PER_NS
+
+
+class _Class(NamedTuple):
+    """A measured kernel class's figures, read once: the rate its store accesses reach, what one
+    row's CTA pulls (None unless its grid is one CTA per row) and one launch's start-up."""
+
+    store_cap: float
+    per_cta: float | None
+    startup_ns: float
 
 
 class KernelClasses:
@@ -28,73 +37,80 @@ class KernelClasses:
     def __init__(self, hw: HardwareProfile, stack=None):
         self.hw, self.stack = hw, stack
         self.store = hw.store
-
-    def measured(self, kclass: str):
-        """The profile's figures for ``kclass`` (sim.config.hardware.KernelClass), or None."""
-        return self.hw.kernels.classes.get(kclass) if self.hw.kernels is not None else None
+        self._classes = {name: _measured(hw, klass) for name, klass in hw.kernels.classes.items()} if hw.kernels else {}
+        impls = stack.impls if stack is not None else {}
+        self._attention = stack.attention if stack is not None else {}
+        self._impl_startup = {name: i.startup_ns.value for name, i in impls.items() if i.startup_ns is not None}
+        self._impl_efficiency = {name: i.efficiency.value for name, i in impls.items()}
+        self._dispatch: dict[str, float] = {}  # kclass -> the stack's eager dispatch (0: none)
+        self._launch_ns = hw.host.launch_overhead_ns.value
 
     def store_cap(self, k) -> float:
         """The rate kernel ``k``'s accesses to the backing store reach together (bytes/ns)."""
-        klass = self.measured(k.kclass)
+        klass = self._classes.get(k.kclass)
         if klass is None:
             return math.inf
-        cap = klass.stream_fraction.value * self.store.sustained_GBps
-        if klass.parallel == "rows":
-            per_cta = klass.cta_bandwidth_GBps if klass.cta_bandwidth_GBps is not None else self.hw.kernels.cta_bandwidth_GBps
-            per_cta = per_cta.value
-            cap = min(cap, k.parallelism * per_cta)
-        return cap
+        if klass.per_cta is None:
+            return klass.store_cap
+        return min(klass.store_cap, k.parallelism * klass.per_cta)
 
-    def implemented(self, k, flows: list, vector: float, dequant: float) -> tuple[list, float, float]:
-        """(flows, vector ns, dequant ns) of ``k`` under its implementation: a cache-dequantizing
-        one's measured per-value cost replaces the counted dequantization, and each
-        implementation's efficiency scales the rate its store accesses reach."""
-        if self.stack is None or not k.impl:
-            return flows, vector, dequant
-        impl = self.stack.attention.get(k.impl)
-        if impl is not None and k.quant:
-            measured = k.values * impl.ps_per_value(k.quant) / PS_PER_NS
-            vector += measured - dequant
-            dequant = measured
-            flows = self._scaled(flows, impl.efficiency.value)
-        kimpl = self.stack.impls.get(k.impl)
-        if kimpl is not None:
-            flows = self._scaled(flows, kimpl.efficiency.value)
-        return flows, vector, dequant
+    def implemented(self, k, vector: float, dequant: float) -> tuple[float, float]:
+        """(vector ns, dequant ns) of ``k`` under its implementation: a cache-dequantizing
+        one's measured per-value cost replaces the counted dequantization."""
+        impl = self._attention.get(k.impl) if k.quant else None
+        if impl is None:
+            return vector, dequant
+        measured = k.values * impl.ps_per_value(k.quant) / PS_PER_NS
+        return vector + (measured - dequant), measured
 
-    def _scaled(self, flows: list, efficiency: float) -> list:
-        return [dataclasses.replace(f, tile_cap=f.tile_cap * efficiency) if f.link == self.store.name else f
-                for f in flows]
+    def scaled(self, k, store_cap: float) -> float:
+        """The rate ``k``'s accesses to the backing store reach together, ``store_cap`` without its
+        implementation: each implementation's efficiency scales it (a cache-dequantizing one's,
+        then the kernel's)."""
+        if not k.impl:
+            return store_cap
+        if k.quant and k.impl in self._attention:
+            store_cap = store_cap * self._attention[k.impl].efficiency.value
+        efficiency = self._impl_efficiency.get(k.impl)
+        return store_cap if efficiency is None else store_cap * efficiency
 
     def startup_ns(self, k) -> float | None:
         """One launch's start-up of ``k`` by its measured class (its implementation's own where
         it has one); None without a measured class."""
-        klass = self.measured(k.kclass)
+        klass = self._classes.get(k.kclass)
         if klass is None:
             return None
-        kimpl = self.stack.impls.get(k.impl) if self.stack is not None and k.impl else None
-        if kimpl is not None and kimpl.startup_ns is not None:
-            return kimpl.startup_ns.value
-        return klass.startup_ns.value
+        own = self._impl_startup.get(k.impl) if k.impl else None
+        return klass.startup_ns if own is None else own
 
     def dispatch_ns(self, kclass: str, default: float | None = None) -> float:
         """Host time to launch one kernel of ``kclass`` eagerly: the stack's measured figure,
         else ``default`` (the profile's launch overhead)."""
-        if self.stack is not None:
-            value = self.stack.dispatch(kclass)
-            if value:
-                return value
-        return self.hw.host.launch_overhead_ns.value if default is None else default
+        value = self._dispatch.get(kclass)
+        if value is None:
+            value = self._dispatch[kclass] = self.stack.dispatch(kclass) if self.stack is not None else 0.0
+        if value:
+            return value
+        return self._launch_ns if default is None else default
 
 
-def breakdown(flows, capacity: dict[str, float], body: float, compute: float, matrix: float, vector: float,
+def _measured(hw: HardwareProfile, klass) -> _Class:
+    """A measured class's figures (sim.config.hardware.KernelClass) on ``hw``."""
+    per_cta = None
+    if klass.parallel == "rows":
+        per_cta = (klass.cta_bandwidth_GBps if klass.cta_bandwidth_GBps is not None else hw.kernels.cta_bandwidth_GBps).value
+    return _Class(klass.stream_fraction.value * hw.store.sustained_GBps, per_cta, klass.startup_ns.value)
+
+
+def breakdown(flows, alone: list[float], body: float, compute: float, matrix: float, vector: float,
               dequant: float) -> list[tuple[str, float]]:
     """The rows of a kernel's ``body`` ns: compute and dequantization where the compute bounds
-    it, else the loads' rows in proportion to each row's time alone."""
+    it, else the loads' rows in proportion to each row's time alone (``alone``: each flow's
+    time on its link, sim.costs.records.link_ns; or at its rate limit if that is longer)."""
     by_row: dict[str, float] = {}
-    for f in flows:
+    for f, t in zip(flows, alone, strict=True):
         row = CATEGORY_ROW.get(f.category, f.category)
-        by_row[row] = by_row.get(row, 0.0) + max(f.bytes * f.weight / capacity[f.link], f.bytes / f.rate_limit)
+        by_row[row] = by_row.get(row, 0.0) + max(t, f.bytes / f.rate_limit)
     if compute >= max(by_row.values(), default=0.0):
         total = matrix + vector
         rows = [("dequant", body * dequant / total)] if total and dequant else []

@@ -26,6 +26,8 @@ class Links:
 
     def __init__(self, hw: HardwareProfile):
         self.hw = hw
+        self._noc_latency_ns = hw.noc.latency_ns.value
+        self._pcie_latency_ns = hw.host.pcie_latency_ns.value
 
     def capacity(self) -> dict[str, float]:
         """The NoC's, the host link's, the chip links' and the scale-out links' bandwidth (bytes/ns)."""
@@ -66,7 +68,7 @@ class Links:
 
     def fill_ns(self, op) -> float:
         """The on-chip network's latency for each NoC hop and the host link's for each message to the host."""
-        return op.noc_hops * self.hw.noc.latency_ns.value + op.pcie_messages * self.hw.host.pcie_latency_ns.value
+        return op.noc_hops * self._noc_latency_ns + op.pcie_messages * self._pcie_latency_ns
 
 
 def _steps(topology: str, kind: str, n: int) -> int:

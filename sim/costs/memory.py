@@ -25,42 +25,42 @@ class Memory:
         self.hw = hw
         self.levels = {level.name: level for level in hw.memory}
         self.store = hw.store
-        self._efficiency: dict[tuple[str, int | None], float] = {}  # (level, granule) -> efficiency
+        self._specs: dict[tuple[str, int | None], tuple] = {}  # (level, granule) -> (efficiency, weight, striping)
         # per HBM level: (channels, interleave bytes, channel GB/s), the striping its flows' caps follow
         self._striping = {level.name: (level.channels, level.interleave_bytes.value, level.channel_bandwidth_GBps.value)
                           for level in hw.memory if isinstance(level, HBM)}
         self._tile_load = hw.compute.tile_load_GBps.value
+        self._latency = {name: level.latency_ns.value for name, level in self.levels.items()}
 
     def capacity(self) -> dict[str, float]:
         """Each level's pin bandwidth (bytes/ns), the capacity its flows share."""
         return {name: level.peak_GBps for name, level in self.levels.items()}
 
-    def efficiency(self, level: str, granule: int | None) -> float:
-        """The fraction of ``level``'s pin bandwidth accesses of ``granule`` pieces reach (None: a stream)."""
-        key = (level, granule)
-        eff = self._efficiency.get(key)
-        if eff is None:
-            eff = self._efficiency[key] = self.levels[level].efficiency(granule)
-        return eff
+    def tile_caps(self, tiles: float, store_cap: float = math.inf) -> tuple[float, float]:
+        """(cap on a level, cap on the backing store) of all the accesses from ``tiles`` tiles
+        together: their load bandwidth, on the store also ``store_cap`` (the kernel class's rate)."""
+        tile_cap = tiles * self._tile_load
+        return tile_cap, store_cap if store_cap < tile_cap else tile_cap
 
-    def flow(self, access, tiles: float, store_cap: float = math.inf) -> Flow:
-        """``access`` as a flow from ``tiles`` tiles; ``store_cap`` caps an access to the backing
-        store (the kernel class's rate)."""
-        name = access.level
-        eff = self.efficiency(name, access.granule)
+    def flow(self, access, tile_cap: float) -> Flow:
+        """``access`` as a flow, held with the op's other accesses to its level to ``tile_cap``
+        (``tile_caps``): it consumes 1 / the level's efficiency for its pieces (a stream: None)
+        of the level's pin bandwidth per byte, and reaches only the HBM channels it covers."""
+        key = (access.level, access.granule)
+        spec = self._specs.get(key)
+        if spec is None:
+            eff = self.levels[access.level].efficiency(access.granule)
+            spec = self._specs[key] = (eff, 1.0 / eff, self._striping.get(access.level))
+        eff, weight, striping = spec
         cap = math.inf
-        striping = self._striping.get(name)
         if striping is not None:
             channels, interleave, channel_GBps = striping
             cap = min(channels, math.ceil(access.bytes / interleave)) * channel_GBps * eff
-        tile_cap = tiles * self._tile_load
-        if name == self.store.name and store_cap < tile_cap:
-            tile_cap = store_cap
-        return Flow(name, access.bytes, 1.0 / eff, cap, access.category, access.write, tile_cap)
+        return Flow(access.level, access.bytes, weight, cap, access.category, access.write, tile_cap)
 
     def first_byte_ns(self, flows, first: bool) -> float:
         """The latency before a byte-model kernel's body: the slowest level it reads if it is
         the op's first kernel (nothing of the op is in flight yet), else the nearest level it touches."""
-        latency = [self.levels[f.link].latency_ns.value for f in flows
-                   if f.link in self.levels and not (first and f.write)]
-        return (max if first else min)(latency, default=0.0)
+        latency = self._latency
+        times = [latency[f.link] for f in flows if f.link in latency and not (first and f.write)]
+        return (max if first else min)(times, default=0.0)

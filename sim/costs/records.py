@@ -18,8 +18,7 @@ CATEGORY_ROW = {"weights": "weights", "kv": "kv", "act": "activations", "outlier
                 "expert": "expert_weights", "staged": "staged_weights", "link": "links", "pcie": "host_link", "noc": "activations"}
 
 
-@dataclass(frozen=True, slots=True)
-class Flow:
+class Flow(NamedTuple):
     """One access as a transfer: its useful bytes on ``link``, the link capacity each byte
     consumes (1 / efficiency) and the rates that cap it alone and with the op's other accesses."""
 
@@ -36,14 +35,14 @@ class Flow:
         return min(self.cap, self.tile_cap)
 
 
-def merged_limit(flows) -> float:
+def merged_limit(tile_cap: float, caps: float) -> float:
     """The rate limit of an op's accesses to one level at one efficiency, moving together:
-    their tiles' load bandwidth, or the sum of what each access's channels allow."""
-    return min(min(f.tile_cap for f in flows), sum(f.cap for f in flows))
+    their tiles' load bandwidth (the least ``tile_cap`` of theirs), or the sum of what each
+    access's channels allow (``caps``)."""
+    return min(tile_cap, caps)
 
 
-@dataclass(frozen=True, slots=True)
-class KernelCost:
+class KernelCost(NamedTuple):
     """One kernel alone on the chip: its start-up (all launches), its body, and the rows of
     the breakdown the body belongs to."""
 
@@ -105,15 +104,27 @@ class OpCost:
         return max(self.compute_ns, loads_ns(self.flows, capacity))
 
 
-def loads_ns(flows, capacity: dict[str, float]) -> float:
+def link_ns(flows, capacity: dict[str, float]) -> list[float]:
+    """Each flow's time alone on its link: the link capacity its bytes consume over the link's."""
+    return [f.bytes * f.weight / capacity[f.link] for f in flows]
+
+
+def loads_ns(flows, capacity: dict[str, float], alone: list[float] | None = None) -> float:
     """How long ``flows`` take together, uncontended: the busiest link, or the slowest group of
-    accesses to one link at one efficiency held to their merged rate limit."""
+    accesses to one link at one efficiency held to their merged rate limit. ``alone``: the
+    flows' ``link_ns`` where the caller has them."""
     per_link: dict[str, float] = {}
-    together: dict[tuple, list] = {}
-    for f in flows:
-        per_link[f.link] = per_link.get(f.link, 0.0) + f.bytes * f.weight / capacity[f.link]
-        together.setdefault((f.link, f.weight), []).append(f)
-    capped = [sum(f.bytes for f in group) / merged_limit(group) for group in together.values()]
+    together: dict[tuple, list] = {}  # (link, weight) -> [bytes, least tile cap, summed caps]
+    for f, t in zip(flows, link_ns(flows, capacity) if alone is None else alone, strict=True):
+        per_link[f.link] = per_link.get(f.link, 0.0) + t
+        group = together.get((f.link, f.weight))
+        if group is None:
+            together[f.link, f.weight] = [f.bytes, f.tile_cap, f.cap]
+        else:
+            group[0] += f.bytes
+            group[1] = min(group[1], f.tile_cap)
+            group[2] += f.cap
+    capped = [size / merged_limit(tile_cap, caps) for size, tile_cap, caps in together.values()]
     return max([*per_link.values(), *capped], default=0.0)
 
 
@@ -134,7 +145,7 @@ def merge(cost: OpCost) -> tuple:
     out = []
     for (link, weight), group in groups.items():
         size = sum(g[1] for g in group)
-        cap = min(min(g[4] for g in group), sum(g[3] for g in group))
+        cap = merged_limit(min(g[4] for g in group), sum(g[3] for g in group))
         if cost.ideal_body_ns > 0:  # the op's kernels run one after another: alone, it takes their summed body
             cap = min(cap, size / cost.ideal_body_ns)
         out.append((link, weight, cap, size, tuple((g[5], g[1]) for g in group)))
