@@ -13,7 +13,9 @@ Access categories name what the bytes are: ``weights``, ``kv``, ``act`` (activat
 ``outliers`` (sparse outlier gathers), ``expert`` (MoE expert weights), ``link``
 (chip-to-chip), ``pcie`` (host link).
 
-Records are frozen and built by keyword; a changed copy is ``dataclasses.replace``.
+Records are immutable and built by keyword: ``Access``, ``KernelWork`` and ``Op`` are named
+tuples (cheap to build and hash, a changed copy is ``_replace``); ``Work`` is a frozen
+dataclass that computes its hash once (a changed copy is ``dataclasses.replace``).
 """
 
 from __future__ import annotations
@@ -24,8 +26,7 @@ from typing import NamedTuple
 from sim.kernel_classes import KVQuant
 
 
-@dataclass(frozen=True, slots=True)
-class Access:
+class Access(NamedTuple):
     """``bytes`` read (or written) at memory ``level`` ("link", "pcie" and "noc" are links)."""
 
     level: str
@@ -36,8 +37,7 @@ class Access:
     role: str = ""  # which tensor of the op: x, w, y, res, kv, cache, idx, link, pcie, noc, fetch
 
 
-@dataclass(frozen=True, slots=True)
-class KernelWork:
+class KernelWork(NamedTuple):
     """One kernel of an op, as the software stack runs it: its class (and implementation),
     the bytes it moves, its work, its parallelism and how many times it is launched."""
 
@@ -100,8 +100,7 @@ class Work:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class Op:
+class Op(NamedTuple):
     """One op of a step in program order: its ``work`` plus where it runs and what it waits for."""
 
     idx: int
@@ -143,9 +142,7 @@ class Op:
 
     def with_work(self, work: Work, tags: tuple) -> "Op":
         """This op, asking ``work`` of the hardware instead (same place in the program)."""
-        return Op(idx=self.idx, name=self.name, layer=self.layer, work=work, deps=self.deps, stream=self.stream,
-                  stage=self.stage, host_sync=self.host_sync, row=self.row, compute_row=self.compute_row,
-                  tags=tags)
+        return self._replace(work=work, tags=tags)
 
     def tag(self, key: str, default=None):
         return dict(self.tags).get(key, default)
@@ -302,12 +299,12 @@ class Builder:
     def append_shifted(self, protos: list[Op], shift: int, layer: int) -> None:
         """Append copies of ``protos`` (a contiguous run of this builder's ops) as ``layer``,
         their indices and dependencies moved by ``shift``."""
-        for proto in protos:
-            op = Op(idx=proto.idx + shift, name=proto.name, layer=layer, work=proto.work,
-                    deps=tuple(d + shift for d in proto.deps), stream=proto.stream, stage=proto.stage,
-                    host_sync=proto.host_sync, row=proto.row, compute_row=proto.compute_row, tags=proto.tags)
-            self.ops.append(op)
-            self._last[(op.stage, op.stream)] = op.idx
+        append, last = self.ops.append, self._last
+        for idx, name, _layer, work, deps, stream, stage, host_sync, row, compute_row, tags in protos:
+            idx += shift
+            append(Op(idx, name, layer, work, tuple([d + shift for d in deps]), stream, stage, host_sync, row,
+                      compute_row, tags))
+            last[(stage, stream)] = idx
 
     def last(self, stream: str = "main") -> int | None:
         return self._last.get((self.stage, stream))
