@@ -241,10 +241,12 @@ def _advance(state: _Step | None, graph, costs: CostModel, changed) -> _Step:
             if delta:
                 _count(keys, key, ops, delta, holder.get(key))
         return _Step(graph, op_costs, durations, keys)
-    keys: dict[tuple, list] = {}
-    for op in ops:
-        _count(keys, op_key(op), ops, 1, op.idx)
-    op_costs = [costs.cost(op.work) for op in ops]
+    keyed = [op_key(op) for op in ops]
+    counts = Counter(keyed)
+    keys = {key: [counts[key], op] for key, op in dict(zip(keyed, ops)).items()}  # first-use order, the last op
+    works = [op.work for op in ops]
+    cost_of = {work: costs.cost(work) for work in dict.fromkeys(works)}  # each distinct work looked up once
+    op_costs = [cost_of[work] for work in works]
     return _Step(graph, op_costs, [c.total_ns for c in op_costs], keys)
 
 
