@@ -240,6 +240,24 @@ def _chains(ops: tuple[Op, ...], lane_of: list[tuple[int, str]]) -> tuple[int, .
     return tuple(chains)
 
 
+def live(accesses) -> tuple[Access, ...]:
+    """The accesses that move bytes."""
+    return tuple(a for a in accesses if a.bytes > 0)
+
+
+def make_work(expand, name: str, kind: str, accesses: tuple[Access, ...], work: dict, parts=None) -> Work:
+    """The ``Work`` of op ``name`` of ``kind`` over ``accesses`` (``live`` ones) with the other
+    fields ``work`` (plus ``values``, ``quant`` and ``active``, which only ``expand`` reads),
+    run through ``expand`` (name, kind, accesses, fields -> the kernels that run it) if given."""
+    fields = dict(work)
+    extra = {k: fields.pop(k) for k in ("values", "quant", "active") if k in fields}
+    if expand is not None:
+        kernels = expand(name, kind, accesses, fields, parts=parts, **extra)
+        fields["kernels_run"] = kernels
+        fields["kernels"] = sum(k.launches for k in kernels)
+    return Work(kind=kind, accesses=accesses, **fields)
+
+
 class Builder:
     """Appends ops in program order; by default each op depends on the previous op of its
     stream (a GPU stream runs kernels in order)."""
@@ -281,18 +299,12 @@ class Builder:
         """The ``Work`` of an op; an op asked again the same (the same op of the next layer)
         gets the same object without running ``expand`` again (a pure function of the op), and
         ops of other names that ask the same of the hardware (two norms) share one object too."""
-        accesses = tuple(a for a in accesses if a.bytes > 0)
+        accesses = live(accesses)
         parts = work.pop("parts", None)
         key = (name, kind, accesses, tuple(work.items()), parts and tuple(parts.items()))
         made = self._works.get(key)
         if made is None:
-            fields = dict(work)
-            extra = {k: fields.pop(k) for k in ("values", "quant", "active") if k in fields}
-            if self.expand is not None:
-                kernels = self.expand(name, kind, accesses, fields, parts=parts, **extra)
-                fields["kernels_run"] = kernels
-                fields["kernels"] = sum(k.launches for k in kernels)
-            work = Work(kind=kind, accesses=accesses, **fields)
+            work = make_work(self.expand, name, kind, accesses, work, parts)
             made = self._works[key] = self._equal.setdefault(work, work)
         return made
 

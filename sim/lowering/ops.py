@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from typing import NamedTuple
 
 from sim.errors import ConfigError
 from sim.formats import get_format
@@ -157,10 +158,25 @@ def collective(setup: RunSetup, b: Builder, name: str, layer: int, kind: str, si
                  parallelism=group)
 
 
+class Ask(NamedTuple):
+    """What an op asks of the hardware before the software stack expands it: its accesses and
+    the other fields of its ``Work`` (plus ``values``, ``quant`` for the expansion), and its tags."""
+
+    accesses: list[Access]
+    fields: dict
+    tags: tuple[tuple[str, object], ...]
+
+
 def attention(setup: RunSetup, b: Builder, layer: int, contexts: tuple[int, ...]) -> Op:
-    """One batched decode-attention kernel over all sequences' caches (incl. the new token).
-    A sliding layer (``model.window``) reads only the last ``sliding_window`` tokens of each
-    cache; a soft-capped model pays cap x tanh(score / cap) on every score."""
+    """One batched decode-attention kernel over all sequences' caches (see ``attention_ask``)."""
+    ask = attention_ask(setup, layer, contexts)
+    return b.add("attention", layer, "attention", ask.accesses, tags=ask.tags, **ask.fields)
+
+
+def attention_ask(setup: RunSetup, layer: int, contexts: tuple[int, ...]) -> Ask:
+    """What one batched decode-attention kernel over all sequences' caches (incl. the new
+    token) asks. A sliding layer (``model.window``) reads only the last ``sliding_window``
+    tokens of each cache; a soft-capped model pays cap x tanh(score / cap) on every score."""
     m = setup.model
     window = m.window(layer)
     if window is not None:
@@ -175,17 +191,23 @@ def attention(setup: RunSetup, b: Builder, layer: int, contexts: tuple[int, ...]
         Access(act, batch * setup.q_width * ACT_BYTES, "act", role="x"),
         Access(act, batch * setup.q_width * ACT_BYTES, "act", write=True, role="y"),
     ]
-    return b.add("attention", layer, "attention", accesses, matrix_flops=4 * setup.heads * m.head_dim * total_ctx,
-                 matrix_m=m.heads // m.kv_heads,
-                 vector_ops=VEC_OPS["softmax"] * setup.heads * total_ctx + softcap + dequant, dequant_ops=dequant,
-                 dtype="bf16", parallelism=splits * setup.kv_heads, tags=(("tokens", total_ctx),),
-                 values=total_ctx * (setup.k_width + setup.v_width), quant=kv_quant(setup.kv))
+    return Ask(accesses, dict(
+        matrix_flops=4 * setup.heads * m.head_dim * total_ctx, matrix_m=m.heads // m.kv_heads,
+        vector_ops=VEC_OPS["softmax"] * setup.heads * total_ctx + softcap + dequant, dequant_ops=dequant,
+        dtype="bf16", parallelism=splits * setup.kv_heads,
+        values=total_ctx * (setup.k_width + setup.v_width), quant=kv_quant(setup.kv)), (("tokens", total_ctx),))
 
 
 def prefill_attention(setup: RunSetup, b: Builder, layer: int, prefill: tuple[tuple[int, int], ...]) -> Op:
-    """Causal attention of prompt chunks: each chunk of ``c`` tokens after ``before`` cached
-    tokens reads its cache (old and new tokens) once and does 4 x heads x head_dim x c x
-    (before + (c + 1) / 2) FLOPs (each query sees the tokens before it)."""
+    """Causal attention of prompt chunks (see ``prefill_attention_ask``)."""
+    ask = prefill_attention_ask(setup, prefill)
+    return b.add("attention_prefill", layer, "attention", ask.accesses, tags=ask.tags, **ask.fields)
+
+
+def prefill_attention_ask(setup: RunSetup, prefill: tuple[tuple[int, int], ...]) -> Ask:
+    """What causal attention of prompt chunks asks: each chunk of ``c`` tokens after
+    ``before`` cached tokens reads its cache (old and new tokens) once and does 4 x heads x
+    head_dim x c x (before + (c + 1) / 2) FLOPs (each query sees the tokens before it)."""
     m = setup.model
     stream, gather, granule, dequant, _total, splits = kv_traffic(setup, tuple(before + c for c, before in prefill))
     queries = sum(c for c, _ in prefill)
@@ -198,12 +220,12 @@ def prefill_attention(setup: RunSetup, b: Builder, layer: int, prefill: tuple[tu
         Access(act, queries * setup.q_width * ACT_BYTES, "act", write=True, role="y"),
     ]
     group = max(1, m.heads // m.kv_heads)
-    return b.add("attention_prefill", layer, "attention", accesses, matrix_flops=4 * setup.heads * m.head_dim * pairs,
-                 matrix_m=group * max(c for c, _ in prefill),
-                 vector_ops=VEC_OPS["softmax"] * setup.heads * pairs + dequant, dequant_ops=dequant,
-                 dtype="bf16", parallelism=max(splits, queries / 64) * setup.kv_heads, tags=(("tokens", pairs),),
-                 values=sum(before + c for c, before in prefill) * (setup.k_width + setup.v_width),
-                 quant=kv_quant(setup.kv))
+    return Ask(accesses, dict(
+        matrix_flops=4 * setup.heads * m.head_dim * pairs, matrix_m=group * max(c for c, _ in prefill),
+        vector_ops=VEC_OPS["softmax"] * setup.heads * pairs + dequant, dequant_ops=dequant,
+        dtype="bf16", parallelism=max(splits, queries / 64) * setup.kv_heads,
+        values=sum(before + c for c, before in prefill) * (setup.k_width + setup.v_width),
+        quant=kv_quant(setup.kv)), (("tokens", pairs),))
 
 
 def kv_traffic(setup: RunSetup, contexts: tuple[int, ...]) -> tuple[int, int, int, int, int, float]:
