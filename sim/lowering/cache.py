@@ -121,8 +121,7 @@ class GraphCache:
                 asked = fresh[key] = self.attention(contexts, kind.layer)
             changes.append(Change(kind.rows, kind.places, self._works[i], asked.work))
             self._works[i] = asked.work
-            for idx in kind.places:
-                changed[idx] = asked
+            changed.update(dict.fromkeys(kind.places, asked))
         self.changed = tuple(changes)
         return lowered.with_ops(ReworkedOps(lowered.ops, changed), step=step, contexts=contexts)
 

@@ -14,7 +14,7 @@ from sim.errors import ConfigError
 from sim.formats import get_format
 from sim.formats.spec import kv_quant
 from sim.lowering.graph import Access, Builder, Op
-from sim.lowering.kernels import expand, with_prologue
+from sim.lowering.kernels import Plan, with_prologue
 from sim.setup import ACT_BYTES, RunSetup
 
 NOT_WEIGHTS = ("router",)  # matmuls whose weights stay in bf16 under a quantized weight format
@@ -95,20 +95,28 @@ def op_expander(setup: RunSetup):
         chosen[key] = specs
         return specs
 
+    plans: dict[tuple, Plan] = {}  # (op name, kind, parts) -> its expansion plan
+
+    def plan_of(name: str, kind: str, parts) -> Plan:
+        key = (name, kind, parts and tuple(parts.items()))
+        plan = plans.get(key)
+        if plan is None:
+            plan = plans[key] = Plan(kernels_of(name, kind), kind, parts, stack.calls_ns)
+        return plan
+
     def run(name: str, kind: str, accesses, work: dict, parts=None, values: int = 0, quant=None,
             active: int = 1):
-        specs = kernels_of(name, kind)
         sizes = {}
         if kind == "attention":  # the KV it reads, as bf16 (a dequantizing cache's copies)
             sizes["kv_dense"] = (setup.store, values * ACT_BYTES)
         if name == "rope_append":  # the new token's K and V, as bf16
             x = sum(a.bytes for a in accesses if a.role == "x" and not a.write)
             sizes["new_kv"] = (setup.act_level, round(x * new_kv_share))
-        return expand(specs, kind, accesses, matrix_flops=work.get("matrix_flops", 0),
-                      matrix_m=work.get("matrix_m", 1), vector_ops=work.get("vector_ops", 0),
-                      dequant_ops=work.get("dequant_ops", 0), dtype=work.get("dtype", "bf16"),
-                      parallelism=work.get("parallelism", 1), parts=parts, active=active, values=values,
-                      quant=quant, act_level=setup.act_level, calls_ns=stack.calls_ns, sizes=sizes)
+        return plan_of(name, kind, parts).kernels(
+            accesses, matrix_flops=work.get("matrix_flops", 0), matrix_m=work.get("matrix_m", 1),
+            vector_ops=work.get("vector_ops", 0), dequant_ops=work.get("dequant_ops", 0),
+            dtype=work.get("dtype", "bf16"), parallelism=work.get("parallelism", 1), active=active, values=values,
+            quant=quant, act_level=setup.act_level, sizes=sizes)
 
     return run
 
