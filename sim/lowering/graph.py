@@ -21,6 +21,8 @@ dataclass that computes its hash once (a changed copy is ``dataclasses.replace``
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import compress
+from operator import attrgetter
 from typing import NamedTuple
 
 from sim.kernel_classes import KVQuant
@@ -197,45 +199,50 @@ class Lane(NamedTuple):
     external: tuple[tuple[int, ...], ...]
 
 
+_LANE_OF, _SYNCED, _IDX = attrgetter("stage", "stream"), attrgetter("host_sync"), attrgetter("idx")
+
+
 def make_graph(ops, *, step: int, contexts: tuple[int, ...], stages: int) -> OpGraph:
-    """An OpGraph over ``ops`` with its streams, watched ops and lanes derived from them."""
+    """An OpGraph over ``ops`` with its streams, watched ops, lanes and chains derived from them."""
     ops = tuple(ops)
-    lane_of = [(op.stage, op.stream) for op in ops]
-    watched = [op.host_sync for op in ops]
-    members: dict[tuple[int, str], list[int]] = {}
-    external: dict[tuple[int, str], list[tuple[int, ...]]] = {}
-    for op, key in zip(ops, lane_of, strict=True):
-        lane = members.get(key)
-        if lane is None:
-            lane = members[key] = []
-            external[key] = []
+    lane_of = list(map(_LANE_OF, ops))
+    synced = list(map(_SYNCED, ops))
+    watched = synced.copy()
+    lanes: dict[tuple[int, str], tuple[list[int], list[tuple[int, ...]]]] = {}  # key -> (its ops, their waits)
+    follows = []  # per op: does it wait only for the op just before it, on the same stream
+    for i, (op, key) in enumerate(zip(ops, lane_of, strict=True)):
+        entry = lanes.get(key)
+        if entry is None:
+            entry = lanes[key] = ([], [])
+        members, external = entry
         deps = op.deps
-        if lane and deps == (lane[-1],):  # the usual op: it waits for the one before it on its stream
-            external[key].append(())
+        if members and deps == (members[-1],):  # the usual op: it waits for the one before it on its stream
+            external.append(())
         else:
-            previous = lane[-1] if lane else None
-            external[key].append(tuple(d for d in deps if d != previous))
-        lane.append(op.idx)
-        for dep in deps:
-            if lane_of[dep] != key:
-                watched[dep] = True
-    lanes = tuple(Lane(stage, stream, tuple(members[(stage, stream)]), tuple(external[(stage, stream)]))
-                  for stage, stream in members)
+            previous = members[-1] if members else None
+            external.append(tuple(d for d in deps if d != previous))
+            for dep in deps:
+                if lane_of[dep] != key:
+                    watched[dep] = True
+        members.append(op.idx)
+        follows.append(i > 0 and deps == (i - 1,) and lane_of[i - 1] == key)
     return OpGraph(ops, step=step, batch=len(contexts), contexts=tuple(contexts), stages=stages,
-                   streams=tuple(members), watched=tuple(watched), lanes=lanes,
-                   syncs=tuple(op.idx for op in ops if op.host_sync), chains=_chains(ops, lane_of),
-                   watched_ops=tuple(i for i, w in enumerate(watched) if w))
+                   streams=tuple(lanes), watched=tuple(watched),
+                   lanes=tuple(Lane(stage, stream, tuple(members), tuple(external))
+                               for (stage, stream), (members, external) in lanes.items()),
+                   syncs=tuple(compress(map(_IDX, ops), synced)), chains=_chains(follows),
+                   watched_ops=tuple(compress(range(len(ops)), watched)))
 
 
-def _chains(ops: tuple[Op, ...], lane_of: list[tuple[int, str]]) -> tuple[int, ...]:
-    """Per op ``i``: the largest ``j`` such that every op of ``i+1 .. j-1`` is on ``i``'s
-    stream and stage (``lane_of``, per op) and depends on the op just before it and nothing else."""
-    n = len(ops)
+def _chains(follows: list[bool]) -> tuple[int, ...]:
+    """Per op ``i``: the largest ``j`` such that every op of ``i+1 .. j-1`` ``follows`` (is on
+    the stream and stage of the op before it and depends on that op and nothing else)."""
+    n = len(follows)
     chains = [0] * n
     end = n
     for i in range(n - 1, -1, -1):
         chains[i] = end
-        if not (i > 0 and ops[i].deps == (i - 1,) and lane_of[i - 1] == lane_of[i]):
+        if not follows[i]:
             end = i
     return tuple(chains)
 
