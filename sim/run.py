@@ -241,12 +241,19 @@ def _advance(state: _Step | None, graph, costs: CostModel, changed) -> _Step:
             if delta:
                 _count(keys, key, ops, delta, holder.get(key))
         return _Step(graph, op_costs, durations, keys)
-    keyed = [op_key(op) for op in ops]
-    counts = Counter(keyed)
-    keys = {key: [counts[key], op] for key, op in dict(zip(keyed, ops)).items()}  # first-use order, the last op
+    keys: dict[tuple, list] = {}  # in first-use order, each with its last op
+    for op in ops:
+        key = op_key(op)
+        entry = keys.get(key)
+        if entry is None:
+            keys[key] = [1, op]
+        else:
+            entry[0] += 1
+            entry[1] = op
     works = [op.work for op in ops]
-    cost_of = {work: costs.cost(work) for work in dict.fromkeys(works)}  # each distinct work looked up once
-    op_costs = [cost_of[work] for work in works]
+    ids = list(map(id, works))  # the ops of a layer share their works: each object is looked up once
+    cost_of = {i: costs.cost(work) for i, work in dict(zip(ids, works)).items()}
+    op_costs = list(map(cost_of.__getitem__, ids))
     return _Step(graph, op_costs, [c.total_ns for c in op_costs], keys)
 
 
