@@ -318,12 +318,13 @@ class Builder:
     def append_shifted(self, protos: list[Op], shift: int, layer: int) -> None:
         """Append copies of ``protos`` (a contiguous run of this builder's ops) as ``layer``,
         their indices and dependencies moved by ``shift``."""
-        append, last = self.ops.append, self._last
-        for idx, name, _layer, work, deps, stream, stage, host_sync, row, compute_row, tags in protos:
-            idx += shift
-            append(Op(idx, name, layer, work, tuple([d + shift for d in deps]), stream, stage, host_sync, row,
-                      compute_row, tags))
-            last[(stage, stream)] = idx
+        make = Op._make
+        self.ops.extend([
+            make((idx + shift, name, layer, work,
+                  (deps[0] + shift,) if len(deps) == 1 else tuple([d + shift for d in deps]),  # most wait for one op
+                  stream, stage, host_sync, row, compute_row, tags))
+            for idx, name, _layer, work, deps, stream, stage, host_sync, row, compute_row, tags in protos])
+        self._last.update({(op.stage, op.stream): op.idx + shift for op in protos})
 
     def last(self, stream: str = "main") -> int | None:
         return self._last.get((self.stage, stream))
