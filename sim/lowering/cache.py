@@ -103,7 +103,7 @@ class GraphCache:
         window = self.setup.model.window
         kinds: dict[tuple, list[int]] = {}
         for op in graph.ops:
-            if op.kind == "attention":
+            if op.work.kind == "attention":
                 kinds.setdefault((window(op.layer), op.row, op.compute_row), []).append(op.idx)
         self._kinds = tuple(_Kind(graph.ops[idxs[0]].layer, (row, compute_row), tuple(idxs))
                             for (_window, row, compute_row), idxs in kinds.items())
