@@ -62,46 +62,28 @@ def vocab_bytes(setup: RunSetup) -> int:
 # -- op builders ---------------------------------------------------------------------------
 
 
+_PLANS: dict[tuple, tuple] = {}  # what kernels_of reads (the stack by identity) -> (the stack, its plan table)
+_PLANS_LIMIT = 64
+
+
 def op_expander(setup: RunSetup):
     """The Builder's hook that runs each op through the setup's software stack: the op's
     kernels for the run's KV format and the model's variants where the stack has them, the
     matmul dtype's prologue before each matrix kernel, and the sizes temporaries may take."""
-    stack, m = setup.stack, setup.model
-    prologue = stack.prologue(setup.weights.matmul_dtype)
-    bias = stack.bias_epilogue(setup.weights.matmul_dtype)
+    stack = setup.stack
     kv = setup.kv.name
     if stack.kv_formats and kv not in stack.kv_formats and kv_quant(setup.kv):
         raise ConfigError(f"software stack {stack.name}", "kv_formats",
                           f"has no kernels for the KV format {kv!r} (it has: {', '.join(stack.kv_formats)}); "
                           f"add kv_formats.{kv} or run another stack")
-    norm_variants = ("unit_offset",) if m.norm_unit_offset else ()
-    head_variants = (f"d{m.head_dim}",)
     new_kv_share = (setup.k_width + setup.v_width) / (setup.q_width + setup.k_width + setup.v_width)
-
-    chosen: dict[tuple[str, str], tuple | None] = {}  # (op name, kind) -> its kernel specs
-
-    def kernels_of(name: str, kind: str):
-        """The stack's kernels for op ``name``: for the model's variants, fused projections and
-        the matmul dtype's prologue (the same for every layer, so chosen once)."""
-        key = (name, kind)
-        if key in chosen:
-            return chosen[key]
-        variants = norm_variants if name in NORM_OPS else (head_variants if name == "attention" else ())
-        specs = stack.kernels_for(name, kv=kv, variants=variants)
-        if name in ("qkv", "gate_up") and m.fused_projections:
-            specs = stack.ops[f"{name}@fused"].kernels if f"{name}@fused" in stack.ops else None
-        if name not in NOT_WEIGHTS and name not in stack.unquantized:
-            specs = with_prologue(specs, prologue, kind, bias if name == "qkv" and m.qkv_bias else ())
-        chosen[key] = specs
-        return specs
-
-    plans: dict[tuple, Plan] = {}  # (op name, kind, parts) -> its expansion plan
+    plans = _plan_table(setup)
 
     def plan_of(name: str, kind: str, parts) -> Plan:
         key = (name, kind, parts and tuple(parts.items()))
         plan = plans.get(key)
         if plan is None:
-            plan = plans[key] = Plan(kernels_of(name, kind), kind, parts, stack.calls_ns)
+            plan = plans[key] = Plan(kernels_of(setup, name, kind), kind, parts, stack.calls_ns)
         return plan
 
     def run(name: str, kind: str, accesses, work: dict, parts=None, values: int = 0, quant=None,
@@ -119,6 +101,38 @@ def op_expander(setup: RunSetup):
             quant=quant, act_level=setup.act_level, sizes=sizes)
 
     return run
+
+
+def _plan_table(setup: RunSetup) -> dict[tuple, Plan]:
+    """(op name, kind, parts) -> its expansion Plan, shared by the setups that ``kernels_of``
+    reads alike (the same stack object, KV format, model variants and matmul dtype): the same
+    for every layer, step and batch, so worked out once. Bounded; an entry keeps its stack, so
+    the stack's identity in the key is not reused while the entry lives."""
+    m = setup.model
+    key = (id(setup.stack), setup.kv.name, m.norm_unit_offset, m.head_dim, m.fused_projections, m.qkv_bias,
+           setup.weights.matmul_dtype)
+    hit = _PLANS.get(key)
+    if hit is None:
+        if len(_PLANS) >= _PLANS_LIMIT:
+            _PLANS.clear()
+        hit = _PLANS[key] = (setup.stack, {})
+    return hit[1]
+
+
+def kernels_of(setup: RunSetup, name: str, kind: str) -> tuple | None:
+    """The stack's kernels for op ``name``: for the run's KV format, the model's variants,
+    fused projections and the matmul dtype's prologue (and bias epilogue)."""
+    stack, m = setup.stack, setup.model
+    norm_variants = ("unit_offset",) if m.norm_unit_offset else ()
+    variants = norm_variants if name in NORM_OPS else ((f"d{m.head_dim}",) if name == "attention" else ())
+    specs = stack.kernels_for(name, kv=setup.kv.name, variants=variants)
+    if name in ("qkv", "gate_up") and m.fused_projections:
+        specs = stack.ops[f"{name}@fused"].kernels if f"{name}@fused" in stack.ops else None
+    if name not in NOT_WEIGHTS and name not in stack.unquantized:
+        dtype = setup.weights.matmul_dtype
+        specs = with_prologue(specs, stack.prologue(dtype), kind,
+                              stack.bias_epilogue(dtype) if name == "qkv" and m.qkv_bias else ())
+    return specs
 
 
 def builder(setup: RunSetup, ops: list[Op] | None = None, stage: int = 0, expand=None) -> Builder:
