@@ -221,30 +221,45 @@ def simulate(spec: RunSpec | dict | None = None, *, keep_ops: bool = False, keep
 def _advance(state: _Step | None, graph, costs: CostModel, changed) -> _Step:
     """The op costs and distinct-op counts of ``graph``: from the previous step's when the
     graph cache says which ops changed (``changed``: sim.lowering.cache.Change records), else afresh."""
+    if state is None or changed is None:
+        return _afresh(graph, costs)
     ops = graph.ops
-    if state is not None and changed is not None:
-        op_costs, durations, keys = list(state.costs), list(state.durations), dict(state.keys)
-        net: dict[tuple, int] = {}  # op key -> change in its count
-        holder: dict[tuple, int] = {}  # op key -> an op of the new graph that has it
-        for change in changed:
-            # unchanged work keeps its cost; a new one (a step's attention) is not memoised
-            cost = op_costs[change.places[0]] if change.work == change.before else costs.cost_once(change.work)
-            total = cost.total_ns
-            for idx in change.places:
-                op_costs[idx] = cost
-                durations[idx] = total
-            old_key, new_key = (change.before, *change.rows), (change.work, *change.rows)
-            net[old_key] = net.get(old_key, 0) - len(change.places)
-            net[new_key] = net.get(new_key, 0) + len(change.places)
-            holder[new_key] = change.places[-1]
-        for key, delta in net.items():
-            if delta:
-                _count(keys, key, ops, delta, holder.get(key))
-        return _Step(graph, op_costs, durations, keys)
-    keys: dict[tuple, list] = {}
+    op_costs, durations, keys = list(state.costs), list(state.durations), dict(state.keys)
+    net: dict[tuple, int] = {}  # op key -> change in its count
+    holder: dict[tuple, int] = {}  # op key -> an op of the new graph that has it
+    for change in changed:
+        # unchanged work keeps its cost; a new one (a step's attention) is not memoised
+        cost = op_costs[change.places[0]] if change.work == change.before else costs.cost_once(change.work)
+        total = cost.total_ns
+        for idx in change.places:
+            op_costs[idx] = cost
+            durations[idx] = total
+        old_key, new_key = (change.before, *change.rows), (change.work, *change.rows)
+        net[old_key] = net.get(old_key, 0) - len(change.places)
+        net[new_key] = net.get(new_key, 0) + len(change.places)
+        holder[new_key] = change.places[-1]
+    for key, delta in net.items():
+        if delta:
+            _count(keys, key, ops, delta, holder.get(key))
+    return _Step(graph, op_costs, durations, keys)
+
+
+def _afresh(graph, costs: CostModel) -> _Step:
+    """The op costs and distinct-op counts of ``graph`` from its ops."""
+    ops = graph.ops
+    keys: dict[tuple, list] = {}  # in first-use order, each with its last op
     for op in ops:
-        _count(keys, op_key(op), ops, 1, op.idx)
-    op_costs = [costs.cost(op.work) for op in ops]
+        key = op_key(op)
+        entry = keys.get(key)
+        if entry is None:
+            keys[key] = [1, op]
+        else:
+            entry[0] += 1
+            entry[1] = op
+    works = [op.work for op in ops]
+    ids = list(map(id, works))  # the ops of a layer share their works: each object is looked up once
+    cost_of = {i: costs.cost(work) for i, work in dict(zip(ids, works)).items()}
+    op_costs = list(map(cost_of.__getitem__, ids))
     return _Step(graph, op_costs, [c.total_ns for c in op_costs], keys)
 
 

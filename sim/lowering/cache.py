@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from sim.lowering.decode import lower_step
-from sim.lowering.graph import Op, OpGraph, Work
-from sim.lowering.ops import attention, builder, op_expander, prefill_attention
+from sim.lowering.graph import Op, OpGraph, Work, live, make_work
+from sim.lowering.ops import Ask, attention_ask, op_expander, prefill_attention_ask
 from sim.setup import RunSetup
 
 
@@ -63,6 +63,13 @@ class ReworkedOps(Sequence):
             yield self[i]
 
 
+class Asked(NamedTuple):
+    """An op's work and tags, outside any program."""
+
+    work: Work
+    tags: tuple[tuple[str, object], ...]
+
+
 class _Kind(NamedTuple):
     """The attention ops of one kind in the lowered graph: a layer to re-lower them as, their
     breakdown rows and indices, and the work they asked last."""
@@ -96,7 +103,7 @@ class GraphCache:
         window = self.setup.model.window
         kinds: dict[tuple, list[int]] = {}
         for op in graph.ops:
-            if op.kind == "attention":
+            if op.work.kind == "attention":
                 kinds.setdefault((window(op.layer), op.row, op.compute_row), []).append(op.idx)
         self._kinds = tuple(_Kind(graph.ops[idxs[0]].layer, (row, compute_row), tuple(idxs))
                             for (_window, row, compute_row), idxs in kinds.items())
@@ -105,24 +112,26 @@ class GraphCache:
 
     def _relower_attention(self, lowered: OpGraph, contexts: tuple[int, ...], step: int) -> OpGraph:
         changes, changed = [], {}
-        fresh: dict[int | None, Op] = {}  # window -> the attention op over these contexts
+        fresh: dict[int | None, Asked] = {}  # window -> the attention over these contexts
         window = self.setup.model.window
         for i, kind in enumerate(self._kinds):
             key = window(kind.layer)
-            op = fresh.get(key)
-            if op is None:
-                op = fresh[key] = self.attention(contexts, kind.layer)
-            changes.append(Change(kind.rows, kind.places, self._works[i], op.work))
-            self._works[i] = op.work
-            for idx in kind.places:
-                changed[idx] = (op.work, op.tags)
+            asked = fresh.get(key)
+            if asked is None:
+                asked = fresh[key] = self.attention(contexts, kind.layer)
+            changes.append(Change(kind.rows, kind.places, self._works[i], asked.work))
+            self._works[i] = asked.work
+            changed.update(dict.fromkeys(kind.places, asked))
         self.changed = tuple(changes)
         return lowered.with_ops(ReworkedOps(lowered.ops, changed), step=step, contexts=contexts)
 
-    def attention(self, contexts: tuple[int, ...], layer: int = 0) -> Op:
-        """The decode attention op over ``contexts``, as every layer of ``layer``'s kind asks it."""
-        return attention(self.setup, builder(self.setup, expand=self._expand), layer, contexts)
+    def attention(self, contexts: tuple[int, ...], layer: int = 0) -> Asked:
+        """The work and tags of decode attention over ``contexts``, as every layer of ``layer``'s kind asks it."""
+        return self._asked("attention", attention_ask(self.setup, layer, contexts))
 
-    def prefill_attention(self, prefill: tuple[tuple[int, int], ...]) -> Op:
-        """The attention op of a step's prompt chunks, as every layer asks it."""
-        return prefill_attention(self.setup, builder(self.setup, expand=self._expand), 0, prefill)
+    def prefill_attention(self, prefill: tuple[tuple[int, int], ...]) -> Asked:
+        """The work and tags of the attention of a step's prompt chunks, as every layer asks it."""
+        return self._asked("attention_prefill", prefill_attention_ask(self.setup, prefill))
+
+    def _asked(self, name: str, ask: Ask) -> Asked:
+        return Asked(make_work(self._expand, name, "attention", live(ask.accesses), ask.fields), ask.tags)

@@ -23,8 +23,6 @@ fragmentation, sampling beyond argmax.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
-
 from sim.errors import SimulationError
 from sim.lowering.graph import Access, Builder, Op, OpGraph, make_graph
 from sim.lowering.moe import lower_moe, moe_weight_bytes_per_chip
@@ -209,7 +207,7 @@ def stage_link(setup: RunSetup, stage: int) -> str:
 
 
 def _synced(op: Op) -> Op:
-    return replace(op, host_sync=True)
+    return op._replace(host_sync=True)
 
 
 def lower_units(setup: RunSetup, b: Builder, units: list[tuple[int, str]], contexts: tuple[int, ...], position: int,

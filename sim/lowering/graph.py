@@ -13,19 +13,22 @@ Access categories name what the bytes are: ``weights``, ``kv``, ``act`` (activat
 ``outliers`` (sparse outlier gathers), ``expert`` (MoE expert weights), ``link``
 (chip-to-chip), ``pcie`` (host link).
 
-Records are frozen and built by keyword; a changed copy is ``dataclasses.replace``.
+Records are immutable and built by keyword: ``Access``, ``KernelWork`` and ``Op`` are named
+tuples (cheap to build and hash, a changed copy is ``_replace``); ``Work`` is a frozen
+dataclass that computes its hash once (a changed copy is ``dataclasses.replace``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import compress
+from operator import attrgetter
 from typing import NamedTuple
 
 from sim.kernel_classes import KVQuant
 
 
-@dataclass(frozen=True, slots=True)
-class Access:
+class Access(NamedTuple):
     """``bytes`` read (or written) at memory ``level`` ("link", "pcie" and "noc" are links)."""
 
     level: str
@@ -36,8 +39,7 @@ class Access:
     role: str = ""  # which tensor of the op: x, w, y, res, kv, cache, idx, link, pcie, noc, fetch
 
 
-@dataclass(frozen=True, slots=True)
-class KernelWork:
+class KernelWork(NamedTuple):
     """One kernel of an op, as the software stack runs it: its class (and implementation),
     the bytes it moves, its work, its parallelism and how many times it is launched."""
 
@@ -100,8 +102,7 @@ class Work:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class Op:
+class Op(NamedTuple):
     """One op of a step in program order: its ``work`` plus where it runs and what it waits for."""
 
     idx: int
@@ -143,9 +144,7 @@ class Op:
 
     def with_work(self, work: Work, tags: tuple) -> "Op":
         """This op, asking ``work`` of the hardware instead (same place in the program)."""
-        return Op(idx=self.idx, name=self.name, layer=self.layer, work=work, deps=self.deps, stream=self.stream,
-                  stage=self.stage, host_sync=self.host_sync, row=self.row, compute_row=self.compute_row,
-                  tags=tags)
+        return self._replace(work=work, tags=tags)
 
     def tag(self, key: str, default=None):
         return dict(self.tags).get(key, default)
@@ -200,47 +199,70 @@ class Lane(NamedTuple):
     external: tuple[tuple[int, ...], ...]
 
 
+_LANE_OF, _SYNCED, _IDX = attrgetter("stage", "stream"), attrgetter("host_sync"), attrgetter("idx")
+
+
 def make_graph(ops, *, step: int, contexts: tuple[int, ...], stages: int) -> OpGraph:
-    """An OpGraph over ``ops`` with its streams, watched ops and lanes derived from them."""
+    """An OpGraph over ``ops`` with its streams, watched ops, lanes and chains derived from them."""
     ops = tuple(ops)
-    lane_of = [(op.stage, op.stream) for op in ops]
-    watched = [op.host_sync for op in ops]
-    members: dict[tuple[int, str], list[int]] = {}
-    external: dict[tuple[int, str], list[tuple[int, ...]]] = {}
-    for op, key in zip(ops, lane_of, strict=True):
-        lane = members.get(key)
-        if lane is None:
-            lane = members[key] = []
-            external[key] = []
+    lane_of = list(map(_LANE_OF, ops))
+    synced = list(map(_SYNCED, ops))
+    watched = synced.copy()
+    lanes: dict[tuple[int, str], tuple[list[int], list[tuple[int, ...]]]] = {}  # key -> (its ops, their waits)
+    follows = []  # per op: does it wait only for the op just before it, on the same stream
+    for i, (op, key) in enumerate(zip(ops, lane_of, strict=True)):
+        entry = lanes.get(key)
+        if entry is None:
+            entry = lanes[key] = ([], [])
+        members, external = entry
         deps = op.deps
-        if lane and deps == (lane[-1],):  # the usual op: it waits for the one before it on its stream
-            external[key].append(())
+        if members and deps == (members[-1],):  # the usual op: it waits for the one before it on its stream
+            external.append(())
         else:
-            previous = lane[-1] if lane else None
-            external[key].append(tuple(d for d in deps if d != previous))
-        lane.append(op.idx)
-        for dep in deps:
-            if lane_of[dep] != key:
-                watched[dep] = True
-    lanes = tuple(Lane(stage, stream, tuple(members[(stage, stream)]), tuple(external[(stage, stream)]))
-                  for stage, stream in members)
+            previous = members[-1] if members else None
+            external.append(tuple(d for d in deps if d != previous))
+            for dep in deps:
+                if lane_of[dep] != key:
+                    watched[dep] = True
+        members.append(op.idx)
+        follows.append(i > 0 and deps == (i - 1,) and lane_of[i - 1] == key)
     return OpGraph(ops, step=step, batch=len(contexts), contexts=tuple(contexts), stages=stages,
-                   streams=tuple(members), watched=tuple(watched), lanes=lanes,
-                   syncs=tuple(op.idx for op in ops if op.host_sync), chains=_chains(ops, lane_of),
-                   watched_ops=tuple(i for i, w in enumerate(watched) if w))
+                   streams=tuple(lanes), watched=tuple(watched),
+                   lanes=tuple(Lane(stage, stream, tuple(members), tuple(external))
+                               for (stage, stream), (members, external) in lanes.items()),
+                   syncs=tuple(compress(map(_IDX, ops), synced)), chains=_chains(follows),
+                   watched_ops=tuple(compress(range(len(ops)), watched)))
 
 
-def _chains(ops: tuple[Op, ...], lane_of: list[tuple[int, str]]) -> tuple[int, ...]:
-    """Per op ``i``: the largest ``j`` such that every op of ``i+1 .. j-1`` is on ``i``'s
-    stream and stage (``lane_of``, per op) and depends on the op just before it and nothing else."""
-    n = len(ops)
+def _chains(follows: list[bool]) -> tuple[int, ...]:
+    """Per op ``i``: the largest ``j`` such that every op of ``i+1 .. j-1`` ``follows`` (is on
+    the stream and stage of the op before it and depends on that op and nothing else)."""
+    n = len(follows)
     chains = [0] * n
     end = n
     for i in range(n - 1, -1, -1):
         chains[i] = end
-        if not (i > 0 and ops[i].deps == (i - 1,) and lane_of[i - 1] == lane_of[i]):
+        if not follows[i]:
             end = i
     return tuple(chains)
+
+
+def live(accesses) -> tuple[Access, ...]:
+    """The accesses that move bytes."""
+    return tuple(a for a in accesses if a.bytes > 0)
+
+
+def make_work(expand, name: str, kind: str, accesses: tuple[Access, ...], work: dict, parts=None) -> Work:
+    """The ``Work`` of op ``name`` of ``kind`` over ``accesses`` (``live`` ones) with the other
+    fields ``work`` (plus ``values``, ``quant`` and ``active``, which only ``expand`` reads),
+    run through ``expand`` (name, kind, accesses, fields -> the kernels that run it) if given."""
+    fields = dict(work)
+    extra = {k: fields.pop(k) for k in ("values", "quant", "active") if k in fields}
+    if expand is not None:
+        kernels = expand(name, kind, accesses, fields, parts=parts, **extra)
+        fields["kernels_run"] = kernels
+        fields["kernels"] = sum(k.launches for k in kernels)
+    return Work(kind=kind, accesses=accesses, **fields)
 
 
 class Builder:
@@ -284,30 +306,25 @@ class Builder:
         """The ``Work`` of an op; an op asked again the same (the same op of the next layer)
         gets the same object without running ``expand`` again (a pure function of the op), and
         ops of other names that ask the same of the hardware (two norms) share one object too."""
-        accesses = tuple(a for a in accesses if a.bytes > 0)
+        accesses = live(accesses)
         parts = work.pop("parts", None)
         key = (name, kind, accesses, tuple(work.items()), parts and tuple(parts.items()))
         made = self._works.get(key)
         if made is None:
-            fields = dict(work)
-            extra = {k: fields.pop(k) for k in ("values", "quant", "active") if k in fields}
-            if self.expand is not None:
-                kernels = self.expand(name, kind, accesses, fields, parts=parts, **extra)
-                fields["kernels_run"] = kernels
-                fields["kernels"] = sum(k.launches for k in kernels)
-            work = Work(kind=kind, accesses=accesses, **fields)
+            work = make_work(self.expand, name, kind, accesses, work, parts)
             made = self._works[key] = self._equal.setdefault(work, work)
         return made
 
     def append_shifted(self, protos: list[Op], shift: int, layer: int) -> None:
         """Append copies of ``protos`` (a contiguous run of this builder's ops) as ``layer``,
         their indices and dependencies moved by ``shift``."""
-        for proto in protos:
-            op = Op(idx=proto.idx + shift, name=proto.name, layer=layer, work=proto.work,
-                    deps=tuple(d + shift for d in proto.deps), stream=proto.stream, stage=proto.stage,
-                    host_sync=proto.host_sync, row=proto.row, compute_row=proto.compute_row, tags=proto.tags)
-            self.ops.append(op)
-            self._last[(op.stage, op.stream)] = op.idx
+        make = Op._make
+        self.ops.extend([
+            make((idx + shift, name, layer, work,
+                  (deps[0] + shift,) if len(deps) == 1 else tuple([d + shift for d in deps]),  # most wait for one op
+                  stream, stage, host_sync, row, compute_row, tags))
+            for idx, name, _layer, work, deps, stream, stage, host_sync, row, compute_row, tags in protos])
+        self._last.update({(op.stage, op.stream): op.idx + shift for op in protos})
 
     def last(self, stream: str = "main") -> int | None:
         return self._last.get((self.stage, stream))

@@ -102,38 +102,56 @@ def expand(specs: tuple[Kernel, ...] | None, kind: str, accesses: tuple[Access, 
            ) -> tuple[KernelWork, ...]:
     """The kernels of one op (see the module docstring). ``sizes`` maps the size names an op
     knows besides its roles to (level, bytes)."""
-    parts = parts or {}
-    if specs is None:
-        return (KernelWork(name=kind, kclass=default_class(kind), accesses=accesses,
-                           matrix_flops=matrix_flops, matrix_m=matrix_m, vector_ops=vector_ops,
-                           dequant_ops=dequant_ops, dtype=dtype, parallelism=parallelism,
-                           values=values, quant=quant),)
-    split = _Split.of(specs, "kv" if kind == "attention" else "w", parts, matrix_flops, vector_ops, dequant_ops)
-    temps = _Temps(accesses, sizes or {}, act_level or next((a.level for a in accesses if a.role in ("y", "x")), ""))
-    out = []
-    for i, k in enumerate(specs):
-        acc = [*_role_accesses(k, accesses, parts), *temps.of(k)]
-        share, flops, vec, deq = split.work(i)
-        spec = CLASSES[k.kclass]
-        out.append(KernelWork(
-            name=k.name, kclass=k.kclass, accesses=tuple(acc), matrix_flops=flops, matrix_m=matrix_m, vector_ops=vec,
-            dequant_ops=deq, dtype=dtype if spec.matrix else "bf16",
-            parallelism=max(1.0, parallelism * (share if i in split.matrix else 1.0)),
-            launches=k.launches * (max(1, active) if k.per_expert else 1),
-            impl=k.impl, values=values if spec.cache_dequant else 0,
-            quant=quant if spec.cache_dequant else None, dispatched=k.dispatched,
-            host_ns=calls_ns(k) if calls_ns is not None and k.calls else 0.0))
-    return tuple(out)
+    return Plan(specs, kind, parts, calls_ns).kernels(
+        accesses, matrix_flops=matrix_flops, matrix_m=matrix_m, vector_ops=vector_ops, dequant_ops=dequant_ops,
+        dtype=dtype, parallelism=parallelism, active=active, values=values, quant=quant, act_level=act_level,
+        sizes=sizes)
 
 
-def _role_accesses(k: Kernel, accesses, parts: dict[str, float]) -> list[Access]:
-    """The op's accesses that kernel ``k`` reads and writes, by role and share."""
-    acc: list[Access] = []
-    for specs, write in ((k.reads, False), (k.writes, True)):
-        for spec in specs:
-            role, share = _share(spec, parts)
-            acc += _scaled(accesses, role, share, write=write)
-    return acc
+class Plan:
+    """What of an op's expansion its kernels' specs, its kind and its parts fix, the same for
+    the op in every layer and step (a caller that keeps one expands the op again without
+    working it out): per kernel the op roles (and shares) it reads and writes, its class and its
+    host time, and how the op's work divides between the kernels (``_Split``)."""
+
+    __slots__ = ("specs", "kind", "roles", "classes", "host_ns", "split")
+
+    def __init__(self, specs: tuple[Kernel, ...] | None, kind: str, parts: dict[str, float] | None = None,
+                 calls_ns=None):
+        self.specs, self.kind = specs, kind
+        parts, kernels = parts or {}, specs or ()
+        self.roles = tuple(tuple((*_share(spec, parts), write) for names, write in ((k.reads, False), (k.writes, True))
+                                 for spec in names) for k in kernels)
+        self.classes = tuple(CLASSES[k.kclass] for k in kernels)
+        self.host_ns = tuple(calls_ns(k) if calls_ns is not None and k.calls else 0.0 for k in kernels)
+        self.split = _Split.of(self.roles, self.classes, "kv" if kind == "attention" else "w")
+
+    def kernels(self, accesses: tuple[Access, ...], *, matrix_flops: int, matrix_m: int, vector_ops: int,
+                dequant_ops: int, dtype: str, parallelism: float, active: int = 1, values: int = 0,
+                quant: KVQuant | None = None, act_level: str = "", sizes: dict[str, tuple[str, int]] | None = None
+                ) -> tuple[KernelWork, ...]:
+        """The kernels of the op over ``accesses`` with this work (see ``expand``)."""
+        kind, specs, split = self.kind, self.specs, self.split
+        if specs is None:
+            return (KernelWork(name=kind, kclass=default_class(kind), accesses=accesses,
+                               matrix_flops=matrix_flops, matrix_m=matrix_m, vector_ops=vector_ops,
+                               dequant_ops=dequant_ops, dtype=dtype, parallelism=parallelism,
+                               values=values, quant=quant),)
+        temps = _Temps(accesses, sizes or {}, act_level or next((a.level for a in accesses if a.role in ("y", "x")), ""))
+        out = []
+        for i, k in enumerate(specs):
+            acc = [a for role, share, write in self.roles[i] for a in _scaled(accesses, role, share, write)]
+            acc += temps.of(k)
+            share, flops, vec, deq = split.work(i, matrix_flops, vector_ops, dequant_ops)
+            spec = self.classes[i]
+            out.append(KernelWork(
+                name=k.name, kclass=k.kclass, accesses=tuple(acc), matrix_flops=flops, matrix_m=matrix_m,
+                vector_ops=vec, dequant_ops=deq, dtype=dtype if spec.matrix else "bf16",
+                parallelism=max(1.0, parallelism * (share if i in split.matrix else 1.0)),
+                launches=k.launches * (max(1, active) if k.per_expert else 1),
+                impl=k.impl, values=values if spec.cache_dequant else 0,
+                quant=quant if spec.cache_dequant else None, dispatched=k.dispatched, host_ns=self.host_ns[i]))
+        return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -147,39 +165,37 @@ class _Split:
     casts: tuple[int, ...]  # unfused dequantizing kernels that read the main operand
     others: tuple[int, ...]  # kernels that are not matrix kernels
     kernels: int
-    matrix_flops: int
-    vector_ops: int
-    dequant_ops: int
 
     @classmethod
-    def of(cls, specs, main_role: str, parts, matrix_flops: int, vector_ops: int, dequant_ops: int) -> _Split:
-        main = {i: [share for role, share in (_share(s, parts) for s in k.reads) if role == main_role]
-                for i, k in enumerate(specs)}
-        matrix = {i: sum(main[i]) if main[i] else 1.0 for i, k in enumerate(specs) if CLASSES[k.kclass].matrix}
+    def of(cls, roles, classes, main_role: str) -> _Split:
+        """The split between kernels that read and write ``roles`` (per kernel: (role, share,
+        write) triples) and are of ``classes``."""
+        main = {i: [share for role, share, write in kernel if role == main_role and not write]
+                for i, kernel in enumerate(roles)}
+        matrix = {i: sum(main[i]) if main[i] else 1.0 for i, spec in enumerate(classes) if spec.matrix}
         total = sum(matrix.values()) or 1.0
-        casts = tuple(i for i, k in enumerate(specs) if CLASSES[k.kclass].unfused_dequant and main[i])
-        others = tuple(i for i in range(len(specs)) if i not in matrix)
-        return cls({i: m / total for i, m in matrix.items()}, casts, others, len(specs), matrix_flops, vector_ops,
-                   dequant_ops)
+        casts = tuple(i for i, spec in enumerate(classes) if spec.unfused_dequant and main[i])
+        others = tuple(i for i in range(len(classes)) if i not in matrix)
+        return cls({i: m / total for i, m in matrix.items()}, casts, others, len(classes))
 
-    def work(self, i: int) -> tuple[float, int, int, int]:
+    def work(self, i: int, matrix_flops: int, vector_ops: int, dequant_ops: int) -> tuple[float, int, int, int]:
         """(matrix share, matrix FLOPs, vector ops with the dequantization, dequantization ops) of kernel ``i``."""
         share = self.matrix.get(i, 0.0)
-        flops = round(self.matrix_flops * share) if self.matrix else (self.matrix_flops if i == 0 else 0)
-        base = max(0, self.vector_ops - self.dequant_ops)
+        flops = round(matrix_flops * share) if self.matrix else (matrix_flops if i == 0 else 0)
+        base = max(0, vector_ops - dequant_ops)
         if self.others:
             vec = base // len(self.others) if i in self.others else 0
         else:
             vec = round(base * share)
-        deq = self._dequant(i, share)
+        deq = self._dequant(i, share, dequant_ops)
         return share, flops, vec + deq, deq
 
-    def _dequant(self, i: int, share: float) -> int:
+    def _dequant(self, i: int, share: float, dequant_ops: int) -> int:
         if self.casts:
-            return self.dequant_ops // len(self.casts) if i in self.casts else 0
+            return dequant_ops // len(self.casts) if i in self.casts else 0
         if self.matrix:
-            return round(self.dequant_ops * share)
-        return self.dequant_ops // self.kernels
+            return round(dequant_ops * share)
+        return dequant_ops // self.kernels
 
 
 class _Temps:

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from typing import NamedTuple
 
 from sim.errors import ConfigError
 from sim.formats import get_format
 from sim.formats.spec import kv_quant
 from sim.lowering.graph import Access, Builder, Op
-from sim.lowering.kernels import expand, with_prologue
+from sim.lowering.kernels import Plan, with_prologue
 from sim.setup import ACT_BYTES, RunSetup
 
 NOT_WEIGHTS = ("router",)  # matmuls whose weights stay in bf16 under a quantized weight format
@@ -61,55 +62,77 @@ def vocab_bytes(setup: RunSetup) -> int:
 # -- op builders ---------------------------------------------------------------------------
 
 
+_PLANS: dict[tuple, tuple] = {}  # what kernels_of reads (the stack by identity) -> (the stack, its plan table)
+_PLANS_LIMIT = 64
+
+
 def op_expander(setup: RunSetup):
     """The Builder's hook that runs each op through the setup's software stack: the op's
     kernels for the run's KV format and the model's variants where the stack has them, the
     matmul dtype's prologue before each matrix kernel, and the sizes temporaries may take."""
-    stack, m = setup.stack, setup.model
-    prologue = stack.prologue(setup.weights.matmul_dtype)
-    bias = stack.bias_epilogue(setup.weights.matmul_dtype)
+    stack = setup.stack
     kv = setup.kv.name
     if stack.kv_formats and kv not in stack.kv_formats and kv_quant(setup.kv):
         raise ConfigError(f"software stack {stack.name}", "kv_formats",
                           f"has no kernels for the KV format {kv!r} (it has: {', '.join(stack.kv_formats)}); "
                           f"add kv_formats.{kv} or run another stack")
-    norm_variants = ("unit_offset",) if m.norm_unit_offset else ()
-    head_variants = (f"d{m.head_dim}",)
     new_kv_share = (setup.k_width + setup.v_width) / (setup.q_width + setup.k_width + setup.v_width)
+    plans = _plan_table(setup)
 
-    chosen: dict[tuple[str, str], tuple | None] = {}  # (op name, kind) -> its kernel specs
-
-    def kernels_of(name: str, kind: str):
-        """The stack's kernels for op ``name``: for the model's variants, fused projections and
-        the matmul dtype's prologue (the same for every layer, so chosen once)."""
-        key = (name, kind)
-        if key in chosen:
-            return chosen[key]
-        variants = norm_variants if name in NORM_OPS else (head_variants if name == "attention" else ())
-        specs = stack.kernels_for(name, kv=kv, variants=variants)
-        if name in ("qkv", "gate_up") and m.fused_projections:
-            specs = stack.ops[f"{name}@fused"].kernels if f"{name}@fused" in stack.ops else None
-        if name not in NOT_WEIGHTS and name not in stack.unquantized:
-            specs = with_prologue(specs, prologue, kind, bias if name == "qkv" and m.qkv_bias else ())
-        chosen[key] = specs
-        return specs
+    def plan_of(name: str, kind: str, parts) -> Plan:
+        key = (name, kind, parts and tuple(parts.items()))
+        plan = plans.get(key)
+        if plan is None:
+            plan = plans[key] = Plan(kernels_of(setup, name, kind), kind, parts, stack.calls_ns)
+        return plan
 
     def run(name: str, kind: str, accesses, work: dict, parts=None, values: int = 0, quant=None,
             active: int = 1):
-        specs = kernels_of(name, kind)
         sizes = {}
         if kind == "attention":  # the KV it reads, as bf16 (a dequantizing cache's copies)
             sizes["kv_dense"] = (setup.store, values * ACT_BYTES)
         if name == "rope_append":  # the new token's K and V, as bf16
             x = sum(a.bytes for a in accesses if a.role == "x" and not a.write)
             sizes["new_kv"] = (setup.act_level, round(x * new_kv_share))
-        return expand(specs, kind, accesses, matrix_flops=work.get("matrix_flops", 0),
-                      matrix_m=work.get("matrix_m", 1), vector_ops=work.get("vector_ops", 0),
-                      dequant_ops=work.get("dequant_ops", 0), dtype=work.get("dtype", "bf16"),
-                      parallelism=work.get("parallelism", 1), parts=parts, active=active, values=values,
-                      quant=quant, act_level=setup.act_level, calls_ns=stack.calls_ns, sizes=sizes)
+        return plan_of(name, kind, parts).kernels(
+            accesses, matrix_flops=work.get("matrix_flops", 0), matrix_m=work.get("matrix_m", 1),
+            vector_ops=work.get("vector_ops", 0), dequant_ops=work.get("dequant_ops", 0),
+            dtype=work.get("dtype", "bf16"), parallelism=work.get("parallelism", 1), active=active, values=values,
+            quant=quant, act_level=setup.act_level, sizes=sizes)
 
     return run
+
+
+def _plan_table(setup: RunSetup) -> dict[tuple, Plan]:
+    """(op name, kind, parts) -> its expansion Plan, shared by the setups that ``kernels_of``
+    reads alike (the same stack object, KV format, model variants and matmul dtype): the same
+    for every layer, step and batch, so worked out once. Bounded; an entry keeps its stack, so
+    the stack's identity in the key is not reused while the entry lives."""
+    m = setup.model
+    key = (id(setup.stack), setup.kv.name, m.norm_unit_offset, m.head_dim, m.fused_projections, m.qkv_bias,
+           setup.weights.matmul_dtype)
+    hit = _PLANS.get(key)
+    if hit is None:
+        if len(_PLANS) >= _PLANS_LIMIT:
+            _PLANS.clear()
+        hit = _PLANS[key] = (setup.stack, {})
+    return hit[1]
+
+
+def kernels_of(setup: RunSetup, name: str, kind: str) -> tuple | None:
+    """The stack's kernels for op ``name``: for the run's KV format, the model's variants,
+    fused projections and the matmul dtype's prologue (and bias epilogue)."""
+    stack, m = setup.stack, setup.model
+    norm_variants = ("unit_offset",) if m.norm_unit_offset else ()
+    variants = norm_variants if name in NORM_OPS else ((f"d{m.head_dim}",) if name == "attention" else ())
+    specs = stack.kernels_for(name, kv=setup.kv.name, variants=variants)
+    if name in ("qkv", "gate_up") and m.fused_projections:
+        specs = stack.ops[f"{name}@fused"].kernels if f"{name}@fused" in stack.ops else None
+    if name not in NOT_WEIGHTS and name not in stack.unquantized:
+        dtype = setup.weights.matmul_dtype
+        specs = with_prologue(specs, stack.prologue(dtype), kind,
+                              stack.bias_epilogue(dtype) if name == "qkv" and m.qkv_bias else ())
+    return specs
 
 
 def builder(setup: RunSetup, ops: list[Op] | None = None, stage: int = 0, expand=None) -> Builder:
@@ -157,10 +180,25 @@ def collective(setup: RunSetup, b: Builder, name: str, layer: int, kind: str, si
                  parallelism=group)
 
 
+class Ask(NamedTuple):
+    """What an op asks of the hardware before the software stack expands it: its accesses and
+    the other fields of its ``Work`` (plus ``values``, ``quant`` for the expansion), and its tags."""
+
+    accesses: list[Access]
+    fields: dict
+    tags: tuple[tuple[str, object], ...]
+
+
 def attention(setup: RunSetup, b: Builder, layer: int, contexts: tuple[int, ...]) -> Op:
-    """One batched decode-attention kernel over all sequences' caches (incl. the new token).
-    A sliding layer (``model.window``) reads only the last ``sliding_window`` tokens of each
-    cache; a soft-capped model pays cap x tanh(score / cap) on every score."""
+    """One batched decode-attention kernel over all sequences' caches (see ``attention_ask``)."""
+    ask = attention_ask(setup, layer, contexts)
+    return b.add("attention", layer, "attention", ask.accesses, tags=ask.tags, **ask.fields)
+
+
+def attention_ask(setup: RunSetup, layer: int, contexts: tuple[int, ...]) -> Ask:
+    """What one batched decode-attention kernel over all sequences' caches (incl. the new
+    token) asks. A sliding layer (``model.window``) reads only the last ``sliding_window``
+    tokens of each cache; a soft-capped model pays cap x tanh(score / cap) on every score."""
     m = setup.model
     window = m.window(layer)
     if window is not None:
@@ -175,17 +213,23 @@ def attention(setup: RunSetup, b: Builder, layer: int, contexts: tuple[int, ...]
         Access(act, batch * setup.q_width * ACT_BYTES, "act", role="x"),
         Access(act, batch * setup.q_width * ACT_BYTES, "act", write=True, role="y"),
     ]
-    return b.add("attention", layer, "attention", accesses, matrix_flops=4 * setup.heads * m.head_dim * total_ctx,
-                 matrix_m=m.heads // m.kv_heads,
-                 vector_ops=VEC_OPS["softmax"] * setup.heads * total_ctx + softcap + dequant, dequant_ops=dequant,
-                 dtype="bf16", parallelism=splits * setup.kv_heads, tags=(("tokens", total_ctx),),
-                 values=total_ctx * (setup.k_width + setup.v_width), quant=kv_quant(setup.kv))
+    return Ask(accesses, dict(
+        matrix_flops=4 * setup.heads * m.head_dim * total_ctx, matrix_m=m.heads // m.kv_heads,
+        vector_ops=VEC_OPS["softmax"] * setup.heads * total_ctx + softcap + dequant, dequant_ops=dequant,
+        dtype="bf16", parallelism=splits * setup.kv_heads,
+        values=total_ctx * (setup.k_width + setup.v_width), quant=kv_quant(setup.kv)), (("tokens", total_ctx),))
 
 
 def prefill_attention(setup: RunSetup, b: Builder, layer: int, prefill: tuple[tuple[int, int], ...]) -> Op:
-    """Causal attention of prompt chunks: each chunk of ``c`` tokens after ``before`` cached
-    tokens reads its cache (old and new tokens) once and does 4 x heads x head_dim x c x
-    (before + (c + 1) / 2) FLOPs (each query sees the tokens before it)."""
+    """Causal attention of prompt chunks (see ``prefill_attention_ask``)."""
+    ask = prefill_attention_ask(setup, prefill)
+    return b.add("attention_prefill", layer, "attention", ask.accesses, tags=ask.tags, **ask.fields)
+
+
+def prefill_attention_ask(setup: RunSetup, prefill: tuple[tuple[int, int], ...]) -> Ask:
+    """What causal attention of prompt chunks asks: each chunk of ``c`` tokens after
+    ``before`` cached tokens reads its cache (old and new tokens) once and does 4 x heads x
+    head_dim x c x (before + (c + 1) / 2) FLOPs (each query sees the tokens before it)."""
     m = setup.model
     stream, gather, granule, dequant, _total, splits = kv_traffic(setup, tuple(before + c for c, before in prefill))
     queries = sum(c for c, _ in prefill)
@@ -198,12 +242,12 @@ def prefill_attention(setup: RunSetup, b: Builder, layer: int, prefill: tuple[tu
         Access(act, queries * setup.q_width * ACT_BYTES, "act", write=True, role="y"),
     ]
     group = max(1, m.heads // m.kv_heads)
-    return b.add("attention_prefill", layer, "attention", accesses, matrix_flops=4 * setup.heads * m.head_dim * pairs,
-                 matrix_m=group * max(c for c, _ in prefill),
-                 vector_ops=VEC_OPS["softmax"] * setup.heads * pairs + dequant, dequant_ops=dequant,
-                 dtype="bf16", parallelism=max(splits, queries / 64) * setup.kv_heads, tags=(("tokens", pairs),),
-                 values=sum(before + c for c, before in prefill) * (setup.k_width + setup.v_width),
-                 quant=kv_quant(setup.kv))
+    return Ask(accesses, dict(
+        matrix_flops=4 * setup.heads * m.head_dim * pairs, matrix_m=group * max(c for c, _ in prefill),
+        vector_ops=VEC_OPS["softmax"] * setup.heads * pairs + dequant, dequant_ops=dequant,
+        dtype="bf16", parallelism=max(splits, queries / 64) * setup.kv_heads,
+        values=sum(before + c for c, before in prefill) * (setup.k_width + setup.v_width),
+        quant=kv_quant(setup.kv)), (("tokens", pairs),))
 
 
 def kv_traffic(setup: RunSetup, contexts: tuple[int, ...]) -> tuple[int, int, int, int, int, float]:

@@ -119,14 +119,14 @@ def placed_work(work: Work, plan: Plan, scaleout: bool = False, through: tuple[s
         out = []
         for a in accesses:
             if a.level == plan.store and a.category in moves and not (a.category == "weights" and a.granule):
-                a = replace(a, level=moves[a.category], category="staged" if a.category in buffered else a.category)
+                a = a._replace(level=moves[a.category], category="staged" if a.category in buffered else a.category)
             elif scaleout and a.level == "link":
-                a = replace(a, level="scaleout")
+                a = a._replace(level="scaleout")
             out.append(a)
         return tuple(out)
 
     accesses = move(work.accesses)
-    kernels = tuple(replace(k, accesses=move(k.accesses)) for k in work.kernels_run)
+    kernels = tuple(k._replace(accesses=move(k.accesses)) for k in work.kernels_run)
     if accesses == work.accesses and kernels == work.kernels_run:
         return work
     return replace(work, accesses=accesses, kernels_run=kernels)
