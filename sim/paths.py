@@ -59,19 +59,26 @@ def studies_dir() -> Path:
 
 def resolve(name_or_path: str, folder: Path, what: str, suffixes=(".yaml", ".yml")) -> Path:
     """A bundled name (``h200-sxm``) or a path to a file. Raises ConfigError if neither."""
-    candidate = Path(name_or_path)
-    if candidate.suffix in suffixes or "/" in name_or_path or candidate.is_file():
+    # os.path on strings: a study resolves its profiles once per point
+    if os.path.splitext(name_or_path)[1] in suffixes or "/" in name_or_path or os.path.isfile(name_or_path):
+        candidate = Path(name_or_path)
         if not candidate.is_file():
             raise ConfigError(str(candidate), None, f"{what} file not found")
         return candidate
     for suffix in suffixes:
-        path = folder / f"{name_or_path}{suffix}"
+        path = _bundled_path(folder, f"{name_or_path}{suffix}")
         if path.is_file():
             return path
     known = sorted(p.stem for p in folder.glob("*.y*ml"))
     raise ConfigError(
         None, what, f"unknown {what} {name_or_path!r}; expected a path or one of: {', '.join(known)}"
     )
+
+
+@cache
+def _bundled_path(folder: Path, name: str) -> Path:
+    """``folder / name``, built once per process (whether it is a file is asked every time)."""
+    return folder / name
 
 
 BUNDLED_FOLDERS = ("hardware_profiles", "workloads")

@@ -27,7 +27,7 @@ from sim.energy import EnergyModel, summarize
 from sim.engine.records import LOG_COLUMNS, Span
 from sim.engine.simulation import Simulation
 from sim.lowering.cache import GraphCache
-from sim.lowering.decode import largest_staged_reads, weight_bytes_by_unit, weight_bytes_per_chip
+from sim.lowering.decode import largest_staged_reads, weight_bytes_by_unit
 from sim.lowering.placement import staging_limit
 from sim.results import Ledger, bound_of, op_key, percentile
 from sim.setup import RunSetup, resolve
@@ -54,8 +54,12 @@ def capacity(setup: RunSetup) -> dict:
     activations = batch * (4 * model.hidden + 2 * model.ffn // setup.tp + setup.vocab) * 4
     tiers: dict[str, dict] = {}
     worst_stage: dict[str, int] = {}
+    weights = 0  # the fullest stage's weights on one chip
     for stage in range(setup.pp):
-        for tier, parts in _stage_needs(setup, stage, batch, per_layer_kv, activations).items():
+        dense = weight_bytes_by_unit(setup, stage, experts=False)
+        experts = weight_bytes_by_unit(setup, stage, experts=True)
+        weights = max(weights, sum(dense.values()) + sum(experts.values()))
+        for tier, parts in _stage_needs(setup, stage, batch, per_layer_kv, activations, dense, experts).items():
             total = sum(parts.values())
             if tier not in tiers or total > tiers[tier]["needed_bytes"]:
                 tiers[tier] = {"needed_bytes": total, "available_bytes": _available(hw, tier), "holds": parts}
@@ -65,18 +69,17 @@ def capacity(setup: RunSetup) -> dict:
         row["stage"] = worst_stage[tier]
     over = sorted((t for t in tiers.values() if not t["fits"]), key=lambda t: t["available_bytes"] - t["needed_bytes"])
     worst = over[0] if over else tiers.get(setup.store, {"needed_bytes": 0, "available_bytes": _available(hw, setup.store)})
-    weights = max(weight_bytes_per_chip(setup, s) for s in range(setup.pp))
     return {"weights_bytes": weights, "kv_bytes": per_layer_kv * setup.layers_per_stage,
             "activation_bytes": activations, "needed_bytes": worst["needed_bytes"],
             "available_bytes": worst["available_bytes"], "fits": not over, "tiers": tiers}
 
 
-def _stage_needs(setup: RunSetup, stage: int, batch: int, per_layer_kv: int, activations: int) -> dict[str, dict[str, int]]:
-    """What one chip of ``stage`` holds, by tier and by what it is."""
+def _stage_needs(setup: RunSetup, stage: int, batch: int, per_layer_kv: int, activations: int, dense: dict,
+                 experts: dict) -> dict[str, dict[str, int]]:
+    """What one chip of ``stage`` holds, by tier and by what it is (``dense``, ``experts``: its
+    weight bytes by unit, sim.lowering.decode.weight_bytes_by_unit)."""
     hw = setup.hardware
     weights_place, experts_place, kv_place = hw.place("weights"), hw.place("experts"), hw.place("kv")
-    dense = weight_bytes_by_unit(setup, stage, experts=False)
-    experts = weight_bytes_by_unit(setup, stage, experts=True)
     attn_units = sum(1 for _, part in setup.stage_units(stage) if part == "attn")
     need: dict[str, dict[str, int]] = {}
 

@@ -59,9 +59,14 @@ class Simulation:
         # events only where something is shared: no environment for a step without a shared stage
         self.env = simpy.Environment() if shared else None
         self.networks = {stage: FlowNetwork(self.env, capacity, self.log, (stage,)) for stage in shared}
-        n = len(graph.ops)
         # each op alone: gap + fill + body + drain (the runner keeps them between steps)
         self.durations = durations if durations is not None else [c.total_ns for c in op_costs]
+        if shared:  # the closed form (``run`` without a shared stage) keeps its own moments
+            self._build(len(graph.ops))
+
+    def _build(self, n: int) -> None:
+        """The engine's state for ``n`` ops: their moments, the events waited on, the totals."""
+        graph = self.graph
         self.ready = [0.0] * n
         self.start = [0.0] * n
         self.end: list[float | None] = [None] * n
@@ -69,7 +74,7 @@ class Simulation:
         self._waiters: dict[int, simpy.Event] = {}
         self.watched = graph.watched  # ops another process waits for: cross-stream dependents, host syncs
         self.issue_time: list[float | None] = [None] * n
-        self.published = self.env.event() if shared else None
+        self.published = self.env.event()
         self.host_sync_ns = 0.0
         self.wait_ns = 0.0
         self.contended: dict[int, float] = {}
