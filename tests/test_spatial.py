@@ -240,6 +240,9 @@ def test_microbatches_on_one_chip_share_its_hbm_in_the_des_only():
     assert des["per_token_ms_p50"] >= floor_ms
     assert ana["per_token_ms_p50"] < floor_ms < des["per_token_ms_p50"]
     assert des["breakdown_ms"].get("contention", 0) > 0
+    assert "contention-free bound" in ana["engine_note"] and "engine_note" not in des
+    single = simulate(RunSpec(engine="analytic", **{**kw, "microbatches": 1})).summary
+    assert "engine_note" not in single  # one stream: the closed form is the prediction
 
 
 def test_microbatches_pipeline_over_stages():

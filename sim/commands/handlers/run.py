@@ -66,8 +66,9 @@ def render(s: dict) -> str:
     if len(tiers) > 1:
         lines.append("  tiers per chip: " + ", ".join(f"{name} {fmt_bytes(t['needed_bytes'])} of "
                                                       f"{fmt_bytes(t['available_bytes'])}" for name, t in tiers.items()))
-    if s.get("software_note"):
-        lines.append(f"  note: {s['software_note']}")
+    for note in ("software_note", "engine_note"):
+        if s.get(note):
+            lines.append(f"  note: {s[note]}")
     if s.get("kernel_costs", "").startswith("derived"):
         lines.append("  kernel costs: derived from the profile's own figures (no measured kernels: section; "
                      "`decodesim profiles --sources` states the rule)")
