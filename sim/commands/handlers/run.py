@@ -52,6 +52,16 @@ def handle(args) -> int:
     return 0
 
 
+def _notes(s: dict) -> list[str]:
+    """The summary's notes: a stack that is not the machine's own, an analytic engine over
+    streams that share a stage, kernel costs derived rather than measured."""
+    lines = [f"  note: {s[note]}" for note in ("software_note", "engine_note") if s.get(note)]
+    if s.get("kernel_costs", "").startswith("derived"):
+        lines.append("  kernel costs: derived from the profile's own figures (no measured kernels: section; "
+                     "`decodesim profiles --sources` states the rule)")
+    return lines
+
+
 def render(s: dict) -> str:
     lines = [f"decodesim: {s['model']} on {s['hardware']} ({s['chips']} chip{'s' if s['chips'] > 1 else ''}, "
              f"tp {s['tp']} x pp {s['pp']}), weights {s['weights']}, KV {s['kv']}",
@@ -66,12 +76,7 @@ def render(s: dict) -> str:
     if len(tiers) > 1:
         lines.append("  tiers per chip: " + ", ".join(f"{name} {fmt_bytes(t['needed_bytes'])} of "
                                                       f"{fmt_bytes(t['available_bytes'])}" for name, t in tiers.items()))
-    for note in ("software_note", "engine_note"):
-        if s.get(note):
-            lines.append(f"  note: {s[note]}")
-    if s.get("kernel_costs", "").startswith("derived"):
-        lines.append("  kernel costs: derived from the profile's own figures (no measured kernels: section; "
-                     "`decodesim profiles --sources` states the rule)")
+    lines.extend(_notes(s))
     if s["verdict"] == "does-not-fit":
         lines.append(f"  verdict: DOES NOT FIT: {s['reason']}")
         return "\n".join(lines)
