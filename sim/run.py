@@ -17,12 +17,13 @@ import math
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from sim.analytic import analyse
 from sim.config.hardware import kernel_costs_origin
 from sim.config.loader import validate
 from sim.config.spec import RUN_FIELDS, RunSpec, apply_run_overrides
-from sim.costs import CostModel
+from sim.costs import CostModel, OpCost
 from sim.energy import EnergyModel, summarize
 from sim.engine.records import LOG_COLUMNS, Span
 from sim.engine.simulation import Simulation
@@ -249,11 +250,34 @@ def _advance(state: _Step | None, graph, costs: CostModel, changed) -> _Step:
     return _Step(graph, op_costs, durations, keys)
 
 
+_TOTAL_NS = attrgetter("total_ns")
+
+
 def _afresh(graph, costs: CostModel) -> _Step:
-    """The op costs and distinct-op counts of ``graph`` from its ops."""
+    """The op costs and distinct-op counts of ``graph`` from its ops (a run of copies,
+    ``graph.repeats``, taken from the span it copies: its ops ask that span's works)."""
     ops = graph.ops
     keys: dict[tuple, list] = {}  # in first-use order, each with its last op
-    for op in ops:
+    op_costs: list[OpCost] = []
+    cost_of: dict[int, OpCost] = {}  # id of a Work -> its cost (the ops of a layer share their works)
+    at = 0
+    for repeat in graph.repeats:
+        _tally(keys, op_costs, cost_of, costs, ops, at, repeat.start)
+        moved = repeat.count * repeat.length  # the span's op in the last copy
+        for op in ops[repeat.start - repeat.length:repeat.start]:
+            entry = keys[op_key(op)]
+            entry[0] += repeat.count
+            entry[1] = ops[op.idx + moved]
+        op_costs.extend(op_costs[repeat.start - repeat.length:repeat.start] * repeat.count)
+        at = repeat.end
+    _tally(keys, op_costs, cost_of, costs, ops, at, len(ops))
+    return _Step(graph, op_costs, list(map(_TOTAL_NS, op_costs)), keys)
+
+
+def _tally(keys: dict, op_costs: list, cost_of: dict, costs: CostModel, ops, lo: int, hi: int) -> None:
+    """Count ops ``lo .. hi-1`` into ``keys`` (op key -> [count, its last op]) and append their costs."""
+    for i in range(lo, hi):
+        op = ops[i]
         key = op_key(op)
         entry = keys.get(key)
         if entry is None:
@@ -261,11 +285,10 @@ def _afresh(graph, costs: CostModel) -> _Step:
         else:
             entry[0] += 1
             entry[1] = op
-    works = [op.work for op in ops]
-    ids = list(map(id, works))  # the ops of a layer share their works: each object is looked up once
-    cost_of = {i: costs.cost(work) for i, work in dict(zip(ids, works)).items()}
-    op_costs = list(map(cost_of.__getitem__, ids))
-    return _Step(graph, op_costs, [c.total_ns for c in op_costs], keys)
+        cost = cost_of.get(id(op.work))
+        if cost is None:
+            cost = cost_of[id(op.work)] = costs.cost(op.work)
+        op_costs.append(cost)
 
 
 def _count(keys: dict, key: tuple, ops, delta: int, idx: int | None = None) -> None:

@@ -79,6 +79,20 @@ class _Kind(NamedTuple):
     places: tuple[int, ...]
 
 
+def attention_ops(graph: OpGraph) -> list[Op]:
+    """The graph's attention ops in program order (those of a run of copies found from the span
+    it copies: each copy asks the same work at the same offset)."""
+    ops, out, at = graph.ops, [], 0
+    for repeat in graph.repeats:
+        out.extend(op for op in ops[at:repeat.start] if op.work.kind == "attention")
+        offsets = [op.idx - repeat.start + repeat.length for op in ops[repeat.start - repeat.length:repeat.start]
+                   if op.work.kind == "attention"]
+        out.extend(ops[repeat.start + k * repeat.length + j] for k in range(repeat.count) for j in offsets)
+        at = repeat.end
+    out.extend(op for op in ops[at:] if op.work.kind == "attention")
+    return out
+
+
 class GraphCache:
     """Lowers the steps of one run, reusing the last lowered graph where only attention changed."""
 
@@ -102,9 +116,8 @@ class GraphCache:
         self.changed = None
         window = self.setup.model.window
         kinds: dict[tuple, list[int]] = {}
-        for op in graph.ops:
-            if op.work.kind == "attention":
-                kinds.setdefault((window(op.layer), op.row, op.compute_row), []).append(op.idx)
+        for op in attention_ops(graph):
+            kinds.setdefault((window(op.layer), op.row, op.compute_row), []).append(op.idx)
         self._kinds = tuple(_Kind(graph.ops[idxs[0]].layer, (row, compute_row), tuple(idxs))
                             for (_window, row, compute_row), idxs in kinds.items())
         self._works = [graph.ops[kind.places[0]].work for kind in self._kinds]

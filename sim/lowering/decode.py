@@ -44,12 +44,6 @@ from sim.lowering.placement import place_ops
 from sim.setup import ACT_BYTES, RunSetup
 
 
-def weight_bytes_per_chip(setup: RunSetup, stage: int) -> int:
-    """Weights one chip of ``stage`` holds: its units (attention and FFN halves of layers),
-    plus embeddings and LM head at the ends of the pipeline."""
-    return sum(weight_bytes_by_unit(setup, stage).values())
-
-
 def weight_bytes_by_unit(setup: RunSetup, stage: int, experts: bool | None = None) -> dict[tuple[int, str], int]:
     """Weight bytes one chip of ``stage`` holds per unit; ``experts`` True counts only MoE
     expert weights, False everything else, None both."""
@@ -167,6 +161,7 @@ def lower_one(setup: RunSetup, contexts: tuple[int, ...], step: int = 0, positio
     act_row = batch * m.hidden * ACT_BYTES
     logit_row = logits * m.hidden * ACT_BYTES
     ops: list[Op] = []
+    repeats = []
     for stage in range(setup.pp):
         b = builder(setup, ops, stage)
         units = setup.stage_units(stage)
@@ -195,7 +190,10 @@ def lower_one(setup: RunSetup, contexts: tuple[int, ...], step: int = 0, positio
             gather = collective(setup, b, "gather_tokens", -1, "allgather", logits * 8, setup.tp)
             last = gather or tokens
             ops[last.idx] = _synced(last)
-    return make_graph(place_ops(setup, ops), step=step, contexts=contexts, stages=setup.pp)
+        repeats.extend(b.repeats)
+    placed = place_ops(setup, ops)
+    return make_graph(placed, step=step, contexts=contexts, stages=setup.pp,
+                      repeats=tuple(repeats) if len(placed) == len(ops) else ())  # staging renumbers the ops
 
 
 def stage_link(setup: RunSetup, stage: int) -> str:
@@ -230,26 +228,51 @@ def lower_units(setup: RunSetup, b: Builder, units: list[tuple[int, str]], conte
 
 def lower_layers(setup: RunSetup, b: Builder, layers, contexts: tuple[int, ...], position: int,
                  prefill: tuple[tuple[int, int], ...] = ()) -> None:
-    """Lower ``layers``. Layers whose FFN is dense lower to the same ops; after the first two
-    dense layers have been lowered (and found equal), further dense layers are copies with
-    shifted indices rather than lowered again (copies share the first layer's Work objects, so a
-    memo lookup finds a work's key by identity instead of comparing two equal works field by field). MoE layers are always lowered (routing
-    differs per layer)."""
-    template: list[Op] | None = None
-    previous: list[Op] | None = None
+    """Lower ``layers``. A dense layer's ops depend on the layer only through its kind
+    (``layer_kind``: its attention window), so a layer of a kind already lowered is a copy of
+    that layer, indices and dependencies shifted, asking the very same Work objects (a memo
+    lookup then finds a work's key by identity), where the copy would wait for what a fresh
+    lowering would: the template ran on its stage's main stream alone, and so does everything
+    the copy follows (``Builder.copyable``). Otherwise (a layer with a side stream) layers are
+    lowered until two in a row come out equal, and further layers of the run copy them.
+    Consecutive copies of the layer just before them are kept as the graph's ``Repeat``. MoE
+    layers are always lowered (routing differs per layer)."""
+    templates: dict[tuple, tuple[list[Op], bool]] = {}  # layer kind -> a layer a copy may be made of, main stream alone
+    previous: tuple[tuple, list[Op]] | None = None  # the last layer lowered: its kind and ops
+    run: list[int] = []  # consecutive layers to append as copies of ``source``
+    source: list[Op] | None = None
+    repeat = False  # the ops just before ``run`` are ``source`` moved
     for layer in layers:
-        if template is not None and not setup.is_moe_layer(layer):
-            b.append_shifted(template, len(b.ops) - template[0].idx, layer)
+        kind = layer_kind(setup, layer)
+        template, alone = templates.get(kind, (None, False))
+        if template is not None and (run or not alone or b.copyable()):
+            if template is not source:
+                b.append_copies(source or [], run, repeat=repeat)
+                run, source, repeat = [], template, previous is not None and previous[1] is template
+            run.append(layer)
+            previous = (kind, template)
             continue
+        b.append_copies(source or [], run, repeat=repeat)
+        run, source, repeat = [], None, False
         start = len(b.ops)
+        clean = b.copyable()
         lower_layer(setup, b, layer, contexts, position, prefill)
         span = b.ops[start:]
-        if setup.is_moe_layer(layer):
+        if kind is None:  # an MoE layer
             previous = None
             continue
-        if previous is not None and _same_ops(previous, span):
-            template = previous  # the builder gave both layers the same Work objects
-        previous = span
+        if clean and b.copyable() and all(op.stream == "main" for op in span):
+            templates[kind] = (span, True)
+        elif previous is not None and previous[0] == kind and _same_ops(previous[1], span):
+            templates[kind] = (previous[1], False)  # the builder gave both layers the same Work objects
+        previous = (kind, span)
+    b.append_copies(source or [], run, repeat=repeat)
+
+
+def layer_kind(setup: RunSetup, layer: int) -> tuple | None:
+    """What a dense layer's ops depend on besides the step: its attention window (None for an
+    MoE layer, whose routing is its own)."""
+    return None if setup.is_moe_layer(layer) else (setup.model.window(layer),)
 
 
 def _signature(op: Op, base: int) -> tuple:

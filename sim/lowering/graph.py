@@ -170,13 +170,14 @@ class OpGraph:
     # before them on the same stream (a chain the timers walk without looking at dependencies)
     chains: tuple[int, ...] = field(default=())
     watched_ops: tuple[int, ...] = field(default=())  # the ops ``watched`` marks, in order
+    repeats: tuple["Repeat", ...] = field(default=())  # runs of ops that copy the span before them
 
     def with_ops(self, ops: tuple[Op, ...], *, step: int, contexts: tuple[int, ...]) -> "OpGraph":
         """The same program (streams, dependencies, syncs) over ``ops``: ops whose work
         changed but not their place in it (re-lowered attention)."""
         return OpGraph(ops, step=step, batch=len(contexts), contexts=contexts, stages=self.stages,
                        streams=self.streams, watched=self.watched, lanes=self.lanes, syncs=self.syncs,
-                       chains=self.chains, watched_ops=self.watched_ops)
+                       chains=self.chains, watched_ops=self.watched_ops, repeats=self.repeats)
 
     def bytes(self, category: str | None = None, level: str | None = None, write: bool | None = None) -> int:
         return sum(op.work.bytes(category, level, write) for op in self.ops)
@@ -187,6 +188,23 @@ class OpGraph:
     @property
     def kernels(self) -> int:
         return sum(op.work.kernels for op in self.ops)
+
+
+class Repeat(NamedTuple):
+    """``count`` copies of the ``length`` ops just before ``start``, one after another from
+    ``start``: op ``start + k*length + j`` is op ``start - length + j`` with its index and
+    dependencies moved by ``(k+1)*length`` (another layer), asking the very same Work object.
+    The span they copy follows a span of its own shape, so whatever is derived from an op and
+    the ops before it (its lane, waits, watched marks) moves with the copy, and the timers and
+    counters may read the span once and shift it rather than walk every copy."""
+
+    start: int
+    length: int
+    count: int
+
+    @property
+    def end(self) -> int:
+        return self.start + self.count * self.length
 
 
 class Lane(NamedTuple):
@@ -202,36 +220,118 @@ class Lane(NamedTuple):
 _LANE_OF, _SYNCED, _IDX = attrgetter("stage", "stream"), attrgetter("host_sync"), attrgetter("idx")
 
 
-def make_graph(ops, *, step: int, contexts: tuple[int, ...], stages: int) -> OpGraph:
-    """An OpGraph over ``ops`` with its streams, watched ops, lanes and chains derived from them."""
+def make_graph(ops, *, step: int, contexts: tuple[int, ...], stages: int, repeats: tuple[Repeat, ...] = ()) -> OpGraph:
+    """An OpGraph over ``ops`` with its streams, watched ops, lanes and chains derived from them;
+    the ops of each of ``repeats`` (runs of copies, in program order) are derived by shifting
+    what was derived for the span they copy (the same result, without walking every copy)."""
     ops = tuple(ops)
     lane_of = list(map(_LANE_OF, ops))
     synced = list(map(_SYNCED, ops))
-    watched = synced.copy()
-    lanes: dict[tuple[int, str], tuple[list[int], list[tuple[int, ...]]]] = {}  # key -> (its ops, their waits)
-    follows = []  # per op: does it wait only for the op just before it, on the same stream
-    for i, (op, key) in enumerate(zip(ops, lane_of, strict=True)):
-        entry = lanes.get(key)
-        if entry is None:
-            entry = lanes[key] = ([], [])
-        members, external = entry
-        deps = op.deps
-        if members and deps == (members[-1],):  # the usual op: it waits for the one before it on its stream
-            external.append(())
-        else:
-            previous = members[-1] if members else None
-            external.append(tuple(d for d in deps if d != previous))
-            for dep in deps:
-                if lane_of[dep] != key:
-                    watched[dep] = True
-        members.append(op.idx)
-        follows.append(i > 0 and deps == (i - 1,) and lane_of[i - 1] == key)
+    walk = _Walk(ops, lane_of, synced.copy())
+    at = 0
+    for repeat in repeats:
+        walk.ops_in(at, repeat.start)
+        walk.copies(repeat)
+        at = repeat.end
+    walk.ops_in(at, len(ops))
+    lanes, watched = walk.lanes, walk.watched
     return OpGraph(ops, step=step, batch=len(contexts), contexts=tuple(contexts), stages=stages,
                    streams=tuple(lanes), watched=tuple(watched),
                    lanes=tuple(Lane(stage, stream, tuple(members), tuple(external))
                                for (stage, stream), (members, external) in lanes.items()),
-                   syncs=tuple(compress(map(_IDX, ops), synced)), chains=_chains(follows),
-                   watched_ops=tuple(compress(range(len(ops)), watched)))
+                   syncs=tuple(compress(map(_IDX, ops), synced)), chains=_chains(walk.follows),
+                   watched_ops=tuple(compress(range(len(ops)), watched)), repeats=tuple(repeats))
+
+
+class _Walk:
+    """What ``make_graph`` derives, op by op: per (stage, stream) its ops and their waits other
+    than the op before them on the stream, which ops another stream or the host waits for
+    (``watched``), and per op whether it waits only for the op just before it on its stream
+    (``follows``); ``marks`` keeps, per op that watched others, the ops it marked."""
+
+    __slots__ = ("ops", "lane_of", "watched", "lanes", "follows", "external", "marks")
+
+    def __init__(self, ops, lane_of, watched):
+        self.ops, self.lane_of, self.watched = ops, lane_of, watched
+        self.lanes: dict[tuple[int, str], tuple[list[int], list[tuple[int, ...]]]] = {}  # key -> (its ops, their waits)
+        self.follows: list[bool] = []
+        self.external: list[tuple[int, ...]] = []  # per op walked: its waits other than the op before it on its stream
+        self.marks: dict[int, tuple[int, ...]] = {}
+
+    def ops_in(self, lo: int, hi: int) -> None:
+        ops, lane_of, watched, lanes, follows = self.ops, self.lane_of, self.watched, self.lanes, self.follows
+        externals, marks = self.external, self.marks
+        for i in range(lo, hi):
+            op, key = ops[i], lane_of[i]
+            entry = lanes.get(key)
+            if entry is None:
+                entry = lanes[key] = ([], [])
+            members, external = entry
+            deps = op.deps
+            if members and deps == (members[-1],):  # the usual op: it waits for the one before it on its stream
+                waits = ()
+            else:
+                previous = members[-1] if members else None
+                waits = tuple(d for d in deps if d != previous)
+                marked = tuple(d for d in deps if lane_of[d] != key)
+                for dep in marked:
+                    watched[dep] = True
+                if marked:
+                    marks[i] = marked
+            external.append(waits)
+            externals.append(waits)
+            members.append(op.idx)
+            follows.append(i > 0 and deps == (i - 1,) and lane_of[i - 1] == key)
+
+    def copies(self, repeat: Repeat) -> None:
+        """Derive the ops of ``repeat`` from the span it copies, shifted, where that span stands
+        to the ops before it as each copy does to the one before (``_shiftable``); else walk them."""
+        n, lo = repeat.length, repeat.start - repeat.length
+        ref = range(lo, repeat.start)
+        per_lane: dict[tuple[int, str], tuple[list[int], list[tuple[int, ...]]]] = {}
+        for i in ref:
+            members, waits = per_lane.setdefault(self.lane_of[i], ([], []))
+            members.append(i)
+            waits.append(self.external[i])
+        if not self._shiftable(lo, n, per_lane):
+            self.ops_in(repeat.start, repeat.end)
+            return
+        marks = [(i, self.marks[i]) for i in ref if i in self.marks]
+        follows = self.follows[lo:repeat.start]
+        shifts = range(n, (repeat.count + 1) * n, n)
+        for key, (members, waits) in per_lane.items():
+            own_members, own_waits = self.lanes[key]
+            own_members.extend([i + shift for shift in shifts for i in members])
+            own_waits.extend(_moved(waits, shifts))
+        for shift in shifts:
+            for i, marked in marks:
+                for dep in marked:
+                    self.watched[dep + shift] = True
+                self.marks[i + shift] = tuple([d + shift for d in marked])
+        self.external.extend(_moved(self.external[lo:repeat.start], shifts))
+        self.follows.extend(follows * repeat.count)
+
+
+    def _shiftable(self, lo: int, n: int, per_lane: dict) -> bool:
+        """Whether the span ``lo .. lo+n-1`` (walked last) relates to the ops before it as a copy
+        right after it would to the span: the op before it is on the stream of the span's last op,
+        each stream's op before the span is its last op in the span moved back by ``n``, and
+        each wait for an op before the span is for one on the stream of that op moved by ``n``."""
+        lane_of = self.lane_of
+        if lo == 0 or lane_of[lo - 1] != lane_of[lo + n - 1]:
+            return False
+        for key, (members, _waits) in per_lane.items():
+            walked = self.lanes[key][0]
+            if len(walked) <= len(members) or walked[-len(members) - 1] + n != walked[-1]:
+                return False
+        return all(lane_of[d] == lane_of[d + n] for i in range(lo, lo + n) for d in self.ops[i].deps if d < lo)
+
+
+def _moved(waits: list[tuple[int, ...]], shifts) -> list[tuple[int, ...]]:
+    """``waits`` (op indices) once per shift, moved by it (most ops wait for nothing else)."""
+    if not any(waits):
+        return [()] * (len(waits) * len(shifts))
+    return [tuple([d + shift for d in w]) if w else () for shift in shifts for w in waits]
 
 
 def _chains(follows: list[bool]) -> tuple[int, ...]:
@@ -278,6 +378,7 @@ class Builder:
         self._joins: dict[str, list[int]] = {}  # op name -> side ops it must wait for
         self._works: dict[tuple, Work] = {}  # what an op asked -> its Work (see _work)
         self._equal: dict[Work, Work] = {}  # each distinct Work built, by value
+        self.repeats: list[Repeat] = []  # runs of copies appended by ``append_copies``
 
     def add(self, name: str, layer: int, kind: str, accesses, *, deps=None, stream: str = "main",
             host_sync: bool = False, row: str = "", compute_row: str = "compute", tags=(), **work) -> Op:
@@ -315,16 +416,30 @@ class Builder:
             made = self._works[key] = self._equal.setdefault(work, work)
         return made
 
-    def append_shifted(self, protos: list[Op], shift: int, layer: int) -> None:
-        """Append copies of ``protos`` (a contiguous run of this builder's ops) as ``layer``,
-        their indices and dependencies moved by ``shift``."""
-        make = Op._make
-        self.ops.extend([
-            make((idx + shift, name, layer, work,
-                  (deps[0] + shift,) if len(deps) == 1 else tuple([d + shift for d in deps]),  # most wait for one op
-                  stream, stage, host_sync, row, compute_row, tags))
-            for idx, name, _layer, work, deps, stream, stage, host_sync, row, compute_row, tags in protos])
+    def append_copies(self, protos: list[Op], layers: list[int], repeat: bool = False) -> None:
+        """Append a copy of ``protos`` (a contiguous run of this builder's ops) as each of
+        ``layers``, one after another, indices and dependencies moved; ``repeat``: the ops just
+        before the first copy are themselves ``protos`` moved (and follow a span of their shape),
+        so the run is kept as a ``Repeat``."""
+        if not layers:
+            return
+        new, n = tuple.__new__, len(protos)
+        start = len(self.ops)
+        for k, layer in enumerate(layers):
+            shift = start + k * n - protos[0].idx
+            self.ops.extend([
+                new(Op, (idx + shift, name, layer, work,
+                         (deps[0] + shift,) if len(deps) == 1 else tuple([d + shift for d in deps]),  # most wait for one op
+                         stream, stage, host_sync, row, compute_row, tags))
+                for idx, name, _layer, work, deps, stream, stage, host_sync, row, compute_row, tags in protos])
         self._last.update({(op.stage, op.stream): op.idx + shift for op in protos})
+        if repeat:
+            self.repeats.append(Repeat(start, n, len(layers)))
+
+    def copyable(self) -> bool:
+        """Whether an op appended now on the main stream would wait for the op just before it
+        and nothing else: that op is the main stream's last and no side stream waits to be joined."""
+        return not self._joins and bool(self.ops) and self._last.get((self.stage, "main")) == len(self.ops) - 1
 
     def last(self, stream: str = "main") -> int | None:
         return self._last.get((self.stage, stream))
