@@ -23,7 +23,7 @@ from sim.analytic import analyse
 from sim.config.hardware import kernel_costs_origin
 from sim.config.loader import validate
 from sim.config.spec import RUN_FIELDS, RunSpec, apply_run_overrides
-from sim.costs import CostModel, OpCost
+from sim.costs import CostModel, OpCost, cost_model
 from sim.energy import EnergyModel, summarize
 from sim.engine.records import LOG_COLUMNS, Span
 from sim.engine.simulation import Simulation
@@ -57,8 +57,7 @@ def capacity(setup: RunSetup) -> dict:
     worst_stage: dict[str, int] = {}
     weights = 0  # the fullest stage's weights on one chip
     for stage in range(setup.pp):
-        dense = weight_bytes_by_unit(setup, stage, experts=False)
-        experts = weight_bytes_by_unit(setup, stage, experts=True)
+        dense, experts = weight_bytes_by_unit(setup, stage)
         weights = max(weights, sum(dense.values()) + sum(experts.values()))
         for tier, parts in _stage_needs(setup, stage, batch, per_layer_kv, activations, dense, experts).items():
             total = sum(parts.values())
@@ -188,7 +187,7 @@ def simulate(spec: RunSpec | dict | None = None, *, keep_ops: bool = False, keep
         base.update(_does_not_fit(setup, cap), wall_s=time.perf_counter() - wall)
         return RunResult(base, resolved=setup)
 
-    costs = CostModel(setup.hardware, setup.stack)
+    costs = cost_model(setup.hardware, setup.stack)
     ledger = Ledger(costs)
     cache = GraphCache(setup)
     des = setup.spec.engine == "des"

@@ -30,7 +30,8 @@ from sim.costs.records import CATEGORY_ROW, COMPUTE, Flow, HostTimes, KernelCost
 from sim.kernel_classes import default_class
 from sim.lowering.graph import KernelWork, Work
 
-__all__ = ["CATEGORY_ROW", "COMPUTE", "MEMO_LIMIT", "CostModel", "Flow", "HostTimes", "KernelCost", "OpCost", "merge"]
+__all__ = ["CATEGORY_ROW", "COMPUTE", "MEMO_LIMIT", "CostModel", "Flow", "HostTimes", "KernelCost", "OpCost",
+           "cost_model", "merge"]
 
 MEMO_LIMIT = 8192  # distinct works a CostModel keeps (a step graph has tens; more means works that do not recur)
 
@@ -96,6 +97,8 @@ class CostModel:
 
     def _cost(self, op: Work) -> OpCost:
         kernels = op.kernels_run or (_byte_model_kernel(op),)
+        if len(kernels) == 1:  # most ops: their one kernel's figures are the op's
+            return self._one_kernel_cost(op, kernels[0])
         costs = [self.kernel_cost(op, k, first=i == 0) for i, k in enumerate(kernels)]
         by_field = KernelCost(*zip(*costs))  # each field: the kernels' values, in order
         overlap = self._overlap
@@ -107,6 +110,15 @@ class CostModel:
                       self.links.fill_ns(op), 0.0, startup, ideal_body_ns=sum(by_field.body_ns),
                       host_ns=op.host_ns + op.host_launches * self._host_launch_ns + op.host_syncs * self.host.sync_ns,
                       kernels=tuple(costs), rows=_summed_rows(costs), dispatch_ns=dispatch)
+
+    def _one_kernel_cost(self, op: Work, k: KernelWork) -> OpCost:
+        """``_cost`` of an op run as one kernel: the sums over its kernels are that kernel's figures."""
+        c = self.kernel_cost(op, k, first=True)
+        dispatch = c.launches * (self.kernels.dispatch_ns(c.kclass) + k.host_ns) if k.dispatched else 0
+        return OpCost(c.flows, c.compute_ns, c.tiles / self._tiles, c.matrix_ns, c.vector_ns, c.dequant_ns,
+                      self.links.fill_ns(op), 0.0, c.startup_ns, ideal_body_ns=c.body_ns,
+                      host_ns=op.host_ns + op.host_launches * self._host_launch_ns + op.host_syncs * self.host.sync_ns,
+                      kernels=(c,), rows=c.rows, dispatch_ns=dispatch)
 
     def kernel_cost(self, op: Work, k: KernelWork, first: bool) -> KernelCost:
         """One kernel alone on the chip: start-up, then the slowest of its loads and its compute.
@@ -143,6 +155,25 @@ class CostModel:
         if measured is not None:
             return measured
         return gap + self.memory.first_byte_ns(flows, first)
+
+
+_SHARED: dict[tuple[int, int], CostModel] = {}  # (id of a profile, id of a stack) -> its cost model
+SHARED_LIMIT = 16  # machines whose cost models a process keeps
+
+
+def cost_model(hw: HardwareProfile, stack=None) -> CostModel:
+    """The CostModel of ``hw`` under ``stack``, shared by the runs of one process on the same
+    profile and stack objects (a file's profile is loaded once per version, so the runs of a
+    sweep over batch or context on one machine share one, with its memos): a cost is a pure
+    function of the work, the profile and the stack. Bounded; an entry keeps its profile and
+    stack alive, so their ids are not reused while it is kept."""
+    key = (id(hw), id(stack))
+    model = _SHARED.get(key)
+    if model is None or model.hw is not hw or model.stack is not stack:
+        if len(_SHARED) >= SHARED_LIMIT:
+            _SHARED.clear()
+        model = _SHARED[key] = CostModel(hw, stack)
+    return model
 
 
 def _keep(memo: dict, key, value):

@@ -44,11 +44,10 @@ from sim.lowering.placement import place_ops
 from sim.setup import ACT_BYTES, RunSetup
 
 
-def weight_bytes_by_unit(setup: RunSetup, stage: int, experts: bool | None = None) -> dict[tuple[int, str], int]:
-    """Weight bytes one chip of ``stage`` holds per unit; ``experts`` True counts only MoE
-    expert weights, False everything else, None both."""
+def weight_bytes_by_unit(setup: RunSetup, stage: int) -> tuple[dict[tuple[int, str], int], dict[tuple[int, str], int]]:
+    """Weight bytes one chip of ``stage`` holds per unit: (everything but MoE expert weights,
+    MoE expert weights)."""
     m = setup.model
-    dense, expert = experts is not True, experts is not False
     ffn_norms = (m.norms_per_layer - m.norms_per_layer // 2) * norm_bytes(setup)  # pre-FFN (and post-FFN) norms
     tied = m.tied_embeddings and setup.pp == 1
     dense_part = {  # the dense weights of each kind of unit but an MoE layer's FFN (the same in every layer)
@@ -58,13 +57,13 @@ def weight_bytes_by_unit(setup: RunSetup, stage: int, experts: bool | None = Non
         "ffn": dense_ffn_weight_bytes(setup) + ffn_norms,
     }
     from_moe = moe_weight_bytes_per_chip(setup) if setup.moe is not None else 0
-    out: dict[tuple[int, str], int] = {}
+    dense: dict[tuple[int, str], int] = {}
+    experts: dict[tuple[int, str], int] = {}
     for layer, part in setup.stage_units(stage):
-        if part == "ffn" and setup.is_moe_layer(layer):
-            out[(layer, part)] = (from_moe if expert else 0) + (ffn_norms if dense else 0)
-        else:
-            out[(layer, part)] = dense_part[part] if dense else 0
-    return out
+        moe_ffn = part == "ffn" and setup.is_moe_layer(layer)
+        dense[(layer, part)] = ffn_norms if moe_ffn else dense_part[part]
+        experts[(layer, part)] = from_moe if moe_ffn else 0
+    return dense, experts
 
 
 def largest_staged_reads(setup: RunSetup, stage: int) -> list[int]:
