@@ -31,7 +31,7 @@ from sim.kernel_classes import default_class
 from sim.lowering.graph import KernelWork, Work
 
 __all__ = ["CATEGORY_ROW", "COMPUTE", "MEMO_LIMIT", "CostModel", "Flow", "HostTimes", "KernelCost", "OpCost",
-           "cost_model", "merge"]
+           "cost_model", "forget_cost_models", "merge"]
 
 MEMO_LIMIT = 8192  # distinct works a CostModel keeps (a step graph has tens; more means works that do not recur)
 
@@ -174,6 +174,12 @@ def cost_model(hw: HardwareProfile, stack=None) -> CostModel:
             _SHARED.clear()
         model = _SHARED[key] = CostModel(hw, stack)
     return model
+
+
+def forget_cost_models() -> None:
+    """Drop the shared cost models and their memos (a benchmark timing what a run in a new
+    process pays)."""
+    _SHARED.clear()
 
 
 def _keep(memo: dict, key, value):
