@@ -237,7 +237,7 @@ def lower_layers(setup: RunSetup, b: Builder, layers, contexts: tuple[int, ...],
     Consecutive copies of the layer just before them are kept as the graph's ``Repeat``. MoE
     layers are always lowered (routing differs per layer)."""
     templates: dict[tuple, tuple[list[Op], bool]] = {}  # layer kind -> a layer a copy may be made of, main stream alone
-    previous: tuple[tuple, list[Op]] | None = None  # the last layer lowered: its kind and ops
+    previous: tuple[tuple, list[Op]] | None = None  # the last dense layer: its kind and ops (a copy's: its template)
     run: list[int] = []  # consecutive layers to append as copies of ``source``
     source: list[Op] | None = None
     repeat = False  # the ops just before ``run`` are ``source`` moved

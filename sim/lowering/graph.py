@@ -194,9 +194,9 @@ class Repeat(NamedTuple):
     """``count`` copies of the ``length`` ops just before ``start``, one after another from
     ``start``: op ``start + k*length + j`` is op ``start - length + j`` with its index and
     dependencies moved by ``(k+1)*length`` (another layer), asking the very same Work object.
-    The span they copy follows a span of its own shape, so whatever is derived from an op and
-    the ops before it (its lane, waits, watched marks) moves with the copy, and the timers and
-    counters may read the span once and shift it rather than walk every copy."""
+    Counters may read the span once for every copy; ``make_graph`` shifts what it derived for
+    the span (lanes, waits, watched marks) where the span stands to the ops before it as each
+    copy does to the one before, and walks the copies otherwise."""
 
     start: int
     length: int
