@@ -21,6 +21,7 @@ Units are in the key names: GBps = 1e9 bytes/s, GB = 1e9 bytes, MB = 1e6 bytes, 
 
 from __future__ import annotations
 
+import functools
 from typing import Annotated, Literal, Union
 
 from pydantic import Field, field_validator, model_validator
@@ -170,6 +171,12 @@ class Place(Strict):
     tier: str
     mode: Literal["resident", "streamed"] = "resident"
     buffer: str | None = None
+
+
+@functools.lru_cache(maxsize=256)
+def _place(tier: str, mode: str = "resident", buffer: str | None = None) -> Place:
+    """A Place made once per (tier, mode, buffer) (it is frozen: every lowering and capacity check asks)."""
+    return Place(tier=tier, mode=mode, buffer=buffer)
 
 
 class Placement(Strict):
@@ -419,10 +426,9 @@ class HardwareProfile(Strict):
         if chosen is None and what == "experts" and p is not None:
             chosen = p.weights
         if chosen is None:
-            return Place(tier=self.store.name)
+            return _place(self.store.name)
         if chosen.mode == "streamed" and chosen.buffer is None:
-            return Place(tier=chosen.tier, mode="streamed",
-                         buffer=(self.shared_sram or self.tile_sram).name)
+            return _place(chosen.tier, "streamed", (self.shared_sram or self.tile_sram).name)
         return chosen
 
     @property

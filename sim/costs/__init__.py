@@ -26,7 +26,7 @@ from sim.costs.compute import Tiles
 from sim.costs.kernels import KernelClasses, breakdown
 from sim.costs.links import Links
 from sim.costs.memory import Memory
-from sim.costs.records import CATEGORY_ROW, COMPUTE, Flow, HostTimes, KernelCost, OpCost, link_ns, loads_ns, merge
+from sim.costs.records import CATEGORY_ROW, COMPUTE, Flow, HostTimes, KernelCost, OpCost, loads, merge
 from sim.kernel_classes import default_class
 from sim.lowering.graph import KernelWork, Work
 
@@ -139,9 +139,9 @@ class CostModel:
         vector, dequant = self.kernels.implemented(k, chip.vector_ns(k.vector_ops, tiles), dequant)
         flows = self.flows(op, k, tiles)
         compute = chip.to_cycles(matrix + vector)
-        alone = link_ns(flows, self.capacity)
-        body = max(compute, loads_ns(flows, self.capacity, alone))
-        rows = breakdown(flows, alone, body, compute, matrix, vector, dequant)
+        loaded, by_row = loads(flows, self.capacity)
+        body = max(compute, loaded)
+        rows = breakdown(by_row, body, compute, matrix, vector, dequant)
         return KernelCost(k.name, k.kclass, self._startup_ns(op, k, flows, first) * k.launches, body, tuple(flows),
                           compute, tiles, matrix, vector, dequant, k.launches, tuple(rows))
 

@@ -18,7 +18,6 @@ import math
 from typing import NamedTuple
 
 from sim.config.hardware import HardwareProfile
-from sim.costs.records import CATEGORY_ROW
 from sim.units import PS_PER_NS
 
 
@@ -102,15 +101,11 @@ def _measured(hw: HardwareProfile, klass) -> _Class:
     return _Class(klass.stream_fraction.value * hw.store.sustained_GBps, per_cta, klass.startup_ns.value)
 
 
-def breakdown(flows, alone: list[float], body: float, compute: float, matrix: float, vector: float,
+def breakdown(by_row: dict[str, float], body: float, compute: float, matrix: float, vector: float,
               dequant: float) -> list[tuple[str, float]]:
     """The rows of a kernel's ``body`` ns: compute and dequantization where the compute bounds
-    it, else the loads' rows in proportion to each row's time alone (``alone``: each flow's
-    time on its link, sim.costs.records.link_ns; or at its rate limit if that is longer)."""
-    by_row: dict[str, float] = {}
-    for f, t in zip(flows, alone, strict=True):
-        row = CATEGORY_ROW.get(f.category, f.category)
-        by_row[row] = by_row.get(row, 0.0) + max(t, f.bytes / f.rate_limit)
+    it, else the loads' rows (``by_row``: each row's load time, sim.costs.records.loads) in
+    proportion to their time."""
     if compute >= max(by_row.values(), default=0.0):
         total = matrix + vector
         rows = [("dequant", body * dequant / total)] if total and dequant else []

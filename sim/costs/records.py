@@ -104,28 +104,35 @@ class OpCost:
         return max(self.compute_ns, loads_ns(self.flows, capacity))
 
 
-def link_ns(flows, capacity: dict[str, float]) -> list[float]:
-    """Each flow's time alone on its link: the link capacity its bytes consume over the link's."""
-    return [f.bytes * f.weight / capacity[f.link] for f in flows]
+def loads_ns(flows, capacity: dict[str, float]) -> float:
+    """How long ``flows`` take together, uncontended (see ``loads``)."""
+    return loads(flows, capacity)[0]
 
 
-def loads_ns(flows, capacity: dict[str, float], alone: list[float] | None = None) -> float:
-    """How long ``flows`` take together, uncontended: the busiest link, or the slowest group of
-    accesses to one link at one efficiency held to their merged rate limit. ``alone``: the
-    flows' ``link_ns`` where the caller has them."""
+def loads(flows, capacity: dict[str, float]) -> tuple[float, dict[str, float]]:
+    """(how long ``flows`` take together, uncontended; each breakdown row's load time), in one
+    pass. Together: the busiest link, or the slowest group of accesses to one link at one
+    efficiency held to their merged rate limit. A row's time: its flows' each alone, on its link
+    or at its rate limit, whichever is longer."""
     per_link: dict[str, float] = {}
     together: dict[tuple, list] = {}  # (link, weight) -> [bytes, least tile cap, summed caps]
-    for f, t in zip(flows, link_ns(flows, capacity) if alone is None else alone, strict=True):
-        per_link[f.link] = per_link.get(f.link, 0.0) + t
-        group = together.get((f.link, f.weight))
+    by_row: dict[str, float] = {}
+    for link, size, weight, cap, category, _write, tile_cap in flows:
+        t = size * weight / capacity[link]
+        per_link[link] = per_link.get(link, 0.0) + t
+        group = together.get((link, weight))
         if group is None:
-            together[f.link, f.weight] = [f.bytes, f.tile_cap, f.cap]
+            together[link, weight] = [size, tile_cap, cap]
         else:
-            group[0] += f.bytes
-            group[1] = min(group[1], f.tile_cap)
-            group[2] += f.cap
+            group[0] += size
+            if tile_cap < group[1]:
+                group[1] = tile_cap
+            group[2] += cap
+        row = CATEGORY_ROW.get(category, category)
+        limited = size / (cap if cap < tile_cap else tile_cap)
+        by_row[row] = by_row.get(row, 0.0) + (t if t >= limited else limited)
     capped = [size / merged_limit(tile_cap, caps) for size, tile_cap, caps in together.values()]
-    return max([*per_link.values(), *capped], default=0.0)
+    return max([*per_link.values(), *capped], default=0.0), by_row
 
 
 def merge(cost: OpCost) -> tuple:
