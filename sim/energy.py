@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from sim.costs import CATEGORY_ROW, MEMO_LIMIT, CostModel
 from sim.lowering.decode import lower_step
-from sim.results import op_key, starts_with
+from sim.results import PrefixSums, op_key
 from sim.units import J_PER_PJ, S_PER_NS
 
 
@@ -67,7 +67,7 @@ class EnergyModel:
         self.idle_W = e.idle_W.value * self.chips
         self.power_limit_W = e.power_limit_W.value * self.chips if e.power_limit_W is not None else None
         self._memo: dict[tuple, tuple[dict, dict]] = {}
-        self._prefix: tuple[list, tuple] = ([], ())  # (entries, their dynamic sums) of the last step
+        self._dynamic = PrefixSums(({}, {}), self._add_ops)  # the ops' dynamic energy, resumed between steps
 
     # -- one op --------------------------------------------------------------------------
     def op_pj(self, op, cost) -> tuple[dict[str, float], dict[str, float]]:
@@ -102,21 +102,18 @@ class EnergyModel:
              tokens: int) -> StepEnergy:
         """A step's energy from its distinct ops (``keys``: op key -> [count, an op]), their
         costs, its breakdown (ns by row) and its time. As the ledger's sums do
-        (sim.results.Ledger.graph_sums_from), the sums over all entries but the last are kept
-        and resumed from when the next step's entries start with the same ones."""
-        entries = list(keys.values())
-        prefix, snapshot = self._prefix
-        if starts_with(entries, prefix):
-            start, by_row, by_part = len(prefix), defaultdict(float, snapshot[0]), defaultdict(float, snapshot[1])
-        else:
-            start, by_row, by_part = 0, defaultdict(float), defaultdict(float)
-        for i in range(start, len(entries)):
-            if i == len(entries) - 1:
-                self._prefix = (entries[:i], (dict(by_row), dict(by_part)))
-            n, op = entries[i]
+        (sim.results.Ledger.graph_sums_from), the dynamic sums are resumed between steps
+        (sim.results.PrefixSums)."""
+        by_row, by_part = self._dynamic.over(list(keys.values()), op_costs)
+        return spread(by_row, by_part, breakdown_ns, time_ns, self.static_W, self.host_W, self.idle_W, tokens)
+
+    def _add_ops(self, base: tuple, entries, op_costs: list) -> tuple:
+        """``base`` dynamic sums (J by row, J by component) plus ``entries``' ops on every chip of their stage."""
+        by_row, by_part = defaultdict(float, base[0]), defaultdict(float, base[1])
+        for n, op in entries:
             rows, parts = self.op_pj(op, op_costs[op.idx])
             add_dynamic(by_row, by_part, n * self.tp, rows, parts)
-        return spread(by_row, by_part, breakdown_ns, time_ns, self.static_W, self.host_W, self.idle_W, tokens)
+        return by_row, by_part
 
 
 def add_dynamic(by_row: dict, by_part: dict, n: int, rows: dict[str, float], parts: dict[str, float]) -> None:

@@ -47,6 +47,33 @@ def starts_with(entries: list, prefix: list) -> bool:
     return bool(prefix) and len(prefix) <= len(entries) and all(a is b for a, b in zip(prefix, entries, strict=False))
 
 
+class PrefixSums:
+    """Sums over a list of entries, resumed between calls: the sums over all entries but the
+    last are kept, and a call whose entries start with those very objects adds only what
+    follows them (between steps only a step's new attention, counted last, changes). The same
+    additions in the same order as summing afresh, so bit-identical. ``add(base, entries,
+    *args)`` returns new sums: ``base`` (never changed) plus ``entries``."""
+
+    __slots__ = ("_add", "_empty", "_prefix")
+
+    def __init__(self, empty, add):
+        self._add, self._empty = add, empty
+        self._prefix: tuple[list, object] = ([], empty)  # (entries, their sums)
+
+    def over(self, entries: list, *args):
+        """The sums over ``entries`` (fresh objects the caller may change)."""
+        prefix, base = self._prefix
+        if starts_with(entries, prefix):
+            start = len(prefix)
+        else:
+            start, base = 0, self._empty
+        last = len(entries) - 1
+        if start < last:
+            base = self._add(base, entries[start:last], *args)
+            self._prefix = (entries[:last], base)
+        return self._add(base, entries[last:] if start <= last else (), *args)
+
+
 def op_key(op: Op) -> tuple:
     """What an op's rows and byte totals depend on."""
     return (op.work, op.row, op.compute_row)
@@ -59,7 +86,7 @@ class Ledger:
         self.costs = costs
         self._rows: dict[tuple, dict[str, float]] = {}
         self._bytes: dict[object, tuple[dict, dict]] = {}
-        self._prefix: tuple[list, tuple] = ([], ())  # (entries, their sums) of the last graph_sums_from
+        self._sums = PrefixSums(({}, {}, {}, 0, 0), self._add_ops)  # the graph sums, resumed between steps
 
     # -- one op -------------------------------------------------------------------------
     def ideal_rows(self, op: Op, cost: OpCost) -> dict[str, float]:
@@ -96,31 +123,25 @@ class Ledger:
     # -- one graph ------------------------------------------------------------------------
     def graph_sums_from(self, keys: dict[tuple, list], op_costs: list[OpCost]) -> "GraphSums":
         """Rows and bytes of a graph's ops when alone, summed over its distinct ops
-        (``keys``: op_key -> [count, an op with that key]) in their order. Between steps only
-        the last entries change (the runner re-counts a step's new attention at the end), so
-        the sums over all entries but the last are kept and resumed from when the next call's
-        entries start with the same ones (the same additions in the same order: bit-identical)."""
-        entries = list(keys.values())
-        prefix, snapshot = self._prefix
-        if starts_with(entries, prefix):
-            start, acc = len(prefix), _copy_sums(snapshot)
-        else:
-            start, acc = 0, (defaultdict(float), defaultdict(int), defaultdict(int), [0, 0])
-        rows, by_category, by_level, totals = acc
-        for i in range(start, len(entries)):
-            if i == len(entries) - 1:
-                self._prefix = (entries[:i], _copy_sums(acc))
-            n, op = entries[i]
+        (``keys``: op_key -> [count, an op with that key]) in their order, resumed from the
+        last call's sums where the entries allow (``PrefixSums``)."""
+        return GraphSums(*self._sums.over(list(keys.values()), op_costs))
+
+    def _add_ops(self, base: tuple, entries, op_costs: list[OpCost]) -> tuple:
+        """``base`` sums (rows, bytes by category, bytes by level, FLOPs, kernels) plus ``entries``' ops."""
+        rows, by_category, by_level, flops, kernels = base
+        rows, by_category, by_level = dict(rows), dict(by_category), dict(by_level)
+        for n, op in entries:
             for row, t in self.ideal_rows(op, op_costs[op.idx]).items():
-                rows[row] += n * t
+                rows[row] = rows.get(row, 0.0) + n * t
             cats, levels = self.work_bytes(op.work)
             for k, v in cats.items():
-                by_category[k] += n * v
+                by_category[k] = by_category.get(k, 0) + n * v
             for k, v in levels.items():
-                by_level[k] += n * v
-            totals[0] += n * op.work.matrix_flops
-            totals[1] += n * op.work.kernels
-        return GraphSums(dict(rows), dict(by_category), dict(by_level), totals[0], totals[1])
+                by_level[k] = by_level.get(k, 0) + n * v
+            flops += n * op.work.matrix_flops
+            kernels += n * op.work.kernels
+        return rows, by_category, by_level, flops, kernels
 
     def step_breakdown(self, sums: "GraphSums", outcome: StepOutcome) -> dict[str, float]:
         """The step's rows: the ops' rows alone, plus waits, contention and the host's tail."""
@@ -154,11 +175,6 @@ class Ledger:
                 record[key] = record.get(key, 0) + access.bytes
             out.append(record)
         return out
-
-
-def _copy_sums(acc: tuple) -> tuple:
-    rows, by_category, by_level, totals = acc
-    return (defaultdict(float, rows), defaultdict(int, by_category), defaultdict(int, by_level), list(totals))
 
 
 class GraphSums:

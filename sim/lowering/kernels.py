@@ -66,16 +66,15 @@ def _share(spec: str, parts: dict[str, float]) -> tuple[str, float]:
     return role, value
 
 
-def _scaled(accesses, role: str, share: float, write: bool) -> list[Access]:
+def _scaled(accesses, share: float) -> list[Access]:
+    """``accesses`` (of one role), each scaled by ``share`` (those it leaves with no bytes dropped)."""
+    if share == 1.0:
+        return accesses  # records are immutable: the op's own accesses
     out = []
     for a in accesses:
-        if a.role == role and a.write == write and a.bytes:
-            if share == 1.0:
-                out.append(a)  # records are immutable: the op's own access
-                continue
-            n = round(a.bytes * share)
-            if n:
-                out.append(Access(a.level, n, a.category, a.write, a.granule, a.role))
+        n = round(a.bytes * share)
+        if n:
+            out.append(Access(a.level, n, a.category, a.write, a.granule, a.role))
     return out
 
 
@@ -114,7 +113,7 @@ class Plan:
     working it out): per kernel the op roles (and shares) it reads and writes, its class and its
     host time, and how the op's work divides between the kernels (``_Split``)."""
 
-    __slots__ = ("specs", "kind", "roles", "classes", "host_ns", "split")
+    __slots__ = ("specs", "kind", "roles", "classes", "host_ns", "split", "temps", "_fixed")
 
     def __init__(self, specs: tuple[Kernel, ...] | None, kind: str, parts: dict[str, float] | None = None,
                  calls_ns=None):
@@ -125,6 +124,11 @@ class Plan:
         self.classes = tuple(CLASSES[k.kclass] for k in kernels)
         self.host_ns = tuple(calls_ns(k) if calls_ns is not None and k.calls else 0.0 for k in kernels)
         self.split = _Split.of(self.roles, self.classes, "kv" if kind == "attention" else "w")
+        self.temps = any(k.temp or k.uses or k.makes for k in kernels)  # does any kernel have temporaries
+        # per kernel, what its KernelWork takes from the spec alone: (name, class, launches, per
+        # expert, implementation, a matrix class, a cache-dequantizing class, dispatched)
+        self._fixed = tuple((k.name, k.kclass, k.launches, k.per_expert, k.impl, spec.matrix, spec.cache_dequant,
+                             k.dispatched) for k, spec in zip(kernels, self.classes, strict=True))
 
     def kernels(self, accesses: tuple[Access, ...], *, matrix_flops: int, matrix_m: int, vector_ops: int,
                 dequant_ops: int, dtype: str, parallelism: float, active: int = 1, values: int = 0,
@@ -137,20 +141,23 @@ class Plan:
                                matrix_flops=matrix_flops, matrix_m=matrix_m, vector_ops=vector_ops,
                                dequant_ops=dequant_ops, dtype=dtype, parallelism=parallelism,
                                values=values, quant=quant),)
-        temps = _Temps(accesses, sizes or {}, act_level or next((a.level for a in accesses if a.role in ("y", "x")), ""))
+        by_role: dict[tuple[str, bool], list[Access]] = {}  # the op's accesses that move bytes, by (role, write)
+        for a in accesses:
+            if a.bytes:
+                by_role.setdefault((a.role, a.write), []).append(a)
+        temps = (_Temps(accesses, sizes or {}, act_level or next((a.level for a in accesses if a.role in ("y", "x")), ""))
+                 if self.temps else None)
         out = []
-        for i, k in enumerate(specs):
-            acc = [a for role, share, write in self.roles[i] for a in _scaled(accesses, role, share, write)]
-            acc += temps.of(k)
+        for i, (name, kclass, launches, per_expert, impl, matrix, cache_dequant, dispatched) in enumerate(self._fixed):
+            acc = [a for role, share, write in self.roles[i] for a in _scaled(by_role.get((role, write), ()), share)]
+            if temps is not None:
+                acc += temps.of(specs[i])
             share, flops, vec, deq = split.work(i, matrix_flops, vector_ops, dequant_ops)
-            spec = self.classes[i]
             out.append(KernelWork(
-                name=k.name, kclass=k.kclass, accesses=tuple(acc), matrix_flops=flops, matrix_m=matrix_m,
-                vector_ops=vec, dequant_ops=deq, dtype=dtype if spec.matrix else "bf16",
-                parallelism=max(1.0, parallelism * (share if i in split.matrix else 1.0)),
-                launches=k.launches * (max(1, active) if k.per_expert else 1),
-                impl=k.impl, values=values if spec.cache_dequant else 0,
-                quant=quant if spec.cache_dequant else None, dispatched=k.dispatched, host_ns=self.host_ns[i]))
+                name, kclass, tuple(acc), flops, matrix_m, vec, deq, dtype if matrix else "bf16",
+                max(1.0, parallelism * (share if i in split.matrix else 1.0)),
+                launches * (max(1, active) if per_expert else 1), impl, values if cache_dequant else 0,
+                quant if cache_dequant else None, dispatched, self.host_ns[i]))
         return tuple(out)
 
 
