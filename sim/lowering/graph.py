@@ -83,14 +83,22 @@ class Work:
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        object.__setattr__(self, "_hash", hash((self.kind, self.accesses, self.matrix_flops, self.matrix_m,
-                                                self.vector_ops, self.dequant_ops, self.dtype, self.parallelism,
-                                                self.kernels, self.collective, self.host_ns, self.host_launches,
-                                                self.host_syncs,
-                                                self.noc_hops, self.pcie_messages, self.kernels_run)))
+        object.__setattr__(self, "_hash", hash(self._fields()))
 
     def __hash__(self) -> int:  # computed once: works are dictionary keys in every step
         return self._hash
+
+    def __eq__(self, other) -> bool:  # works of unequal hashes differ: compared field by field only when needed
+        if self is other:
+            return True
+        if other.__class__ is not Work:
+            return NotImplemented
+        return self._hash == other._hash and self._fields() == other._fields()
+
+    def _fields(self) -> tuple:
+        return (self.kind, self.accesses, self.matrix_flops, self.matrix_m, self.vector_ops, self.dequant_ops,
+                self.dtype, self.parallelism, self.kernels, self.collective, self.host_ns, self.host_launches,
+                self.host_syncs, self.noc_hops, self.pcie_messages, self.kernels_run)
 
     def bytes(self, category: str | None = None, level: str | None = None, write: bool | None = None) -> int:
         return sum(
