@@ -67,7 +67,7 @@ class EnergyModel:
         self.idle_W = e.idle_W.value * self.chips
         self.power_limit_W = e.power_limit_W.value * self.chips if e.power_limit_W is not None else None
         self._memo: dict[tuple, tuple[dict, dict]] = {}
-        self._dynamic = PrefixSums(({}, {}), self._add_ops)  # the ops' dynamic energy, resumed between steps
+        self._dynamic = PrefixSums(({}, {}))  # the ops' dynamic energy, resumed between steps
 
     # -- one op --------------------------------------------------------------------------
     def op_pj(self, op, cost) -> tuple[dict[str, float], dict[str, float]]:
@@ -104,7 +104,7 @@ class EnergyModel:
         costs, its breakdown (ns by row) and its time. As the ledger's sums do
         (sim.results.Ledger.graph_sums_from), the dynamic sums are resumed between steps
         (sim.results.PrefixSums)."""
-        by_row, by_part = self._dynamic.over(list(keys.values()), op_costs)
+        by_row, by_part = self._dynamic.over(list(keys.values()), self._add_ops, op_costs)
         return spread(by_row, by_part, breakdown_ns, time_ns, self.static_W, self.host_W, self.idle_W, tokens)
 
     def _add_ops(self, base: tuple, entries, op_costs: list) -> tuple:

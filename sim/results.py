@@ -52,15 +52,16 @@ class PrefixSums:
     last are kept, and a call whose entries start with those very objects adds only what
     follows them (between steps only a step's new attention, counted last, changes). The same
     additions in the same order as summing afresh, so bit-identical. ``add(base, entries,
-    *args)`` returns new sums: ``base`` (never changed) plus ``entries``."""
+    *args)`` returns new sums: ``base`` (never changed) plus ``entries`` (it is passed at each
+    call, not kept: a kept bound method of the owner would make a reference cycle per run)."""
 
-    __slots__ = ("_add", "_empty", "_prefix")
+    __slots__ = ("_empty", "_prefix")
 
-    def __init__(self, empty, add):
-        self._add, self._empty = add, empty
+    def __init__(self, empty):
+        self._empty = empty
         self._prefix: tuple[list, object] = ([], empty)  # (entries, their sums)
 
-    def over(self, entries: list, *args):
+    def over(self, entries: list, add, *args):
         """The sums over ``entries`` (fresh objects the caller may change)."""
         prefix, base = self._prefix
         if starts_with(entries, prefix):
@@ -69,9 +70,9 @@ class PrefixSums:
             start, base = 0, self._empty
         last = len(entries) - 1
         if start < last:
-            base = self._add(base, entries[start:last], *args)
+            base = add(base, entries[start:last], *args)
             self._prefix = (entries[:last], base)
-        return self._add(base, entries[last:] if start <= last else (), *args)
+        return add(base, entries[last:] if start <= last else (), *args)
 
 
 def op_key(op: Op) -> tuple:
@@ -86,7 +87,7 @@ class Ledger:
         self.costs = costs
         self._rows: dict[tuple, dict[str, float]] = {}
         self._bytes: dict[object, tuple[dict, dict]] = {}
-        self._sums = PrefixSums(({}, {}, {}, 0, 0), self._add_ops)  # the graph sums, resumed between steps
+        self._sums = PrefixSums(({}, {}, {}, 0, 0))  # the graph sums, resumed between steps
 
     # -- one op -------------------------------------------------------------------------
     def ideal_rows(self, op: Op, cost: OpCost) -> dict[str, float]:
@@ -125,7 +126,7 @@ class Ledger:
         """Rows and bytes of a graph's ops when alone, summed over its distinct ops
         (``keys``: op_key -> [count, an op with that key]) in their order, resumed from the
         last call's sums where the entries allow (``PrefixSums``)."""
-        return GraphSums(*self._sums.over(list(keys.values()), op_costs))
+        return GraphSums(*self._sums.over(list(keys.values()), self._add_ops, op_costs))
 
     def _add_ops(self, base: tuple, entries, op_costs: list[OpCost]) -> tuple:
         """``base`` sums (rows, bytes by category, bytes by level, FLOPs, kernels) plus ``entries``' ops."""
