@@ -70,14 +70,16 @@ class EnergyModel:
         self._dynamic = PrefixSums(({}, {}))  # the ops' dynamic energy, resumed between steps
 
     # -- one op --------------------------------------------------------------------------
-    def op_pj(self, op, cost) -> tuple[dict[str, float], dict[str, float]]:
-        """(pJ by breakdown row, pJ by component) of one op on one chip, memoised per op key."""
+    def op_pj(self, op, cost, keep: bool = True) -> tuple[dict[str, float], dict[str, float]]:
+        """(pJ by breakdown row, pJ by component) of one op on one chip (``keep``: memoised per op key)."""
         key = op_key(op)
         hit = self._memo.get(key)
         if hit is None:
-            if len(self._memo) >= MEMO_LIMIT:
-                self._memo.clear()
-            hit = self._memo[key] = self._op_pj(op, cost)
+            hit = self._op_pj(op, cost)
+            if keep:
+                if len(self._memo) >= MEMO_LIMIT:
+                    self._memo.clear()
+                self._memo[key] = hit
         return hit
 
     def _op_pj(self, op, cost) -> tuple[dict[str, float], dict[str, float]]:
@@ -107,11 +109,11 @@ class EnergyModel:
         by_row, by_part = self._dynamic.over(list(keys.values()), self._add_ops, op_costs)
         return spread(by_row, by_part, breakdown_ns, time_ns, self.static_W, self.host_W, self.idle_W, tokens)
 
-    def _add_ops(self, base: tuple, entries, op_costs: list) -> tuple:
+    def _add_ops(self, base: tuple, entries, op_costs: list, keep: bool) -> tuple:
         """``base`` dynamic sums (J by row, J by component) plus ``entries``' ops on every chip of their stage."""
         by_row, by_part = defaultdict(float, base[0]), defaultdict(float, base[1])
         for n, op in entries:
-            rows, parts = self.op_pj(op, op_costs[op.idx])
+            rows, parts = self.op_pj(op, op_costs[op.idx], keep)
             add_dynamic(by_row, by_part, n * self.tp, rows, parts)
         return by_row, by_part
 

@@ -52,8 +52,10 @@ class PrefixSums:
     last are kept, and a call whose entries start with those very objects adds only what
     follows them (between steps only a step's new attention, counted last, changes). The same
     additions in the same order as summing afresh, so bit-identical. ``add(base, entries,
-    *args)`` returns new sums: ``base`` (never changed) plus ``entries`` (it is passed at each
-    call, not kept: a kept bound method of the owner would make a reference cycle per run)."""
+    *args, keep=...)`` returns new sums: ``base`` (never changed) plus ``entries``; ``keep``
+    False for the last entry, whose figures the owner need not memoise (it changes every step).
+    ``add`` is passed at each call, not kept: a kept bound method of the owner would make a
+    reference cycle per run."""
 
     __slots__ = ("_empty", "_prefix")
 
@@ -70,9 +72,9 @@ class PrefixSums:
             start, base = 0, self._empty
         last = len(entries) - 1
         if start < last:
-            base = add(base, entries[start:last], *args)
+            base = add(base, entries[start:last], *args, keep=True)
             self._prefix = (entries[:last], base)
-        return add(base, entries[last:] if start <= last else (), *args)
+        return add(base, entries[last:] if start <= last else (), *args, keep=False)
 
 
 def op_key(op: Op) -> tuple:
@@ -90,14 +92,16 @@ class Ledger:
         self._sums = PrefixSums(({}, {}, {}, 0, 0))  # the graph sums, resumed between steps
 
     # -- one op -------------------------------------------------------------------------
-    def ideal_rows(self, op: Op, cost: OpCost) -> dict[str, float]:
-        """The op's rows when it runs alone."""
+    def ideal_rows(self, op: Op, cost: OpCost, keep: bool = True) -> dict[str, float]:
+        """The op's rows when it runs alone (``keep``: memoised for the ops that share its key)."""
         key = op_key(op)
         rows = self._rows.get(key)
         if rows is None:
-            if len(self._rows) >= MEMO_LIMIT:  # bounded, as the cost model's memo is
-                self._rows.clear()
-            rows = self._rows[key] = _ideal_rows(self.costs, op, cost)
+            rows = _ideal_rows(self.costs, op, cost)
+            if keep:
+                if len(self._rows) >= MEMO_LIMIT:  # bounded, as the cost model's memo is
+                    self._rows.clear()
+                self._rows[key] = rows
         return rows
 
     def op_rows(self, op: Op, cost: OpCost, timing, contended: float = 0.0) -> dict[str, float]:
@@ -107,18 +111,20 @@ class Ledger:
             rows["contention"] = rows.get("contention", 0.0) + contended
         return rows
 
-    def work_bytes(self, work) -> tuple[dict[str, int], dict[str, int]]:
-        """(bytes by category, bytes by level) of one op's work."""
+    def work_bytes(self, work, keep: bool = True) -> tuple[dict[str, int], dict[str, int]]:
+        """(bytes by category, bytes by level) of one op's work (``keep``: memoised)."""
         hit = self._bytes.get(work)
         if hit is None:
-            if len(self._bytes) >= MEMO_LIMIT:
-                self._bytes.clear()
             by_category: dict[str, int] = defaultdict(int)
             by_level: dict[str, int] = defaultdict(int)
             for a in work.accesses:
                 by_category[a.category] += a.bytes
                 by_level[a.level] += a.bytes
-            hit = self._bytes[work] = (dict(by_category), dict(by_level))
+            hit = (dict(by_category), dict(by_level))
+            if keep:
+                if len(self._bytes) >= MEMO_LIMIT:
+                    self._bytes.clear()
+                self._bytes[work] = hit
         return hit
 
     # -- one graph ------------------------------------------------------------------------
@@ -128,14 +134,14 @@ class Ledger:
         last call's sums where the entries allow (``PrefixSums``)."""
         return GraphSums(*self._sums.over(list(keys.values()), self._add_ops, op_costs))
 
-    def _add_ops(self, base: tuple, entries, op_costs: list[OpCost]) -> tuple:
+    def _add_ops(self, base: tuple, entries, op_costs: list[OpCost], keep: bool) -> tuple:
         """``base`` sums (rows, bytes by category, bytes by level, FLOPs, kernels) plus ``entries``' ops."""
         rows, by_category, by_level, flops, kernels = base
         rows, by_category, by_level = dict(rows), dict(by_category), dict(by_level)
         for n, op in entries:
-            for row, t in self.ideal_rows(op, op_costs[op.idx]).items():
+            for row, t in self.ideal_rows(op, op_costs[op.idx], keep).items():
                 rows[row] = rows.get(row, 0.0) + n * t
-            cats, levels = self.work_bytes(op.work)
+            cats, levels = self.work_bytes(op.work, keep)
             for k, v in cats.items():
                 by_category[k] = by_category.get(k, 0) + n * v
             for k, v in levels.items():
