@@ -67,6 +67,7 @@ class EnergyModel:
         self.idle_W = e.idle_W.value * self.chips
         self.power_limit_W = e.power_limit_W.value * self.chips if e.power_limit_W is not None else None
         self._memo: dict[tuple, tuple[dict, dict]] = {}
+        self._matrix_pj_of: dict[str, float] = {}  # dtype -> pJ per matrix FLOP
         self._dynamic = PrefixSums(({}, {}))  # the ops' dynamic energy, resumed between steps
 
     # -- one op --------------------------------------------------------------------------
@@ -83,21 +84,31 @@ class EnergyModel:
         return hit
 
     def _op_pj(self, op, cost) -> tuple[dict[str, float], dict[str, float]]:
-        rows: dict[str, float] = defaultdict(float)
-        parts: dict[str, float] = defaultdict(float)
+        rows: dict[str, float] = {}
+        parts: dict[str, float] = {}
+        pj_per_bit, whole = self.pj_per_bit, op.row  # an op that belongs to one phase row gives it all
         for f in cost.flows:
-            pj = f.bytes * 8 * self.pj_per_bit[f.link]
-            rows[op.row or CATEGORY_ROW.get(f.category, f.category)] += pj
-            parts[f.link] += pj
+            pj = f.bytes * 8 * pj_per_bit[f.link]
+            row = whole or CATEGORY_ROW.get(f.category, f.category)
+            rows[row] = rows.get(row, 0.0) + pj
+            parts[f.link] = parts.get(f.link, 0.0) + pj
+        compute_row, dequant_row = whole or op.compute_row, whole or "dequant"
         for k in op.work.kernels_run or (op.work,):
-            matrix = k.matrix_flops * self.energy.matrix_pJ(k.dtype)
+            matrix = k.matrix_flops * self._matrix_pj(k.dtype)
             vector = (k.vector_ops - k.dequant_ops) * self.vector_pj
             dequant = k.dequant_ops * self.vector_pj
-            rows[op.row or op.compute_row] += matrix + vector
-            rows[op.row or "dequant"] += dequant
-            parts["matrix"] += matrix
-            parts["vector"] += vector + dequant
+            rows[compute_row] = rows.get(compute_row, 0.0) + (matrix + vector)
+            rows[dequant_row] = rows.get(dequant_row, 0.0) + dequant
+            parts["matrix"] = parts.get("matrix", 0.0) + matrix
+            parts["vector"] = parts.get("vector", 0.0) + (vector + dequant)
         return ({k: v for k, v in rows.items() if v}, {k: v for k, v in parts.items() if v})
+
+    def _matrix_pj(self, dtype: str) -> float:
+        """pJ per matrix FLOP of ``dtype`` (the profile's figure, read once per dtype)."""
+        pj = self._matrix_pj_of.get(dtype)
+        if pj is None:
+            pj = self._matrix_pj_of[dtype] = self.energy.matrix_pJ(dtype)
+        return pj
 
     # -- one step --------------------------------------------------------------------------
     def step(self, keys: dict, op_costs: list, breakdown_ns: dict[str, float], time_ns: float,

@@ -100,14 +100,22 @@ class CostModel:
         if len(kernels) == 1:  # most ops: their one kernel's figures are the op's
             return self._one_kernel_cost(op, kernels[0])
         costs = [self.kernel_cost(op, k, first=i == 0) for i, k in enumerate(kernels)]
-        by_field = KernelCost(*zip(*costs))  # each field: the kernels' values, in order
         overlap = self._overlap
-        startup = sum(t * (1.0 if i == 0 else 1.0 - overlap) for i, t in enumerate(by_field.startup_ns))
-        dispatch = sum(c.launches * (self.kernels.dispatch_ns(c.kclass) + k.host_ns)
-                       for c, k in zip(costs, kernels, strict=True) if k.dispatched)
-        return OpCost(sum(by_field.flows, ()), sum(by_field.compute_ns), max(by_field.tiles) / self._tiles,
-                      sum(by_field.matrix_ns), sum(by_field.vector_ns), sum(by_field.dequant_ns),
-                      self.links.fill_ns(op), 0.0, startup, ideal_body_ns=sum(by_field.body_ns),
+        # sums over the kernels, each in kernel order (a start-up after the first overlaps the kernel before)
+        startup = dispatch = compute = matrix = vector = dequant = body = 0
+        flows: tuple = ()
+        for i, (c, k) in enumerate(zip(costs, kernels, strict=True)):
+            startup += c.startup_ns * (1.0 if i == 0 else 1.0 - overlap)
+            if k.dispatched:
+                dispatch += c.launches * (self.kernels.dispatch_ns(c.kclass) + k.host_ns)
+            flows += c.flows
+            compute += c.compute_ns
+            matrix += c.matrix_ns
+            vector += c.vector_ns
+            dequant += c.dequant_ns
+            body += c.body_ns
+        return OpCost(flows, compute, max(c.tiles for c in costs) / self._tiles, matrix, vector, dequant,
+                      self.links.fill_ns(op), 0.0, startup, ideal_body_ns=body,
                       host_ns=op.host_ns + op.host_launches * self._host_launch_ns + op.host_syncs * self.host.sync_ns,
                       kernels=tuple(costs), rows=_summed_rows(costs), dispatch_ns=dispatch)
 

@@ -8,9 +8,8 @@ and ``drain`` after. Times in ns, rates in bytes/ns (= GB/s). Records are frozen
 
 from __future__ import annotations
 
-import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 COMPUTE = "compute"
@@ -68,7 +67,7 @@ class HostTimes(NamedTuple):
     sync_ns: float
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class OpCost:
     """One op alone on the chip: its kernels' flows and compute, and the times around the body."""
 
@@ -86,17 +85,22 @@ class OpCost:
     kernels: tuple = ()  # KernelCost of each kernel, in order
     rows: tuple = ()  # (breakdown row, ns) of the body when alone
     dispatch_ns: float = 0.0  # host time to launch the op's kernels eagerly
+    # the op's time alone on the chip: gap, fill, body and drain (set once, at construction)
+    total_ns: float = field(default=0.0, init=False, compare=False)
+    _merged: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
-    @functools.cached_property
+    def __post_init__(self):
+        object.__setattr__(self, "total_ns", self.gap_ns + self.fill_ns + self.ideal_body_ns + self.drain_ns)
+
+    @property
     def merged(self) -> tuple:
         """The body's flows merged by (link, weight) (see ``merge``): built when an engine first
-        needs them (the analytic model never does)."""
-        return merge(self)
-
-    @functools.cached_property
-    def total_ns(self) -> float:
-        """The op's time alone on the chip: gap, fill, body and drain."""
-        return self.gap_ns + self.fill_ns + self.ideal_body_ns + self.drain_ns
+        needs them (the analytic model never does), then kept."""
+        made = self._merged
+        if made is None:
+            made = merge(self)
+            object.__setattr__(self, "_merged", made)
+        return made
 
     def body_ns(self, capacity: dict[str, float]) -> float:
         """Uncontended body time: the slowest of the flows and the compute. Flows of one op
