@@ -144,3 +144,27 @@ def test_a_run_whose_span_follows_another_stream_is_walked(before):
     graph = make_graph(b.ops, step=0, contexts=(), stages=1, repeats=tuple(b.repeats))
     walked = make_graph(b.ops, step=0, contexts=(), stages=1)
     assert graph.repeats and _derived(graph) == _derived(walked)
+
+
+def test_programs_of_one_shape_but_other_waits_derive_apart():
+    """make_graph keeps what it derives for a program with runs of copies by the program's shape
+    (sim.lowering.graph._shape): two programs alike in all but what one op outside the copies
+    waits for must not share a derivation."""
+    from sim.lowering.graph import Access, Builder
+
+    derived = []
+    for wait_for_embed in (False, True, False):
+        b = Builder()
+        embed = b.add("embed", -1, "vector", [Access("hbm", 64, "weights")])
+        start = len(b.ops)
+        b.add("a", 0, "vector", [Access("hbm", 1000, "act")])
+        b.add("b", 0, "vector", [Access("hbm", 2000, "act")])
+        b.append_copies(b.ops[start:start + 2], [1], repeat=False)
+        b.append_copies(b.ops[start + 2:start + 4], [2, 3], repeat=True)
+        b.add("head", -1, "vector", [Access("hbm", 64, "weights")],
+              deps=(b.ops[-1].idx, embed.idx) if wait_for_embed else None)
+        graph = make_graph(b.ops, step=0, contexts=(), stages=1, repeats=tuple(b.repeats))
+        walked = make_graph(b.ops, step=0, contexts=(), stages=1)
+        assert graph.repeats and _derived(graph) == _derived(walked)
+        derived.append(_derived(graph))
+    assert derived[0] != derived[1] and derived[0] == derived[2]

@@ -231,8 +231,42 @@ _LANE_OF, _SYNCED, _IDX = attrgetter("stage", "stream"), attrgetter("host_sync")
 def make_graph(ops, *, step: int, contexts: tuple[int, ...], stages: int, repeats: tuple[Repeat, ...] = ()) -> OpGraph:
     """An OpGraph over ``ops`` with its streams, watched ops, lanes and chains derived from them;
     the ops of each of ``repeats`` (runs of copies, in program order) are derived by shifting
-    what was derived for the span they copy (the same result, without walking every copy)."""
+    what was derived for the span they copy (the same result, without walking every copy).
+    A program with repeats is derived once per shape (``_shape``) and process: the graphs of
+    a sweep over batch or context share it."""
     ops = tuple(ops)
+    repeats = tuple(repeats)
+    shape = _shape(ops, repeats) if repeats else None
+    derived = _DERIVED.get(shape) if shape is not None else None
+    if derived is None:
+        derived = _derive(ops, repeats)
+        if shape is not None:
+            if len(_DERIVED) >= _DERIVED_LIMIT:
+                _DERIVED.clear()
+            _DERIVED[shape] = derived
+    streams, watched, lanes, syncs, chains, watched_ops = derived
+    return OpGraph(ops, step=step, batch=len(contexts), contexts=tuple(contexts), stages=stages, streams=streams,
+                   watched=watched, lanes=lanes, syncs=syncs, chains=chains, watched_ops=watched_ops,
+                   repeats=repeats)
+
+
+_DERIVED: dict[tuple, tuple] = {}  # a program's shape -> what make_graph derives from it
+_DERIVED_LIMIT = 64
+
+
+def _shape(ops: tuple[Op, ...], repeats: tuple[Repeat, ...]) -> tuple:
+    """All that ``make_graph`` derives from: each op's index, dependencies, stage, stream and
+    host sync, read for the ops outside the runs of copies (each copy is the span before its
+    run, moved: ``Repeat``), with the runs and the op count."""
+    outside, at = [], 0
+    for repeat in (*repeats, Repeat(len(ops), 0, 0)):
+        outside.extend((op.idx, op.deps, op.stage, op.stream, op.host_sync) for op in ops[at:repeat.start])
+        at = repeat.end
+    return len(ops), repeats, tuple(outside)
+
+
+def _derive(ops: tuple[Op, ...], repeats: tuple[Repeat, ...]) -> tuple:
+    """(streams, watched, lanes, syncs, chains, watched ops) of ``ops``: see ``make_graph``."""
     lane_of = list(map(_LANE_OF, ops))
     synced = list(map(_SYNCED, ops))
     walk = _Walk(ops, lane_of, synced.copy())
@@ -243,12 +277,11 @@ def make_graph(ops, *, step: int, contexts: tuple[int, ...], stages: int, repeat
         at = repeat.end
     walk.ops_in(at, len(ops))
     lanes, watched = walk.lanes, walk.watched
-    return OpGraph(ops, step=step, batch=len(contexts), contexts=tuple(contexts), stages=stages,
-                   streams=tuple(lanes), watched=tuple(watched),
-                   lanes=tuple(Lane(stage, stream, tuple(members), tuple(external))
-                               for (stage, stream), (members, external) in lanes.items()),
-                   syncs=tuple(compress(map(_IDX, ops), synced)), chains=_chains(walk.follows),
-                   watched_ops=tuple(compress(range(len(ops)), watched)), repeats=tuple(repeats))
+    return (tuple(lanes), tuple(watched),
+            tuple(Lane(stage, stream, tuple(members), tuple(external))
+                  for (stage, stream), (members, external) in lanes.items()),
+            tuple(compress(map(_IDX, ops), synced)), _chains(walk.follows),
+            tuple(compress(range(len(ops)), watched)))
 
 
 class _Walk:
