@@ -23,8 +23,9 @@ fragmentation, sampling beyond argmax.
 from __future__ import annotations
 
 import math
+
 from sim.errors import SimulationError
-from sim.lowering.graph import Access, Builder, Op, OpGraph, make_graph
+from sim.lowering.graph import Access, Builder, Op, OpGraph, Program, make_graph
 from sim.lowering.moe import lower_moe, moe_weight_bytes_per_chip
 from sim.lowering.ops import (
     VEC_OPS,
@@ -159,7 +160,7 @@ def lower_one(setup: RunSetup, contexts: tuple[int, ...], step: int = 0, positio
     logits = len(contexts) + len(prefill)
     act_row = batch * m.hidden * ACT_BYTES
     logit_row = logits * m.hidden * ACT_BYTES
-    ops: list[Op] = []
+    ops = Program()
     repeats = []
     for stage in range(setup.pp):
         b = builder(setup, ops, stage)

@@ -20,6 +20,8 @@ dataclass that computes its hash once (a changed copy is ``dataclasses.replace``
 
 from __future__ import annotations
 
+from bisect import bisect_right
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import compress
 from operator import attrgetter
@@ -161,11 +163,84 @@ class Op(NamedTuple):
         return self.work.bytes(category, level, write)
 
 
+class Program(Sequence):
+    """A step's ops in program order, as a ``Builder`` appends them, with each run of copied
+    layers (``Builder.append_copies``) kept as the ops it copies: a copy becomes its ``Op``
+    record (its proto's, index and waits moved, with its own layer) when something first reads
+    it, and is kept from then on. A new configuration pays for the copies its readers read
+    (the timers and counters read a handful of them), not for every layer of the model.
+    Read-only once the graph is made."""
+
+    __slots__ = ("_ops", "_regions", "_starts")
+
+    def __init__(self, ops=()):
+        self._ops: list[Op | None] = list(ops)  # None: a copy not made yet
+        self._regions: list[tuple[int, int, int, tuple[int, ...]]] = []  # (start, length, first proto, layers)
+        self._starts: list[int] = []  # each region's start, for bisect
+
+    def __len__(self) -> int:
+        return len(self._ops)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return tuple(self[j] for j in range(*i.indices(len(self._ops))))
+        op = self._ops[i]
+        if op is None:
+            if i < 0:
+                i += len(self._ops)
+            op = self._ops[i] = self._copy(i)
+        return op
+
+    def __iter__(self):
+        ops = self._ops
+        for i in range(len(ops)):
+            op = ops[i]
+            yield op if op is not None else self[i]
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, str):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+
+    __hash__ = None
+
+    def append(self, op: Op) -> None:
+        self._ops.append(op)
+
+    def __setitem__(self, i: int, op: Op) -> None:
+        """Replace op ``i`` (the copies of it made so far keep what they copied, as a list's would)."""
+        if any(first <= i % len(self._ops) < first + length for _start, length, first, _layers in self._regions):
+            self._make_all()  # a proto of copies not made yet: make them from the op as it was
+        self._ops[i] = op
+
+    def copies(self, first: int, length: int, layers) -> None:
+        """Append a copy of ops ``first .. first+length-1`` as each of ``layers``."""
+        start = len(self._ops)
+        self._regions.append((start, length, first, tuple(layers)))
+        self._starts.append(start)
+        self._ops.extend([None] * (length * len(layers)))
+
+    def _copy(self, i: int) -> Op:
+        start, length, first, layers = self._regions[bisect_right(self._starts, i) - 1]
+        k, j = divmod(i - start, length)
+        proto = self[first + j]
+        shift = start + k * length - first
+        deps = proto.deps
+        return tuple.__new__(Op, (proto.idx + shift, proto.name, layers[k], proto.work,
+                                  (deps[0] + shift,) if len(deps) == 1 else tuple([d + shift for d in deps]),
+                                  proto.stream, proto.stage, proto.host_sync, proto.row, proto.compute_row, proto.tags))
+
+    def _make_all(self) -> None:
+        for i, op in enumerate(self._ops):
+            if op is None:
+                self[i]
+
+
 @dataclass(frozen=True, slots=True)
 class OpGraph:
     """The ops of one decode step, in program order (the order the host issues them)."""
 
-    ops: tuple[Op, ...]
+    ops: Sequence[Op]  # a Program (copies made when read) or a tuple
     step: int = 0
     batch: int = 0
     contexts: tuple[int, ...] = ()
@@ -234,7 +309,7 @@ def make_graph(ops, *, step: int, contexts: tuple[int, ...], stages: int, repeat
     what was derived for the span they copy (the same result, without walking every copy).
     A program with repeats is derived once per shape (``_shape``) and process: the graphs of
     a sweep over batch or context share it."""
-    ops = tuple(ops)
+    ops = ops if isinstance(ops, Program) else tuple(ops)
     repeats = tuple(repeats)
     shape = _shape(ops, repeats) if repeats else None
     derived = _DERIVED.get(shape) if shape is not None else None
@@ -410,8 +485,8 @@ class Builder:
     """Appends ops in program order; by default each op depends on the previous op of its
     stream (a GPU stream runs kernels in order)."""
 
-    def __init__(self, ops: list[Op] | None = None, stage: int = 0, expand=None, streams=None):
-        self.ops: list[Op] = [] if ops is None else ops
+    def __init__(self, ops: Program | None = None, stage: int = 0, expand=None, streams=None):
+        self.ops: Program = Program() if ops is None else ops
         self._last: dict[tuple[int, str], int] = {}
         self.stage = stage
         self.expand = expand  # (name, kind, accesses, fields) -> the kernels that run the op
@@ -459,20 +534,14 @@ class Builder:
 
     def append_copies(self, protos: list[Op], layers: list[int], repeat: bool = False) -> None:
         """Append a copy of ``protos`` (a contiguous run of this builder's ops) as each of
-        ``layers``, one after another, indices and dependencies moved; ``repeat``: the ops just
-        before the first copy are themselves ``protos`` moved (and follow a span of their shape),
-        so the run is kept as a ``Repeat``."""
+        ``layers``, one after another, indices and dependencies moved (made when read:
+        ``Program``); ``repeat``: the ops just before the first copy are themselves ``protos``
+        moved (and follow a span of their shape), so the run is kept as a ``Repeat``."""
         if not layers:
             return
-        new, n = tuple.__new__, len(protos)
-        start = len(self.ops)
-        for k, layer in enumerate(layers):
-            shift = start + k * n - protos[0].idx
-            self.ops.extend([
-                new(Op, (idx + shift, name, layer, work,
-                         (deps[0] + shift,) if len(deps) == 1 else tuple([d + shift for d in deps]),  # most wait for one op
-                         stream, stage, host_sync, row, compute_row, tags))
-                for idx, name, _layer, work, deps, stream, stage, host_sync, row, compute_row, tags in protos])
+        n, start = len(protos), len(self.ops)
+        self.ops.copies(protos[0].idx, n, layers)
+        shift = start + (len(layers) - 1) * n - protos[0].idx  # the last copy's
         self._last.update({(op.stage, op.stream): op.idx + shift for op in protos})
         if repeat:
             self.repeats.append(Repeat(start, n, len(layers)))

@@ -13,7 +13,7 @@ from typing import NamedTuple
 from sim.errors import ConfigError
 from sim.formats import get_format
 from sim.formats.spec import kv_quant
-from sim.lowering.graph import Access, Builder, Op
+from sim.lowering.graph import Access, Builder, Op, Program
 from sim.lowering.kernels import Plan, with_prologue
 from sim.setup import ACT_BYTES, RunSetup
 
@@ -135,7 +135,7 @@ def kernels_of(setup: RunSetup, name: str, kind: str) -> tuple | None:
     return specs
 
 
-def builder(setup: RunSetup, ops: list[Op] | None = None, stage: int = 0, expand=None) -> Builder:
+def builder(setup: RunSetup, ops: Program | None = None, stage: int = 0, expand=None) -> Builder:
     """A Builder whose ops run through the setup's software stack (``expand``: the setup's
     ``op_expander``, where the caller keeps one)."""
     return Builder(ops, stage, expand=expand or op_expander(setup), streams=setup.stack.side_stream)
