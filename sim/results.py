@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from operator import is_
 
 from sim.costs import MEMO_LIMIT, CostModel, OpCost
 from sim.engine.records import StepOutcome
@@ -44,7 +45,7 @@ BOUND_OF = {
 def starts_with(entries: list, prefix: list) -> bool:
     """Whether ``entries`` begin with the very objects of ``prefix`` (a non-empty one): the test
     under which a running sum over ``prefix`` may be resumed instead of recomputed."""
-    return bool(prefix) and len(prefix) <= len(entries) and all(a is b for a, b in zip(prefix, entries, strict=False))
+    return bool(prefix) and len(prefix) <= len(entries) and all(map(is_, prefix, entries))
 
 
 class PrefixSums:

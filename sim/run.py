@@ -224,12 +224,14 @@ def simulate(spec: RunSpec | dict | None = None, *, keep_ops: bool = False, keep
 
 
 def _advance(state: _Step | None, graph, costs: CostModel, changed) -> _Step:
-    """The op costs and distinct-op counts of ``graph``: from the previous step's when the
-    graph cache says which ops changed (``changed``: sim.lowering.cache.Change records), else afresh."""
+    """The op costs and distinct-op counts of ``graph``: the previous step's updated (in place)
+    where the graph cache says which ops changed (``changed``: sim.lowering.cache.Change
+    records), else afresh."""
     if state is None or changed is None:
         return _afresh(graph, costs)
     ops = graph.ops
-    op_costs, durations, keys = list(state.costs), list(state.durations), dict(state.keys)
+    # the last step's lists, updated in place: nothing reads a step's costs once the next is timed
+    op_costs, durations, keys = state.costs, state.durations, state.keys
     net: dict[tuple, int] = {}  # op key -> change in its count
     holder: dict[tuple, int] = {}  # op key -> an op of the new graph that has it
     for change in changed:

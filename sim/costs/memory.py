@@ -17,6 +17,8 @@ import math
 from sim.config.hardware import HBM, HardwareProfile
 from sim.costs.records import Flow
 
+_new = tuple.__new__  # a Flow from its fields in order, without the named tuple's keyword handling
+
 
 class Memory:
     """The profile's memory levels, by name: their capacity, efficiency and striping."""
@@ -46,17 +48,17 @@ class Memory:
         """``access`` as a flow, held with the op's other accesses to its level to ``tile_cap``
         (``tile_caps``): it consumes 1 / the level's efficiency for its pieces (a stream: None)
         of the level's pin bandwidth per byte, and reaches only the HBM channels it covers."""
-        key = (access.level, access.granule)
-        spec = self._specs.get(key)
+        level, size, category, write, granule, _role = access
+        spec = self._specs.get((level, granule))
         if spec is None:
-            eff = self.levels[access.level].efficiency(access.granule)
-            spec = self._specs[key] = (eff, 1.0 / eff, self._striping.get(access.level))
+            eff = self.levels[level].efficiency(granule)
+            spec = self._specs[level, granule] = (eff, 1.0 / eff, self._striping.get(level))
         eff, weight, striping = spec
-        cap = math.inf
-        if striping is not None:
-            channels, interleave, channel_GBps = striping
-            cap = min(channels, math.ceil(access.bytes / interleave)) * channel_GBps * eff
-        return Flow(access.level, access.bytes, weight, cap, access.category, access.write, tile_cap)
+        if striping is None:
+            return _new(Flow, (level, size, weight, math.inf, category, write, tile_cap))
+        channels, interleave, channel_GBps = striping
+        cap = min(channels, math.ceil(size / interleave)) * channel_GBps * eff
+        return _new(Flow, (level, size, weight, cap, category, write, tile_cap))
 
     def first_byte_ns(self, flows, first: bool) -> float:
         """The latency before a byte-model kernel's body: the slowest level it reads if it is

@@ -124,9 +124,10 @@ def loads(flows, capacity: dict[str, float]) -> tuple[float, dict[str, float]]:
     for link, size, weight, cap, category, _write, tile_cap in flows:
         t = size * weight / capacity[link]
         per_link[link] = per_link.get(link, 0.0) + t
-        group = together.get((link, weight))
+        key = (link, weight)
+        group = together.get(key)
         if group is None:
-            together[link, weight] = [size, tile_cap, cap]
+            together[key] = [size, tile_cap, cap]
         else:
             group[0] += size
             if tile_cap < group[1]:
@@ -135,8 +136,12 @@ def loads(flows, capacity: dict[str, float]) -> tuple[float, dict[str, float]]:
         row = CATEGORY_ROW.get(category, category)
         limited = size / (cap if cap < tile_cap else tile_cap)
         by_row[row] = by_row.get(row, 0.0) + (t if t >= limited else limited)
-    capped = [size / merged_limit(tile_cap, caps) for size, tile_cap, caps in together.values()]
-    return max([*per_link.values(), *capped], default=0.0), by_row
+    slowest = max(per_link.values(), default=0.0)
+    for size, tile_cap, caps in together.values():  # each group at its merged rate limit (merged_limit)
+        t = size / (tile_cap if tile_cap <= caps else caps)
+        if t > slowest:
+            slowest = t
+    return slowest, by_row
 
 
 def merge(cost: OpCost) -> tuple:
