@@ -85,7 +85,11 @@ class Work:
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        object.__setattr__(self, "_hash", hash(self._fields()))
+        # of the fields the kernels are made from, not of the kernels (equal works hash alike;
+        # hashing the kernels' accesses again costs as much as building the work)
+        object.__setattr__(self, "_hash", hash((self.kind, self.accesses, self.matrix_flops, self.matrix_m,
+                                                self.vector_ops, self.dequant_ops, self.parallelism, self.kernels,
+                                                self.collective)))
 
     def __hash__(self) -> int:  # computed once: works are dictionary keys in every step
         return self._hash

@@ -37,6 +37,8 @@ from sim.errors import ConfigError
 from sim.kernel_classes import CLASSES, KVQuant, default_class
 from sim.lowering.graph import Access, KernelWork
 
+_new = tuple.__new__  # a record from all its fields in order, without the named tuple's keyword handling
+
 
 @functools.lru_cache(maxsize=1024)
 def _parse_share(spec: str) -> tuple[str, str, float | None]:
@@ -153,11 +155,11 @@ class Plan:
             if temps is not None:
                 acc += temps.of(specs[i])
             share, flops, vec, deq = split.work(i, matrix_flops, vector_ops, dequant_ops)
-            out.append(KernelWork(
+            out.append(_new(KernelWork, (  # every field, in order
                 name, kclass, tuple(acc), flops, matrix_m, vec, deq, dtype if matrix else "bf16",
                 max(1.0, parallelism * (share if i in split.matrix else 1.0)),
                 launches * (max(1, active) if per_expert else 1), impl, values if cache_dequant else 0,
-                quant if cache_dequant else None, dispatched, self.host_ns[i]))
+                quant if cache_dequant else None, dispatched, self.host_ns[i])))
         return tuple(out)
 
 
@@ -220,11 +222,11 @@ class _Temps:
         for name in k.uses:
             level, n = self.made[name]
             if n and level:
-                acc.append(Access(level, n, "act", False, None, "temp"))
+                acc.append(_new(Access, (level, n, "act", False, None, "temp")))
         for name, spec in k.makes.items():
             level, n = self.made[name] = _size(spec, self.accesses, self.sizes, self.level)
             if n and level:
-                acc.append(Access(level, n, "act", True, None, "temp"))
+                acc.append(_new(Access, (level, n, "act", True, None, "temp")))
         return acc
 
     def _own(self, k: Kernel) -> list[Access]:
@@ -241,7 +243,7 @@ class _Temps:
             kept = tmp and level
         if not kept:
             return []
-        return [Access(level, tmp, "act", False, None, "temp"), Access(level, tmp, "act", True, None, "temp")]
+        return [_new(Access, (level, tmp, "act", False, None, "temp")), _new(Access, (level, tmp, "act", True, None, "temp"))]
 
 
 def with_prologue(specs: tuple[Kernel, ...] | None, prologue: tuple[Kernel, ...], kind: str,
