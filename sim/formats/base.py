@@ -142,6 +142,10 @@ def outlier_slots(q: Quant, width: int) -> int:
     return math.ceil(o.fraction * width)
 
 
+_TENSORS = {"k": "k", "v": "v", "weight": "weight"}  # a tensor's name -> the Format field of its Quant
+_LABELS = {"k": "K row width", "v": "V row width", "weight": "weight row length"}
+
+
 @dataclass(frozen=True, eq=False)
 class Format:
     """A number format for weights (``weight``) and the KV cache (``k``, ``v``)."""
@@ -167,7 +171,7 @@ class Format:
         return self.weight.bits
 
     def quant(self, tensor: str) -> Quant:
-        return {"k": self.k, "v": self.v, "weight": self.weight}[tensor]
+        return getattr(self, _TENSORS[tensor])
 
     # -- checks that need the tensor width -------------------------------------------------
     def _key(self, tensor: str, key: str) -> str:
@@ -176,7 +180,7 @@ class Format:
 
     def check_width(self, tensor: str, width: int) -> None:
         q = self.quant(tensor)
-        label = {"k": "K row width", "v": "V row width", "weight": "weight row length"}[tensor]
+        label = _LABELS[tensor]
         if tensor != "weight" and q.per == "row" and q.group_size and width % q.group_size:
             raise ConfigError(self.file, self._key(tensor, "group_size"),
                               f"must divide the {label} {width} (one token's values in one layer on one "
