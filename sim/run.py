@@ -17,6 +17,7 @@ import math
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import lru_cache
 from operator import attrgetter
 
 from sim.analytic import analyse
@@ -28,7 +29,7 @@ from sim.energy import EnergyModel, summarize
 from sim.engine.records import LOG_COLUMNS, Span
 from sim.engine.simulation import Simulation
 from sim.lowering.cache import GraphCache
-from sim.lowering.decode import largest_staged_reads, weight_bytes_by_unit
+from sim.lowering.decode import StageWeights, largest_staged_reads, stage_weight_bytes
 from sim.lowering.placement import staging_limit
 from sim.results import Ledger, bound_of, op_key, percentile
 from sim.setup import RunSetup, resolve
@@ -57,9 +58,9 @@ def capacity(setup: RunSetup) -> dict:
     worst_stage: dict[str, int] = {}
     weights = 0  # the fullest stage's weights on one chip
     for stage in range(setup.pp):
-        dense, experts = weight_bytes_by_unit(setup, stage)
-        weights = max(weights, sum(dense.values()) + sum(experts.values()))
-        for tier, parts in _stage_needs(setup, stage, batch, per_layer_kv, activations, dense, experts).items():
+        held = stage_weight_bytes(setup, stage)
+        weights = max(weights, held.dense + held.experts)
+        for tier, parts in _stage_needs(setup, stage, batch, per_layer_kv, activations, held).items():
             total = sum(parts.values())
             if tier not in tiers or total > tiers[tier]["needed_bytes"]:
                 tiers[tier] = {"needed_bytes": total, "available_bytes": _available(hw, tier), "holds": parts}
@@ -74,10 +75,10 @@ def capacity(setup: RunSetup) -> dict:
             "available_bytes": worst["available_bytes"], "fits": not over, "tiers": tiers}
 
 
-def _stage_needs(setup: RunSetup, stage: int, batch: int, per_layer_kv: int, activations: int, dense: dict,
-                 experts: dict) -> dict[str, dict[str, int]]:
-    """What one chip of ``stage`` holds, by tier and by what it is (``dense``, ``experts``: its
-    weight bytes by unit, sim.lowering.decode.weight_bytes_by_unit)."""
+def _stage_needs(setup: RunSetup, stage: int, batch: int, per_layer_kv: int, activations: int,
+                 held: StageWeights) -> dict[str, dict[str, int]]:
+    """What one chip of ``stage`` holds, by tier and by what it is (``held``: its weight bytes,
+    sim.lowering.decode.stage_weight_bytes)."""
     hw = setup.hardware
     weights_place, experts_place, kv_place = hw.place("weights"), hw.place("experts"), hw.place("kv")
     attn_units = sum(1 for _, part in setup.stage_units(stage) if part == "attn")
@@ -87,13 +88,13 @@ def _stage_needs(setup: RunSetup, stage: int, batch: int, per_layer_kv: int, act
         if size:
             need.setdefault(tier, {})[what] = need.get(tier, {}).get(what, 0) + size
 
-    hold(weights_place.tier, "weights", sum(dense.values()))
+    hold(weights_place.tier, "weights", held.dense)
     if weights_place.mode == "streamed":
         staged = [size for size in largest_staged_reads(setup, stage) if size <= staging_limit(setup)]
         hold(weights_place.buffer, "weight staging buffers", 2 * max(staged, default=0))
-    hold(experts_place.tier, "expert weights", sum(experts.values()))
+    hold(experts_place.tier, "expert weights", held.experts)
     if experts_place.mode == "streamed" and setup.moe is not None:
-        per_op = _expert_staging_bytes(setup, batch, experts)
+        per_op = _expert_staging_bytes(setup, batch, held.largest_experts)
         if per_op <= staging_limit(setup):  # larger expert sets stream through (sim.lowering.placement)
             hold(experts_place.buffer, "expert staging buffers", 2 * per_op)
     hold(kv_place.tier, "kv cache", per_layer_kv * attn_units)
@@ -104,11 +105,12 @@ def _stage_needs(setup: RunSetup, stage: int, batch: int, per_layer_kv: int, act
     return need
 
 
-def _expert_staging_bytes(setup: RunSetup, batch: int, experts: dict) -> int:
-    """The expert weights one MoE op of the stage stages: its share of the active experts."""
+def _expert_staging_bytes(setup: RunSetup, batch: int, largest: int) -> int:
+    """The expert weights one MoE op of the stage stages: its share of the active experts
+    (``largest``: the most expert weight bytes of one of the stage's units)."""
     moe = setup.model.moe
     active = min(moe.experts, batch * moe.top_k)
-    return math.ceil(max(experts.values(), default=0) * active / moe.experts)
+    return math.ceil(largest * active / moe.experts)
 
 
 def kv_layer_bytes(setup: RunSetup, tokens: int) -> int:
@@ -343,9 +345,15 @@ def _identity(setup: RunSetup, cap: dict) -> dict:
         "trace": spec.trace, "steps": len(setup.steps), "engine": spec.engine, "graph": setup.graph,
         "tp": setup.tp, "pp": setup.pp, "chips": setup.hardware.chips, "software": spec.software if "software" in spec.model_fields_set else setup.software,
         "target_ms": spec.target_ms, "capacity": cap, "kernel_costs": kernel_costs_origin(setup.hardware),
-        "placement": {what: setup.hardware.place(what).model_dump() for what in ("weights", "experts", "kv")},
+        "placement": {what: dict(_dumped(setup.hardware.place(what))) for what in ("weights", "experts", "kv")},
         **_software_note(setup),
     }
+
+
+@lru_cache(maxsize=64)
+def _dumped(place) -> dict:
+    """A Place as its fields (it is frozen, and the same few are asked by every run)."""
+    return place.model_dump()
 
 
 def _analytic_note(graph) -> dict:

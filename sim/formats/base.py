@@ -42,9 +42,9 @@ kernel (which already read it for attention), so both writes are counted and no 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from functools import lru_cache
-from pathlib import Path
 from typing import NamedTuple
 
 from sim.config.loader import load_yaml, validate
@@ -392,7 +392,7 @@ def _load(path: str) -> Format:
 def get_format(name_or_path: str) -> Format:
     path = resolve(name_or_path, formats_dir(), "format")
     fmt = _load(str(path))
-    if Path(name_or_path).suffix == "" and fmt.name != name_or_path and "/" not in name_or_path:
+    if fmt.name != name_or_path and os.path.splitext(name_or_path)[1] == "" and "/" not in name_or_path:
         raise ConfigError(str(path), "name", f"must match the file name {name_or_path!r}", fmt.name)
     return fmt
 

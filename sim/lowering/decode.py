@@ -23,6 +23,9 @@ fragmentation, sampling beyond argmax.
 from __future__ import annotations
 
 import math
+from collections import Counter
+from functools import lru_cache
+from typing import NamedTuple
 
 from sim.errors import SimulationError
 from sim.lowering.graph import Access, Builder, Op, OpGraph, Program, make_graph
@@ -45,9 +48,18 @@ from sim.lowering.placement import place_ops
 from sim.setup import ACT_BYTES, RunSetup
 
 
-def weight_bytes_by_unit(setup: RunSetup, stage: int) -> tuple[dict[tuple[int, str], int], dict[tuple[int, str], int]]:
-    """Weight bytes one chip of ``stage`` holds per unit: (everything but MoE expert weights,
-    MoE expert weights)."""
+class StageWeights(NamedTuple):
+    """The weight bytes one chip of a pipeline stage holds: everything but MoE expert weights,
+    the MoE expert weights, and the most expert weight bytes of one of its units."""
+
+    dense: int
+    experts: int
+    largest_experts: int
+
+
+def stage_weight_bytes(setup: RunSetup, stage: int) -> StageWeights:
+    """The weight bytes one chip of ``stage`` holds (``StageWeights``): each unit's dense part
+    (the same in every layer) and, for an MoE layer's FFN, its experts."""
     m = setup.model
     ffn_norms = (m.norms_per_layer - m.norms_per_layer // 2) * norm_bytes(setup)  # pre-FFN (and post-FFN) norms
     tied = m.tied_embeddings and setup.pp == 1
@@ -57,14 +69,24 @@ def weight_bytes_by_unit(setup: RunSetup, stage: int) -> tuple[dict[tuple[int, s
         "attn": attention_weight_bytes(setup) + m.norms_per_layer // 2 * norm_bytes(setup) + sum(qk_norm_bytes(setup)),
         "ffn": dense_ffn_weight_bytes(setup) + ffn_norms,
     }
-    from_moe = moe_weight_bytes_per_chip(setup) if setup.moe is not None else 0
-    dense: dict[tuple[int, str], int] = {}
-    experts: dict[tuple[int, str], int] = {}
-    for layer, part in setup.stage_units(stage):
-        moe_ffn = part == "ffn" and setup.is_moe_layer(layer)
-        dense[(layer, part)] = ffn_norms if moe_ffn else dense_part[part]
-        experts[(layer, part)] = from_moe if moe_ffn else 0
-    return dense, experts
+    units = setup.stage_units(stage)
+    if setup.moe is None:
+        return StageWeights(sum(n * dense_part[part] for part, n in _part_counts(units)), 0, 0)
+    from_moe = moe_weight_bytes_per_chip(setup)
+    dense = experts = 0
+    for layer, part in units:
+        if part == "ffn" and setup.is_moe_layer(layer):
+            dense += ffn_norms
+            experts += from_moe
+        else:
+            dense += dense_part[part]
+    return StageWeights(dense, experts, from_moe if experts else 0)
+
+
+@lru_cache(maxsize=256)
+def _part_counts(units: tuple[tuple[int, str], ...]) -> tuple[tuple[str, int], ...]:
+    """How many units of each kind (embed, attn, ffn, head) a stage has."""
+    return tuple(Counter(part for _layer, part in units).items())
 
 
 def largest_staged_reads(setup: RunSetup, stage: int) -> list[int]:
