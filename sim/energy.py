@@ -87,14 +87,16 @@ class EnergyModel:
         rows: dict[str, float] = {}
         parts: dict[str, float] = {}
         pj_per_bit, whole = self.pj_per_bit, op.row  # an op that belongs to one phase row gives it all
-        for f in cost.flows:
-            pj = f.bytes * 8 * pj_per_bit[f.link]
-            row = whole or CATEGORY_ROW.get(f.category, f.category)
+        for link, size, _weight, _cap, category, _write, _tile_cap in cost.flows:
+            pj = size * 8 * pj_per_bit[link]
+            row = whole or CATEGORY_ROW.get(category, category)
             rows[row] = rows.get(row, 0.0) + pj
-            parts[f.link] = parts.get(f.link, 0.0) + pj
+            parts[link] = parts.get(link, 0.0) + pj
         compute_row, dequant_row = whole or op.compute_row, whole or "dequant"
+        matrix_pj = self._matrix_pj_of
         for k in op.work.kernels_run or (op.work,):
-            matrix = k.matrix_flops * self._matrix_pj(k.dtype)
+            per_flop = matrix_pj.get(k.dtype)
+            matrix = k.matrix_flops * (per_flop if per_flop is not None else self._matrix_pj(k.dtype))
             vector = (k.vector_ops - k.dequant_ops) * self.vector_pj
             dequant = k.dequant_ops * self.vector_pj
             rows[compute_row] = rows.get(compute_row, 0.0) + (matrix + vector)

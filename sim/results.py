@@ -116,12 +116,12 @@ class Ledger:
         """(bytes by category, bytes by level) of one op's work (``keep``: memoised)."""
         hit = self._bytes.get(work)
         if hit is None:
-            by_category: dict[str, int] = defaultdict(int)
-            by_level: dict[str, int] = defaultdict(int)
-            for a in work.accesses:
-                by_category[a.category] += a.bytes
-                by_level[a.level] += a.bytes
-            hit = (dict(by_category), dict(by_level))
+            by_category: dict[str, int] = {}
+            by_level: dict[str, int] = {}
+            for level, size, category, _write, _granule, _role in work.accesses:
+                by_category[category] = by_category.get(category, 0) + size
+                by_level[level] = by_level.get(level, 0) + size
+            hit = (by_category, by_level)
             if keep:
                 if len(self._bytes) >= MEMO_LIMIT:
                     self._bytes.clear()
@@ -203,13 +203,14 @@ class GraphSums:
 def _ideal_rows(costs: CostModel, op: Op, cost: OpCost) -> dict[str, float]:
     """An op's rows alone: its kernels' start-ups, latency before its body, and its body by
     what bounds each kernel (loads by category, compute, dequantization)."""
-    rows: dict[str, float] = defaultdict(float)
-    rows["links" if op.collective else "kernel_startup"] += cost.gap_ns
-    rows["latency"] += cost.fill_ns
+    head = "links" if op.work.collective else "kernel_startup"
+    rows = {head: 0.0 + cost.gap_ns, "latency": 0.0 + cost.fill_ns}
+    compute_row = op.compute_row
     for row, t in cost.rows:
-        rows[op.compute_row if row == "compute" else row] += t
+        if row == "compute":
+            row = compute_row
+        rows[row] = rows.get(row, 0.0) + t
     if op.row:  # the whole op belongs to one phase row (e.g. MoE dispatch)
-        head = "links" if op.collective else "kernel_startup"
         total = sum(v for k, v in rows.items() if k != head)
         return {head: rows[head], op.row: total}
     return {k: v for k, v in rows.items() if v}
