@@ -13,9 +13,12 @@ Access categories name what the bytes are: ``weights``, ``kv``, ``act`` (activat
 ``outliers`` (sparse outlier gathers), ``expert`` (MoE expert weights), ``link``
 (chip-to-chip), ``pcie`` (host link).
 
-Records are immutable and built by keyword: ``Access``, ``KernelWork`` and ``Op`` are named
-tuples (cheap to build and hash, a changed copy is ``_replace``); ``Work`` is a frozen
-dataclass that computes its hash once (a changed copy is ``dataclasses.replace``).
+Records are immutable: ``Access``, ``KernelWork`` and ``Op`` are named tuples (cheap to build
+and hash, a changed copy is ``_replace``; the hottest builders pass every field in order);
+``Work`` is a frozen dataclass that computes its hash once (a changed copy is
+``dataclasses.replace``). A step's ops are a ``Program``: the ops of a layer copied from another
+(``Repeat``) become ``Op`` records only when read. What ``make_graph`` derives from a program's
+shape is kept per shape and process.
 """
 
 from __future__ import annotations
