@@ -168,3 +168,16 @@ def test_programs_of_one_shape_but_other_waits_derive_apart():
         assert graph.repeats and _derived(graph) == _derived(walked)
         derived.append(_derived(graph))
     assert derived[0] != derived[1] and derived[0] == derived[2]
+
+
+@pytest.mark.parametrize("index", [0, 5, -1, -7])
+def test_a_program_indexes_and_slices_as_the_tuple_of_its_ops(index):
+    setup = _setup(4, 512, model="llama-3-8b")
+    ops = lower_step(setup, setup.steps[0].contexts).ops
+    whole = tuple(ops)
+    assert ops[index] == whole[index]
+    assert ops[3:40:7] == whole[3:40:7] and isinstance(ops[3:40:7], tuple)
+    with pytest.raises(IndexError):
+        ops[-len(whole) - 1]
+    with pytest.raises(IndexError):
+        ops[len(whole)]

@@ -14,11 +14,10 @@ it belongs to one run; the lowering functions themselves stay pure.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import NamedTuple
 
 from sim.lowering.decode import lower_step
-from sim.lowering.graph import Op, OpGraph, Work, live, make_work
+from sim.lowering.graph import LazyOps, Op, OpGraph, Work, live, make_work
 from sim.lowering.ops import Ask, attention_ask, op_expander, prefill_attention_ask
 from sim.setup import RunSetup
 
@@ -33,7 +32,7 @@ class Change(NamedTuple):
     work: Work
 
 
-class ReworkedOps(Sequence):
+class ReworkedOps(LazyOps):
     """The ops of a lowered graph with some asking other work (``changed``: op index ->
     (work, tags)): a read-only sequence that builds a changed op the first time it is read."""
 
@@ -46,9 +45,7 @@ class ReworkedOps(Sequence):
     def __len__(self) -> int:
         return len(self._base)
 
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            return tuple(self[j] for j in range(*i.indices(len(self._base))))
+    def _op(self, i: int) -> Op:
         op = self._base[i]
         new = self._changed.get(op.idx)
         if new is None:
@@ -57,10 +54,6 @@ class ReworkedOps(Sequence):
         if made is None:
             made = self._made[op.idx] = op.with_work(*new)
         return made
-
-    def __iter__(self):
-        for i in range(len(self._base)):
-            yield self[i]
 
 
 class Asked(NamedTuple):

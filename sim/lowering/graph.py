@@ -23,6 +23,7 @@ shape is kept per shape and process.
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -170,7 +171,31 @@ class Op(NamedTuple):
         return self.work.bytes(category, level, write)
 
 
-class Program(Sequence):
+class LazyOps(Sequence):
+    """A read-only sequence of ops some of which are made when first read (``_op(i)``, for an
+    index in range): indexing and slicing (slices are tuples) are written once here."""
+
+    __slots__ = ()
+
+    @abstractmethod
+    def _op(self, i: int) -> Op:
+        """The op at index ``i`` (0 <= i < len), made if it has not been."""
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return tuple(self._op(j) for j in range(*i.indices(len(self))))
+        if i < 0:
+            i += len(self)
+            if i < 0:
+                raise IndexError("op index out of range")
+        return self._op(i)
+
+    def __iter__(self):
+        for i in range(len(self)):
+            yield self._op(i)
+
+
+class Program(LazyOps):
     """A step's ops in program order, as a ``Builder`` appends them, with each run of copied
     layers (``Builder.append_copies``) kept as the ops it copies: a copy becomes its ``Op``
     record (its proto's, index and waits moved, with its own layer) when something first reads
@@ -188,21 +213,17 @@ class Program(Sequence):
     def __len__(self) -> int:
         return len(self._ops)
 
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            return tuple(self[j] for j in range(*i.indices(len(self._ops))))
+    def _op(self, i: int) -> Op:
         op = self._ops[i]
         if op is None:
-            if i < 0:
-                i += len(self._ops)
             op = self._ops[i] = self._copy(i)
         return op
 
-    def __iter__(self):
+    def __iter__(self):  # the ops made so far without a call each
         ops = self._ops
         for i in range(len(ops)):
             op = ops[i]
-            yield op if op is not None else self[i]
+            yield op if op is not None else self._op(i)
 
     def __eq__(self, other) -> bool:
         if not isinstance(other, Sequence) or isinstance(other, str):
@@ -240,7 +261,7 @@ class Program(Sequence):
     def _make_all(self) -> None:
         for i, op in enumerate(self._ops):
             if op is None:
-                self[i]
+                self._op(i)
 
 
 @dataclass(frozen=True, slots=True)
