@@ -108,6 +108,7 @@ def render(s: dict) -> str:
     word = "MEETS" if s["meets_target"] else "MISSES"
     lines.append(f"  verdict: {word} the {s['target_ms']:g} ms target (p99 {s['per_token_ms_p99']:.3f} ms, "
                  f"margin {s['margin_ms']:+.3f} ms)")
-    lines.append(f"  simulated {s['events']} events in {s['wall_s']:.2f} s")
+    lines.append(f"  simulated {s['events']} SimPy events in {s['wall_s']:.2f} s"
+                 + (" (a stream that shares no resource is timed without events)" if s["events"] == 0 else ""))
     return "\n".join(lines)
 
