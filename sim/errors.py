@@ -12,15 +12,14 @@ class ConfigError(Exception):
     """Bad input: a missing file, bad YAML, an unknown or missing key, a wrong value."""
 
     def __init__(self, file: str | None, key_path: str | None, expected: str, got: object = ...):
-        self.file = file or "<input>"
+        self.file = file  # None: a value given by name (a run's hardware, model, format or stack)
         self.key_path = key_path or ""
         self.expected = expected
         self.got = got
         super().__init__(str(self))
 
     def __str__(self) -> str:
-        where = f"{self.file}: {self.key_path}: " if self.key_path else f"{self.file}: "
-        text = where + self.expected
+        text = "".join(f"{part}: " for part in (self.file, self.key_path) if part) + self.expected
         if self.got is not ...:
             text += f", got {_short(self.got)}"
         return " ".join(text.split())

@@ -99,11 +99,22 @@ def _validated(model, raw: dict, version: tuple[str, int], overrides, prefix: st
     return _file_model(model, *version)
 
 
+def _by_name(key: str, find, name: str, *args):
+    """``find(name, *args)``; a name that is not there is said against the RunSpec ``key``
+    that gave it (``kv: unknown format 'x'``, not which lookup failed)."""
+    try:
+        return find(name, *args)
+    except ConfigError as err:
+        if err.file is not None:  # a file that is there but bad: its own path and key say where
+            raise
+        raise ConfigError(None, key, err.expected, err.got) from None
+
+
 def resolve(spec: RunSpec) -> RunSetup:
     """Resolve ``spec`` into a sealed RunSetup (ConfigError / SimulationError on bad input)."""
     spec = apply_run_overrides(spec)
-    hw_path = str(resolve_path(spec.hardware, hardware_dir(), "hardware"))
-    model_path = str(resolve_path(spec.model, models_dir(), "model"))
+    hw_path = str(_by_name("hardware", resolve_path, spec.hardware, hardware_dir(), "hardware"))
+    model_path = str(_by_name("model", resolve_path, spec.model, models_dir(), "model"))
     hw_version, model_version = _version(hw_path), _version(model_path)
     chips = () if spec.chips is None else (("hardware.system.chips", spec.chips),)
     overrides = (*chips, *spec.overrides)
@@ -114,14 +125,14 @@ def resolve(spec: RunSpec) -> RunSetup:
     # a run that names no stack runs the one its machine runs (a compiler's static schedule), else the default
     named = "software" in spec.model_fields_set
     if named or hardware.software is None:
-        stack = load_stack(spec.software)
+        stack = _by_name("software", load_stack, spec.software)
     else:
         try:
             stack = load_stack(hardware.software)
         except ConfigError as err:  # the profile names a stack that is not there: say so against the profile
             raise ConfigError(hw_path, "software", f"the stack this machine runs: {err.expected}",
                               hardware.software) from None
-    weights, kv = get_format(spec.weights), get_format(spec.kv)
+    weights, kv = _by_name("weights", get_format, spec.weights), _by_name("kv", get_format, spec.kv)
     tp, pp = parallelism(spec, hardware, model, hw_path)
     if spec.trace:
         steps = traces.read(spec.trace, spec.steps)

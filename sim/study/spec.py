@@ -512,7 +512,7 @@ def check_points(study: Study) -> None:
         except ConfigError as err:
             where = ", ".join(f"{p}={v!r}" for p, v in point.assignments) or "the base point"
             raise ConfigError(study.file, study_key(study.spec, err, point),
-                              f"{err.expected} (from {err.file}{': ' + err.key_path if err.key_path else ''}; "
+                              f"{err.expected} (from {': '.join(p for p in (err.file, err.key_path) if p)}; "
                               f"at {where})", err.got) from None
         misfit = _width_misfit(res)
         if misfit is not None:
