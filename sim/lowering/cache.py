@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from sim.lowering.decode import lower_step
-from sim.lowering.graph import LazyOps, Op, OpGraph, Work, live, make_work
+from sim.lowering.graph import LazyOps, Op, OpGraph, Program, Work, live, make_work
 from sim.lowering.ops import Ask, attention_ask, op_expander, prefill_attention_ask
 from sim.setup import RunSetup
 
@@ -72,17 +72,36 @@ class _Kind(NamedTuple):
     places: tuple[int, ...]
 
 
-def attention_ops(graph: OpGraph) -> list[Op]:
-    """The graph's attention ops in program order (those of a run of copies found from the span
-    it copies: each copy asks the same work at the same offset)."""
-    ops, out, at = graph.ops, [], 0
+class Place(NamedTuple):
+    """Where an attention op stands: its index, layer and breakdown rows."""
+
+    idx: int
+    layer: int
+    row: str
+    compute_row: str
+
+
+def attention_places(graph: OpGraph) -> list[Place]:
+    """The graph's attention ops in program order, as places (those of a run of copies found
+    from the span it copies, each copy asking the same work at the same offset, and read
+    without making the copy)."""
+    ops = graph.ops
+    layer_of = ops.layer_of if isinstance(ops, Program) else (lambda i: ops[i].layer)
+    out, at = [], 0
+
+    def place(op: Op) -> Place:
+        return Place(op.idx, op.layer, op.row, op.compute_row)
+
     for repeat in graph.repeats:
-        out.extend(op for op in ops[at:repeat.start] if op.work.kind == "attention")
-        offsets = [op.idx - repeat.start + repeat.length for op in ops[repeat.start - repeat.length:repeat.start]
-                   if op.work.kind == "attention"]
-        out.extend(ops[repeat.start + k * repeat.length + j] for k in range(repeat.count) for j in offsets)
+        out.extend(place(op) for op in ops[at:repeat.start] if op.work.kind == "attention")
+        span = [(op.idx - repeat.start + repeat.length, op) for op in ops[repeat.start - repeat.length:repeat.start]
+                if op.work.kind == "attention"]
+        for k in range(repeat.count):
+            for j, op in span:
+                i = repeat.start + k * repeat.length + j
+                out.append(Place(i, layer_of(i), op.row, op.compute_row))
         at = repeat.end
-    out.extend(op for op in ops[at:] if op.work.kind == "attention")
+    out.extend(place(op) for op in ops[at:] if op.work.kind == "attention")
     return out
 
 
@@ -109,10 +128,10 @@ class GraphCache:
         self.changed = None
         window = self.setup.model.window
         kinds: dict[tuple, list[int]] = {}
-        for op in attention_ops(graph):
-            kinds.setdefault((window(op.layer), op.row, op.compute_row), []).append(op.idx)
-        self._kinds = tuple(_Kind(graph.ops[idxs[0]].layer, (row, compute_row), tuple(idxs))
-                            for (_window, row, compute_row), idxs in kinds.items())
+        for place in attention_places(graph):
+            kinds.setdefault((window(place.layer), place.row, place.compute_row), []).append(place)
+        self._kinds = tuple(_Kind(places[0].layer, (row, compute_row), tuple(p.idx for p in places))
+                            for (_window, row, compute_row), places in kinds.items())
         self._works = [graph.ops[kind.places[0]].work for kind in self._kinds]
         return graph
 

@@ -219,6 +219,14 @@ class Program(LazyOps):
             op = self._ops[i] = self._copy(i)
         return op
 
+    def layer_of(self, i: int) -> int:
+        """Op ``i``'s layer (0 <= i < len), without making it if it is a copy not made yet."""
+        op = self._ops[i]
+        if op is not None:
+            return op.layer
+        start, length, _first, layers = self._regions[bisect_right(self._starts, i) - 1]
+        return layers[(i - start) // length]
+
     def __iter__(self):  # the ops made so far without a call each
         ops = self._ops
         for i in range(len(ops)):
