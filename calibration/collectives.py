@@ -184,7 +184,14 @@ def worker(rank, world, port, args, result_q):
         result_q.put({"error": repr(e), "rank": rank})
 
 
-def main():
+CSV_FIELDS = ["op", "mode", "world_size", "plumbing_check", "size", "hidden", "bytes", "median_us",
+              "p10_us", "p90_us", "median_us_max_over_ranks", "algbw_GBps", "busbw_GBps",
+              "n_inner", "trials", "gpu_name", "driver", "torch", "nccl", "note"]
+PLUMBING_NOTE = "PLUMBING CHECK ONLY: world size 1, NCCL does a local copy, no link is measured"
+
+
+def parse_args():
+    """The command line's options."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--world-size", type=int, default=None)
@@ -193,23 +200,32 @@ def main():
     ap.add_argument("--trials", type=int, default=25)
     ap.add_argument("--no-graph", action="store_true")
     ap.add_argument("--cpu", action="store_true")
-    args = ap.parse_args()
-    os.makedirs(args.out, exist_ok=True)
-    cuda = not args.cpu
-    world = args.world_size or (torch.cuda.device_count() if cuda else 2)
-    csv_name = args.csv_name or ("collectives_ws1.csv" if world == 1 else "collectives.csv")
+    return ap.parse_args()
+
+
+def _topology():
+    """nvidia-smi's topology matrix, or the error that kept it from running."""
+    try:
+        return subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True, timeout=30).stdout
+    except Exception as e:  # noqa: BLE001
+        return repr(e)
+
+
+def run_facts(cuda, world):
+    """Machine facts before the run: world size, the NVLS environment and, on GPUs, nvidia-smi's state
+    and topology."""
     facts = machine_facts(cuda)
     facts["world_size"] = world
     facts["env"] = {k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST",
                                                    "NVSHMEM_DISABLE_NVLS")}
     if cuda:
         facts["nvidia_smi_before"] = nvidia_smi_snapshot()
-        try:
-            facts["nvidia_smi_topo"] = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True,
-                                                      text=True, timeout=30).stdout
-        except Exception as e:  # noqa: BLE001
-            facts["nvidia_smi_topo"] = repr(e)
-    t0 = time.time()
+        facts["nvidia_smi_topo"] = _topology()
+    return facts
+
+
+def run_workers(world, args):
+    """Spawns one worker per rank, waits for all of them, and returns what they reported."""
     ctx = mp.get_context("spawn")
     q = ctx.SimpleQueue()
     port = _free_port()
@@ -221,41 +237,68 @@ def main():
     results = []
     while not q.empty():
         results.append(q.get())
+    return results
+
+
+def _driver(facts):
+    """The driver version from the nvidia-smi snapshot taken before the run ("" without one)."""
+    lines = (facts.get("nvidia_smi_before") or {}).get("query", "").splitlines()
+    if len(lines) > 1 and "," in lines[1]:
+        return lines[1].split(",")[1].strip()
+    return ""
+
+
+def csv_row(r, world, facts, driver, nccl):
+    """The CSV row of one measured collective: its bandwidths from the max over ranks of the medians,
+    and the machine it ran on."""
+    m = r.get("median_us_max_over_ranks")
+    alg = r["bytes"] / (m * 1e-6) / 1e9 if m and m == m else float("nan")
+    fac = (2 * (world - 1) / world) if r["op"] == "all_reduce" else ((world - 1) / world)
+    note = PLUMBING_NOTE if world == 1 else ""
+    return dict(world_size=world, plumbing_check=world == 1, algbw_GBps=alg, busbw_GBps=alg * fac,
+                gpu_name=facts.get("gpu_name", "cpu"), driver=driver, torch=torch.__version__,
+                nccl=nccl, note=(r.get("note", "") + (" " if r.get("note") else "") + note).strip(),
+                **{k: v for k, v in r.items() if k != "note"})
+
+
+def write_csv(path, res, world, facts):
+    """Writes rank 0's rows to the CSV."""
+    out = CsvOut(path, CSV_FIELDS)
+    driver = _driver(facts)
+    for r in res["rows"]:
+        out.row(**csv_row(r, world, facts, driver, res["nccl"]))
+    out.close()
+
+
+def print_results(csv_name, res):
+    """Prints the correctness checks and one line per measured collective."""
+    print(f"wrote {csv_name}: {len(res['rows'])} rows; allreduce ok={res['ok_allreduce']} "
+          f"a2a ok={res['ok_all_to_all']}", flush=True)
+    for r in res["rows"]:
+        print(f"  {r['op']:10s} {r['mode']:5s} size={r['size']:5d} hidden={r['hidden']:5d} "
+              f"bytes={r['bytes']:9d}  {r.get('median_us_max_over_ranks', float('nan')):9.2f} us "
+              f"{r.get('note', '')}", flush=True)
+
+
+def main():
+    args = parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    cuda = not args.cpu
+    world = args.world_size or (torch.cuda.device_count() if cuda else 2)
+    csv_name = args.csv_name or ("collectives_ws1.csv" if world == 1 else "collectives.csv")
+    facts = run_facts(cuda, world)
+    t0 = time.time()
+    results = run_workers(world, args)
     facts["elapsed_s"] = time.time() - t0
     res = next((r for r in results if "rows" in r), None)
     errs = [r for r in results if "error" in r]
     facts["errors"] = errs
-    plumbing = world == 1
-    note = ("PLUMBING CHECK ONLY: world size 1, NCCL does a local copy, no link is measured" if plumbing
-            else "")
     if res is not None:
         facts["correct_allreduce"] = res["ok_allreduce"]
         facts["correct_all_to_all"] = res["ok_all_to_all"]
         facts["nccl"] = res["nccl"]
-        out = CsvOut(os.path.join(args.out, csv_name),
-                     ["op", "mode", "world_size", "plumbing_check", "size", "hidden", "bytes", "median_us",
-                      "p10_us", "p90_us", "median_us_max_over_ranks", "algbw_GBps", "busbw_GBps",
-                      "n_inner", "trials", "gpu_name", "driver", "torch", "nccl", "note"])
-        drv = ""
-        q_ = (facts.get("nvidia_smi_before") or {}).get("query", "")
-        lines = q_.splitlines()
-        if len(lines) > 1:
-            drv = lines[1].split(",")[1].strip() if "," in lines[1] else ""
-        for r in res["rows"]:
-            m = r.get("median_us_max_over_ranks")
-            alg = r["bytes"] / (m * 1e-6) / 1e9 if m and m == m else float("nan")
-            fac = (2 * (world - 1) / world) if r["op"] == "all_reduce" else ((world - 1) / world)
-            out.row(world_size=world, plumbing_check=plumbing, algbw_GBps=alg, busbw_GBps=alg * fac,
-                    gpu_name=facts.get("gpu_name", "cpu"), driver=drv, torch=torch.__version__,
-                    nccl=res["nccl"], note=(r.get("note", "") + (" " if r.get("note") else "") + note).strip(),
-                    **{k: v for k, v in r.items() if k != "note"})
-        out.close()
-        print(f"wrote {csv_name}: {len(res['rows'])} rows; allreduce ok={res['ok_allreduce']} "
-              f"a2a ok={res['ok_all_to_all']}", flush=True)
-        for r in res["rows"]:
-            print(f"  {r['op']:10s} {r['mode']:5s} size={r['size']:5d} hidden={r['hidden']:5d} "
-                  f"bytes={r['bytes']:9d}  {r.get('median_us_max_over_ranks', float('nan')):9.2f} us "
-                  f"{r.get('note', '')}", flush=True)
+        write_csv(os.path.join(args.out, csv_name), res, world, facts)
+        print_results(csv_name, res)
     else:
         print("!! no results", errs, flush=True)
     if cuda:

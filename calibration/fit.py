@@ -434,6 +434,78 @@ def compute(data_dir):
     return fig, machine
 
 
+REPEATS = (("run2", "run2"), ("eager_repeat_r1", "eager_repeat/r1"), ("eager_repeat_r2", "eager_repeat/r2"),
+           ("eager_repeat_r3", "eager_repeat/r3"), ("eager_repeat_pinned_cpu3", "eager_repeat/pin"))
+
+
+def repeatability(fig, r2):
+    """The key figures of run 1 and of the repeat in r2, with their relative differences."""
+    fig2, _ = compute(r2)
+    k1, k2 = key_numbers(fig), key_numbers(fig2)
+    return {
+        "method": "the same microbenchmarks run again (calibration/data/h200/run2), same fits",
+        "run1": k1, "run2": k2,
+        "rel_diff": {k: (r((k2[k] - k1[k]) / k1[k]) if k1.get(k) and k2.get(k) is not None else None) for k in k1},
+    }
+
+
+def add_sustained(fig, r2):
+    """Adds the repeat run's sustained-GEMM windows to matrix_efficiency where run 1 has none."""
+    me = fig.get("matrix_efficiency")
+    g2 = load(r2, "gemm.csv") if os.path.isdir(r2) else None
+    if me is None or "sustained" in me or g2 is None:
+        return
+    sus = g2[g2.kind.astype(str).str.startswith("large_square_sustained")]
+    if len(sus):
+        v = sus.achieved_TFLOPs.values
+        me["sustained"] = {
+            "windows": int(len(v)), "first_window_TFLOPs": r(float(v[0]), 1),
+            "last_window_TFLOPs": r(float(v[-1]), 1), "median_TFLOPs": r(float(np.median(v)), 1),
+            "median_efficiency": r(float(np.median(v)) / BF16_PEAK_TFLOPS),
+            "method": ("3 s of back-to-back 8192^3 bf16 products, median per window of 20; SM clock "
+                       "fell to about 1485 MHz at the 700 W power limit (see run2/machine_microbench.json)"),
+            "source": src(r2, "gemm.csv")}
+
+
+def step_repeats(steps, data_dir):
+    """Per (batch, context, graph): the decode step's median in every repeat of it, and their spread."""
+    reps = {"run1": steps}
+    for name, sub in REPEATS:
+        x = load(os.path.join(data_dir, sub), "decode_steps.csv")
+        if x is not None:
+            reps[name] = x
+    spread = []
+    for (b, L, gr), _ in steps.groupby(["batch", "context", "graph"]):
+        vals = {n: float(x[(x.batch == b) & (x.context == L) & (x.graph == gr)].median_ms.iloc[0])
+                for n, x in reps.items() if len(x[(x.batch == b) & (x.context == L) & (x.graph == gr)])}
+        v = np.array(list(vals.values()))
+        spread.append({"batch": int(b), "context": int(L), "graph": bool(gr),
+                       "median_ms_by_run": {k: r(x, 3) for k, x in vals.items()},
+                       "min_ms": r(float(v.min()), 3), "max_ms": r(float(v.max()), 3),
+                       "max_over_min": r(float(v.max() / v.min()), 3)})
+    return spread
+
+
+def validation_table(steps, data_dir):
+    """The held-out decode-step latencies, copied through, with the spread over their repeats."""
+    cols = ["batch", "context", "graph", "median_ms", "p10_ms", "p90_ms", "kernels_per_step"]
+    table = {
+        "held_out": True,
+        "note": "copied through for validation of the simulator; no figure above is fitted to it",
+        "rows": [{c: (r(v, 4) if isinstance(v, float) else (v.item() if hasattr(v, "item") else v))
+                  for c, v in row.items()} for row in steps[cols].to_dict("records")],
+        "source": src(data_dir, "decode_steps.csv"),
+    }
+    # repeats of the same held-out measurement (spread only; nothing is fitted to them)
+    table["repeats"] = {
+        "rows": step_repeats(steps, data_dir),
+        "note": ("separate processes on fresh or warm machines; graph replays repeat within a few per cent; "
+                 "eager steps are host-bound (about 1 ms of host time per layer) and vary by up to 2x "
+                 "between processes, also with the process pinned to one CPU"),
+        "source": "measured: calibration/data/h200/{decode_steps.csv,run2/,eager_repeat/} via calibration/fit.py"}
+    return table
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", default=os.path.join(HERE, "data", "h200"))
@@ -453,58 +525,12 @@ def main():
     }
     r2 = os.path.join(args.data, "run2")
     if os.path.isdir(r2) and os.path.exists(os.path.join(r2, "hbm_bandwidth.csv")):
-        fig2, _ = compute(r2)
-        k1, k2 = key_numbers(fig), key_numbers(fig2)
-        doc["repeatability"] = {
-            "method": "the same microbenchmarks run again (calibration/data/h200/run2), same fits",
-            "run1": k1, "run2": k2,
-            "rel_diff": {k: (r((k2[k] - k1[k]) / k1[k]) if k1.get(k) and k2.get(k) is not None else None) for k in k1},
-        }
+        doc["repeatability"] = repeatability(fig, r2)
     # sustained-GEMM windows may only exist in the repeat run
-    me = fig.get("matrix_efficiency")
-    g2 = load(r2, "gemm.csv") if os.path.isdir(r2) else None
-    if me is not None and "sustained" not in me and g2 is not None:
-        sus = g2[g2.kind.astype(str).str.startswith("large_square_sustained")]
-        if len(sus):
-            v = sus.achieved_TFLOPs.values
-            me["sustained"] = {
-                "windows": int(len(v)), "first_window_TFLOPs": r(float(v[0]), 1),
-                "last_window_TFLOPs": r(float(v[-1]), 1), "median_TFLOPs": r(float(np.median(v)), 1),
-                "median_efficiency": r(float(np.median(v)) / BF16_PEAK_TFLOPS),
-                "method": ("3 s of back-to-back 8192^3 bf16 products, median per window of 20; SM clock "
-                           "fell to about 1485 MHz at the 700 W power limit (see run2/machine_microbench.json)"),
-                "source": src(r2, "gemm.csv")}
+    add_sustained(fig, r2)
     steps = load(args.data, "decode_steps.csv")
     if steps is not None:
-        cols = ["batch", "context", "graph", "median_ms", "p10_ms", "p90_ms", "kernels_per_step"]
-        doc["decode_step_validation_table"] = {
-            "held_out": True,
-            "note": "copied through for validation of the simulator; no figure above is fitted to it",
-            "rows": [{c: (r(v, 4) if isinstance(v, float) else (v.item() if hasattr(v, "item") else v))
-                      for c, v in row.items()} for row in steps[cols].to_dict("records")],
-            "source": src(args.data, "decode_steps.csv"),
-        }
-        # repeats of the same held-out measurement (spread only; nothing is fitted to them)
-        reps = {"run1": steps}
-        for name, sub in (("run2", "run2"), ("eager_repeat_r1", "eager_repeat/r1"), ("eager_repeat_r2", "eager_repeat/r2"),
-                          ("eager_repeat_r3", "eager_repeat/r3"), ("eager_repeat_pinned_cpu3", "eager_repeat/pin")):
-            x = load(os.path.join(args.data, sub), "decode_steps.csv")
-            if x is not None:
-                reps[name] = x
-        spread = []
-        for (b, L, gr), _ in steps.groupby(["batch", "context", "graph"]):
-            vals = {n: float(x[(x.batch == b) & (x.context == L) & (x.graph == gr)].median_ms.iloc[0])
-                    for n, x in reps.items() if len(x[(x.batch == b) & (x.context == L) & (x.graph == gr)])}
-            v = np.array(list(vals.values()))
-            spread.append({"batch": int(b), "context": int(L), "graph": bool(gr), "median_ms_by_run": {k: r(x, 3) for k, x in vals.items()},
-                           "min_ms": r(float(v.min()), 3), "max_ms": r(float(v.max()), 3),
-                           "max_over_min": r(float(v.max() / v.min()), 3)})
-        doc["decode_step_validation_table"]["repeats"] = {
-            "rows": spread,
-            "note": ("separate processes on fresh or warm machines; graph replays repeat within a few per cent; "
-                     "eager steps are host-bound (about 1 ms of host time per layer) and vary by up to 2x "
-                     "between processes, also with the process pinned to one CPU"),
-            "source": "measured: calibration/data/h200/{decode_steps.csv,run2/,eager_repeat/} via calibration/fit.py"}
+        doc["decode_step_validation_table"] = validation_table(steps, args.data)
     with open(args.out, "w") as f:
         json.dump(doc, f, indent=1)
     k = key_numbers(fig)

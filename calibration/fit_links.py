@@ -128,6 +128,46 @@ def _display(path: Path) -> str:
         return str(path)
 
 
+def _columns(reader: csv.DictReader, name: str) -> tuple[set[str], str]:
+    """The CSV's columns and the one its times are read from; refuses a CSV without the needed columns."""
+    fields = set(reader.fieldnames or ())
+    missing = {"op", "world_size", "bytes", "median_us"} - fields
+    if missing:
+        raise ConfigError(name, None, f"missing columns {sorted(missing)}; expected calibration/collectives.py's "
+                                      "CSV (op, mode, world_size, plumbing_check, bytes, median_us, ...)")
+    time_key = "median_us_max_over_ranks" if "median_us_max_over_ranks" in fields else "median_us"
+    return fields, time_key
+
+
+def _world_size(raw: dict, name: str, line: int) -> int:
+    """The row's world size; a plumbing-check or world-size-1 row refuses the file."""
+    if (raw.get("plumbing_check") or "").strip().lower() in TRUE:
+        raise ConfigError(name, f"line {line}.plumbing_check", PLUMBING, raw["plumbing_check"])
+    try:
+        n = int(raw["world_size"])
+    except (TypeError, ValueError):
+        raise ConfigError(name, f"line {line}.world_size", "expected an integer", raw["world_size"]) from None
+    if n == 1:
+        raise ConfigError(name, f"line {line}.world_size", PLUMBING, n)
+    if n < 1:
+        raise ConfigError(name, f"line {line}.world_size", "expected an integer >= 2", n)
+    return n
+
+
+def _size_and_time(raw: dict, name: str, line: int, time_key: str) -> tuple[float, float] | None:
+    """The row's message bytes and time in microseconds, or None for a row without a time."""
+    text = (raw.get(time_key) or "").strip()
+    if not text or text.lower() == "nan":
+        return None  # e.g. "graph capture failed" rows carry no time
+    try:
+        size, us = float(raw["bytes"]), float(text)
+    except ValueError as err:
+        raise ConfigError(name, f"line {line}", f"expected numbers in bytes and {time_key} ({err})") from None
+    if not (size > 0 and us > 0 and math.isfinite(size) and math.isfinite(us)):
+        raise ConfigError(name, f"line {line}", f"expected bytes > 0 and {time_key} > 0", (size, us))
+    return size, us
+
+
 def read_csv(path: str | Path, mode: str | None = "graph", ops: tuple[str, ...] = ("allreduce", "alltoall")
              ) -> list[Row]:
     """The rows of ``mode`` (None: all) and ``ops``; a plumbing-check or world-size-1 row refuses the file."""
@@ -138,38 +178,17 @@ def read_csv(path: str | Path, mode: str | None = "graph", ops: tuple[str, ...] 
     rows = []
     with open(path, newline="") as handle:
         reader = csv.DictReader(handle)
-        fields = set(reader.fieldnames or ())
-        missing = {"op", "world_size", "bytes", "median_us"} - fields
-        if missing:
-            raise ConfigError(name, None, f"missing columns {sorted(missing)}; expected calibration/collectives.py's "
-                                          "CSV (op, mode, world_size, plumbing_check, bytes, median_us, ...)")
-        time_key = "median_us_max_over_ranks" if "median_us_max_over_ranks" in fields else "median_us"
+        fields, time_key = _columns(reader, name)
         for line, raw in enumerate(reader, start=2):
-            if (raw.get("plumbing_check") or "").strip().lower() in TRUE:
-                raise ConfigError(name, f"line {line}.plumbing_check", PLUMBING, raw["plumbing_check"])
-            try:
-                n = int(raw["world_size"])
-            except (TypeError, ValueError):
-                raise ConfigError(name, f"line {line}.world_size", "expected an integer", raw["world_size"]) from None
-            if n == 1:
-                raise ConfigError(name, f"line {line}.world_size", PLUMBING, n)
-            if n < 1:
-                raise ConfigError(name, f"line {line}.world_size", "expected an integer >= 2", n)
+            n = _world_size(raw, name, line)
             op = OPS.get((raw["op"] or "").strip().lower())
             if op is None:
                 raise ConfigError(name, f"line {line}.op", "expected all_reduce or all_to_all", raw["op"])
             if op not in ops or (mode is not None and "mode" in fields and raw["mode"].strip().lower() != mode):
                 continue
-            text = (raw.get(time_key) or "").strip()
-            if not text or text.lower() == "nan":
-                continue  # e.g. "graph capture failed" rows carry no time
-            try:
-                size, us = float(raw["bytes"]), float(text)
-            except ValueError as err:
-                raise ConfigError(name, f"line {line}", f"expected numbers in bytes and {time_key} ({err})") from None
-            if not (size > 0 and us > 0 and math.isfinite(size) and math.isfinite(us)):
-                raise ConfigError(name, f"line {line}", f"expected bytes > 0 and {time_key} > 0", (size, us))
-            rows.append(Row(name, line, op, n, size, us * 1e3))
+            timed = _size_and_time(raw, name, line, time_key)
+            if timed is not None:
+                rows.append(Row(name, line, op, n, timed[0], timed[1] * 1e3))
     return rows
 
 

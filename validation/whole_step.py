@@ -124,6 +124,26 @@ def parse_args(argv=None):
     return args
 
 
+def run_outcome(args, runner, cases) -> dict:
+    """What the run did, for steps_summary.json: wall time and budget use, cases and profiles not run,
+    errors, skips, profiles and the grouped-kernel checks."""
+    return {
+        "wall_s": round(runner.elapsed(), 1), "budget_s": args.budget_s,
+        "truncated_by_budget": bool(runner.not_run or runner.profiles_not_run), "not_run": runner.not_run,
+        "profiles_not_run": runner.profiles_not_run,
+        "profile_errors": {k: v["error"] for k, v in runner.profiled.items() if v.get("error")},
+        "cases": len(cases), "measured": sum(1 for r in runner.results if r.get("median_ms") is not None
+                                             and not r.get("error")),
+        "errors": {r["case_id"]: r["error"] for r in runner.results if r.get("error")},
+        "skipped": {r["case_id"]: r["skipped_reason"] for r in runner.results if r.get("skipped_reason")},
+        "profiles": runner.profiled, "grouped_checks": runner.checks,
+        "notes": ["loop (graph): routing read before capture; the graph replays that routing",
+                  "loop_sync: Hugging Face's loop, 1 + 2 x touched host syncs per MoE layer",
+                  "Phi-3's sliding_window 2047 is not applied (no attention mask anywhere)",
+                  "Triton under TRITON_INTERPRET=1: bf16 is upcast to fp32 before tl.dot, and fp32 -> bf16 "
+                  "stores truncate (the GPU rounds to nearest), so CPU bf16 checks read ~1e-2"]}
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if not args.cpu and not torch.cuda.is_available():
@@ -146,21 +166,7 @@ def main(argv=None) -> int:
         runner.run(cases)
     finally:
         runner.close()
-        summary.update({
-            "wall_s": round(runner.elapsed(), 1), "budget_s": args.budget_s,
-            "truncated_by_budget": bool(runner.not_run or runner.profiles_not_run), "not_run": runner.not_run,
-            "profiles_not_run": runner.profiles_not_run,
-            "profile_errors": {k: v["error"] for k, v in runner.profiled.items() if v.get("error")},
-            "cases": len(cases), "measured": sum(1 for r in runner.results if r.get("median_ms") is not None
-                                                 and not r.get("error")),
-            "errors": {r["case_id"]: r["error"] for r in runner.results if r.get("error")},
-            "skipped": {r["case_id"]: r["skipped_reason"] for r in runner.results if r.get("skipped_reason")},
-            "profiles": runner.profiled, "grouped_checks": runner.checks,
-            "notes": ["loop (graph): routing read before capture; the graph replays that routing",
-                      "loop_sync: Hugging Face's loop, 1 + 2 x touched host syncs per MoE layer",
-                      "Phi-3's sliding_window 2047 is not applied (no attention mask anywhere)",
-                      "Triton under TRITON_INTERPRET=1: bf16 is upcast to fp32 before tl.dot, and fp32 -> bf16 "
-                      "stores truncate (the GPU rounds to nearest), so CPU bf16 checks read ~1e-2"]})
+        summary.update(run_outcome(args, runner, cases))
         if runner.cuda:
             summary["nvidia_smi_after"] = nvidia_smi_snapshot()
         write_json(str(Path(args.out) / "steps_summary.json"), summary)
