@@ -24,6 +24,7 @@ import statistics
 import sys
 import time
 import traceback
+from dataclasses import dataclass, field
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -37,6 +38,10 @@ LLAMA3_8B = dict(layers=32, hidden=4096, n_q=32, n_kv=8, head_dim=128, ffn=14336
                  eps=1e-5, rope_theta=500000.0)
 TINY = dict(layers=2, hidden=256, n_q=4, n_kv=2, head_dim=64, ffn=512, vocab=1000, eps=1e-5,
             rope_theta=500000.0)
+STEP_FIELDS = ["batch", "context", "graph", "median_ms", "p10_ms", "p90_ms", "wall_median_ms",
+               "kernels_per_step", "n_reps", "weight_bytes", "kv_bytes", "bytes_per_step",
+               "achieved_GBps", "check", "note"]
+KERNEL_FIELDS = ["batch", "context", "scope", "kernel_name", "count", "is_kernel"]
 
 
 class Weights:
@@ -245,7 +250,23 @@ def step_grid(args, mode):
     return batches, contexts, eager
 
 
-def main():
+@dataclass
+class StepRun:
+    """What every configuration of one run shares: arguments, device, model, CSV outputs and notes."""
+    args: argparse.Namespace
+    cuda: bool
+    dev: torch.device
+    dt: torch.dtype
+    cfg: dict
+    W: Weights
+    eager_batches: set
+    steps: CsvOut
+    kern: CsvOut
+    notes: dict = field(default_factory=dict)
+
+
+def parse_args():
+    """Command-line arguments."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--cpu", action="store_true")
@@ -256,7 +277,145 @@ def main():
     ap.add_argument("--eager-batches", default=None,
                     help="batches also timed eagerly (the brief requires 1)")
     ap.add_argument("--host-profile", action="store_true", help="also write host-time diagnostics")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def bytes_per_step(W, dec):
+    """Bytes one decode step reads: the weights less the embedding table (only B of its rows are
+    read) and the KV cache."""
+    return W.bytes - W.emb.numel() * 2 + dec.kv_bytes
+
+
+def count_config_kernels(run, dec, tag):
+    """Counts the kernels of one eager step and of one layer: rows into decode_kernels.csv, counts
+    into the notes under tag; returns (kernels per step, kernels per layer)."""
+    B, L = dec.B, dec.L
+    c_step = count_kernels(dec.step, run.cuda)
+    cos, sin = dec.rope_at_pos()
+    h0 = torch.randn(B, run.cfg["hidden"], device=run.dev, dtype=run.dt)
+    c_layer = count_kernels(lambda: dec.layer(0, h0, cos, sin), run.cuda)
+    k_step = sum(v for n, v in c_step.items() if is_kernel(n))
+    k_layer = sum(v for n, v in c_layer.items() if is_kernel(n))
+    k_all = sum(c_step.values())
+    run.notes[tag] = {"kernels_per_step": k_step, "device_ops_per_step_incl_memcpy_memset": k_all,
+                      "kernels_per_layer": k_layer,
+                      "kernels_outside_layers": k_step - run.cfg["layers"] * k_layer}
+    for scope, counts in (("step", c_step), ("layer", c_layer)):
+        for n, v in sorted(counts.items(), key=lambda kv: -kv[1]):
+            run.kern.row(batch=B, context=L, scope=scope, kernel_name=n, count=v, is_kernel=is_kernel(n))
+    return k_step, k_layer
+
+
+def timed_row(run, dec, graph, ev, wall, kernels, check, note):
+    """Writes one timed decode_steps.csv row from event times ev and wall times (ms); returns the
+    median step time (ms)."""
+    med = statistics.median(ev)
+    bytes_step = bytes_per_step(run.W, dec)
+    run.steps.row(batch=dec.B, context=dec.L, graph=graph, median_ms=med, p10_ms=pct(ev, 10),
+                  p90_ms=pct(ev, 90), wall_median_ms=statistics.median(wall),
+                  kernels_per_step=kernels, n_reps=len(ev), weight_bytes=run.W.bytes,
+                  kv_bytes=dec.kv_bytes, bytes_per_step=bytes_step,
+                  achieved_GBps=bytes_step / (med * 1e-3) / 1e9, check=check, note=note)
+    return med
+
+
+def time_eager(run, dec, tag, finite, k_step, k_layer):
+    """Times synchronized eager steps; writes the graph=false row."""
+    ev, wall = synced_step_ms(dec.step, run.args.eager_reps if run.cuda else 3, run.cuda, warmup=2)
+    med = timed_row(run, dec, "false", ev, wall, k_step, f"finite={finite}",
+                    "eager; each step synchronized; CUDA events")
+    log(f"{tag} eager : {med:8.3f} ms (wall {statistics.median(wall):8.3f}) "
+        f"kernels/step {k_step} per layer {k_layer}")
+
+
+def capture_step(dec):
+    """Warms up on a side stream, captures one step into a CUDA graph and replays it once;
+    returns (graph, its output tensor)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            dec.step()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        static_out = dec.step()
+    g.replay()
+    torch.cuda.synchronize()
+    return g, static_out
+
+
+def graph_kernels(run, g, tag):
+    """Kernels counted by profiling one replay of graph g; -1 (and a note) when profiling failed."""
+    try:
+        c_graph = count_kernels(g.replay, run.cuda)
+        return sum(v for n, v in c_graph.items() if is_kernel(n))
+    except Exception as e:  # noqa: BLE001
+        run.notes[tag + "_graph_profile_error"] = repr(e)
+        return -1
+
+
+def time_graph(run, dec, tag, finite, k_step):
+    """Captures a step as a CUDA graph, compares a replay with an eager step and times synchronized
+    replays; writes the graph=true row."""
+    g, static_out = capture_step(dec)
+    eager_out = dec.step()
+    torch.cuda.synchronize()
+    diff = float((static_out.float() - eager_out.float()).abs().max())
+    scale = float(eager_out.float().abs().max())
+    k_graph = graph_kernels(run, g, tag)
+    ev, wall = synced_step_ms(g.replay, run.args.graph_reps, run.cuda, warmup=3)
+    med = timed_row(run, dec, "true", ev, wall, k_graph if k_graph > 0 else k_step,
+                    f"finite={finite};graph_vs_eager_maxabs={diff:.3g};maxabs={scale:.3g}",
+                    ("CUDA graph replay; each replay synchronized; CUDA events; "
+                     + ("kernels counted by profiling a replay" if k_graph > 0
+                        else "kernels = eager count (replay profile gave none)")))
+    run.notes[tag]["kernels_in_graph_replay_profile"] = k_graph
+    bytes_step = bytes_per_step(run.W, dec)
+    log(f"{tag} graph : {med:8.3f} ms (wall {statistics.median(wall):8.3f}) "
+        f"{bytes_step / (med * 1e-3) / 1e9:7.1f} GB/s  diff {diff:.3g}  kernels(graph) {k_graph}")
+
+
+def measure_config(run, B, L):
+    """Builds the decoder of one (batch, context), counts its kernels and times it eagerly (batches
+    of --eager-batches) and as a CUDA graph (on the device); a failure becomes an error row.
+    Frees the KV cache afterwards."""
+    tag = f"B{B}_L{L}"
+    dec = ref = None
+    try:
+        t0 = time.time()
+        dec = Decoder(run.W, B, L, run.dev, run.dt)
+        # eager warm-up (also cuBLAS / SDPA handle creation)
+        ref = dec.step()
+        if run.cuda:
+            torch.cuda.synchronize()
+        finite = bool(torch.isfinite(ref.float()).all())
+        k_step, k_layer = count_config_kernels(run, dec, tag)
+        if B in run.eager_batches:
+            time_eager(run, dec, tag, finite, k_step, k_layer)
+        if run.cuda:
+            time_graph(run, dec, tag, finite, k_step)
+        run.notes[tag]["seconds"] = time.time() - t0
+    except Exception as e:  # noqa: BLE001
+        log(f"!! {tag} failed: {e!r}")
+        traceback.print_exc()
+        run.notes[tag + "_error"] = repr(e)
+        run.steps.row(batch=B, context=L, graph="error", note=f"failed: {e!r}"[:300])
+    finally:
+        del ref
+        if dec is not None:
+            dec.free()
+        del dec
+        if run.cuda:
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+
+
+def main():
+    """Times every (batch, context) of the sweep, then the optional host profile; writes
+    decode_steps.csv, decode_kernels.csv and machine_decode.json into --out."""
+    args = parse_args()
     os.makedirs(args.out, exist_ok=True)
     cuda = not args.cpu
     dev = torch.device("cuda" if cuda else "cpu")
@@ -278,110 +437,17 @@ def main():
     log(f"weights: {W.bytes / 1e9:.3f} GB, init {time.time() - t_start:.1f} s")
     facts["weight_bytes"] = W.bytes
 
-    steps = CsvOut(os.path.join(args.out, "decode_steps.csv"),
-                   ["batch", "context", "graph", "median_ms", "p10_ms", "p90_ms", "wall_median_ms",
-                    "kernels_per_step", "n_reps", "weight_bytes", "kv_bytes", "bytes_per_step",
-                    "achieved_GBps", "check", "note"])
-    kern = CsvOut(os.path.join(args.out, "decode_kernels.csv"),
-                  ["batch", "context", "scope", "kernel_name", "count", "is_kernel"])
-    notes = {}
+    run = StepRun(args=args, cuda=cuda, dev=dev, dt=dt, cfg=cfg, W=W, eager_batches=eager_batches,
+                  steps=CsvOut(os.path.join(args.out, "decode_steps.csv"), STEP_FIELDS),
+                  kern=CsvOut(os.path.join(args.out, "decode_kernels.csv"), KERNEL_FIELDS))
     for B in batches:
         for L in contexts:
-            tag = f"B{B}_L{L}"
-            dec = None
-            g = None
-            static_out = eager_out = ref = None
-            try:
-                t0 = time.time()
-                dec = Decoder(W, B, L, dev, dt)
-                bytes_step = W.bytes - W.emb.numel() * 2 + dec.kv_bytes  # embedding: only B rows read
-                # eager warm-up (also cuBLAS / SDPA handle creation)
-                ref = dec.step()
-                if cuda:
-                    torch.cuda.synchronize()
-                finite = bool(torch.isfinite(ref.float()).all())
-                # kernel counts from one eager step and one layer
-                c_step = count_kernels(dec.step, cuda)
-                cos, sin = dec.rope_at_pos()
-                h0 = torch.randn(B, cfg["hidden"], device=dev, dtype=dt)
-                c_layer = count_kernels(lambda: dec.layer(0, h0, cos, sin), cuda)
-                k_step = sum(v for n, v in c_step.items() if is_kernel(n))
-                k_layer = sum(v for n, v in c_layer.items() if is_kernel(n))
-                k_all = sum(c_step.values())
-                notes[tag] = {"kernels_per_step": k_step, "device_ops_per_step_incl_memcpy_memset": k_all,
-                              "kernels_per_layer": k_layer,
-                              "kernels_outside_layers": k_step - cfg["layers"] * k_layer}
-                for n, v in sorted(c_step.items(), key=lambda kv: -kv[1]):
-                    kern.row(batch=B, context=L, scope="step", kernel_name=n, count=v, is_kernel=is_kernel(n))
-                for n, v in sorted(c_layer.items(), key=lambda kv: -kv[1]):
-                    kern.row(batch=B, context=L, scope="layer", kernel_name=n, count=v, is_kernel=is_kernel(n))
-                if B in eager_batches:
-                    ev, wall = synced_step_ms(dec.step, args.eager_reps if cuda else 3, cuda, warmup=2)
-                    med = statistics.median(ev)
-                    steps.row(batch=B, context=L, graph="false", median_ms=med, p10_ms=pct(ev, 10),
-                              p90_ms=pct(ev, 90), wall_median_ms=statistics.median(wall),
-                              kernels_per_step=k_step, n_reps=len(ev), weight_bytes=W.bytes,
-                              kv_bytes=dec.kv_bytes, bytes_per_step=bytes_step,
-                              achieved_GBps=bytes_step / (med * 1e-3) / 1e9, check=f"finite={finite}",
-                              note="eager; each step synchronized; CUDA events")
-                    log(f"{tag} eager : {med:8.3f} ms (wall {statistics.median(wall):8.3f}) "
-                        f"kernels/step {k_step} per layer {k_layer}")
-                if cuda:
-                    s = torch.cuda.Stream()
-                    s.wait_stream(torch.cuda.current_stream())
-                    with torch.cuda.stream(s):
-                        for _ in range(3):
-                            dec.step()
-                    torch.cuda.current_stream().wait_stream(s)
-                    torch.cuda.synchronize()
-                    g = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(g):
-                        static_out = dec.step()
-                    g.replay()
-                    torch.cuda.synchronize()
-                    eager_out = dec.step()
-                    torch.cuda.synchronize()
-                    diff = float((static_out.float() - eager_out.float()).abs().max())
-                    scale = float(eager_out.float().abs().max())
-                    try:
-                        c_graph = count_kernels(g.replay, cuda)
-                        k_graph = sum(v for n, v in c_graph.items() if is_kernel(n))
-                    except Exception as e:  # noqa: BLE001
-                        k_graph = -1
-                        notes[tag + "_graph_profile_error"] = repr(e)
-                    ev, wall = synced_step_ms(g.replay, args.graph_reps, cuda, warmup=3)
-                    med = statistics.median(ev)
-                    steps.row(batch=B, context=L, graph="true", median_ms=med, p10_ms=pct(ev, 10),
-                              p90_ms=pct(ev, 90), wall_median_ms=statistics.median(wall),
-                              kernels_per_step=k_graph if k_graph > 0 else k_step, n_reps=len(ev),
-                              weight_bytes=W.bytes, kv_bytes=dec.kv_bytes, bytes_per_step=bytes_step,
-                              achieved_GBps=bytes_step / (med * 1e-3) / 1e9,
-                              check=f"finite={finite};graph_vs_eager_maxabs={diff:.3g};maxabs={scale:.3g}",
-                              note=("CUDA graph replay; each replay synchronized; CUDA events; "
-                                    + ("kernels counted by profiling a replay" if k_graph > 0
-                                       else "kernels = eager count (replay profile gave none)")))
-                    notes[tag]["kernels_in_graph_replay_profile"] = k_graph
-                    log(f"{tag} graph : {med:8.3f} ms (wall {statistics.median(wall):8.3f}) "
-                        f"{bytes_step / (med * 1e-3) / 1e9:7.1f} GB/s  diff {diff:.3g}  kernels(graph) {k_graph}")
-                notes[tag]["seconds"] = time.time() - t0
-            except Exception as e:  # noqa: BLE001
-                log(f"!! {tag} failed: {e!r}")
-                traceback.print_exc()
-                notes[tag + "_error"] = repr(e)
-                steps.row(batch=B, context=L, graph="error", note=f"failed: {e!r}"[:300])
-            finally:
-                del g, static_out, eager_out, ref
-                if dec is not None:
-                    dec.free()
-                del dec
-                if cuda:
-                    torch.cuda.synchronize()
-                    torch.cuda.empty_cache()
-            facts["notes"] = notes
+            measure_config(run, B, L)
+            facts["notes"] = run.notes
             facts["elapsed_s"] = time.time() - t_start
             write_json(mpath, facts)
-    steps.close()
-    kern.close()
+    run.steps.close()
+    run.kern.close()
     if args.host_profile:
         try:
             host_profile(W, cfg, dev, dt, cuda, args.out, facts)
@@ -392,7 +458,7 @@ def main():
     if cuda:
         facts["nvidia_smi_after"] = nvidia_smi_snapshot()
         facts["max_memory_allocated"] = torch.cuda.max_memory_allocated()
-    facts["notes"] = notes
+    facts["notes"] = run.notes
     facts["elapsed_s"] = time.time() - t_start
     write_json(mpath, facts)
     log("done in", round(time.time() - t_start, 1), "s")

@@ -931,44 +931,58 @@ def print_table(run):
         log(f"{name:34s}" + "".join(f"{c:>13s}" for c in cells))
 
 
-def main_sweep(args):
-    """Correctness check at the small shape, then the timed sweep; writes CSVs and JSON."""
+def sweep_device(args):
+    """True when the sweep runs on CUDA; exits with a hint when the asked-for device cannot run."""
     cuda = not args.cpu and torch.cuda.is_available()
     if not args.cpu and not cuda:
         raise SystemExit("no CUDA device: use --cpu (with TRITON_INTERPRET=1) or --compile-check")
     if args.cpu and os.environ.get("TRITON_INTERPRET") != "1":
         raise SystemExit("--cpu needs TRITON_INTERPRET=1 (Triton kernels run in the interpreter)")
+    return cuda
+
+
+def start_run(args, cuda):
+    """Run state with the output directory created and both CSV files opened."""
     os.makedirs(args.out, exist_ok=True)
     device = torch.device("cuda" if cuda else "cpu")
     n_sm = torch.cuda.get_device_properties(0).multi_processor_count if cuda else 4
-    run = Run(args=args, cuda=cuda, device=device, n_sm=n_sm,
-              csv=CsvOut(os.path.join(args.out, "kv_attention.csv"), CSV_FIELDS),
-              kcsv=CsvOut(os.path.join(args.out, "kv_attention_kernels.csv"), KERNEL_FIELDS),
-              tiles=parse_tiles(args.tiles))
-    facts = machine_facts(cuda)
-    summary = {"machine": facts, "args": vars(args),
-               "nvidia_smi_before": nvidia_smi_snapshot() if cuda else None,
-               "split_heuristic": plan_splits.__doc__.strip(), "rel_err_ok": REL_ERR_OK,
-               "timing": "CUDA graph of R calls (split + reduce) rotating over cache copies; 7..20 replays; "
-                         "per call = replay / R", "sm_count": n_sm}
-    jpath = os.path.join(args.out, "kv_attention_summary.json")
-    write_json(jpath, summary)
-    log("machine:", {k: facts.get(k) for k in ("gpu_name", "torch", "triton", "cudnn", "sm_count")})
-    check, shapes, skipped = sweep_shapes(args, cuda)
-    fmts = [f for f in formats_for(check.D) if not args.formats or f.name in args.formats.split(",")]
+    return Run(args=args, cuda=cuda, device=device, n_sm=n_sm,
+               csv=CsvOut(os.path.join(args.out, "kv_attention.csv"), CSV_FIELDS),
+               kcsv=CsvOut(os.path.join(args.out, "kv_attention_kernels.csv"), KERNEL_FIELDS),
+               tiles=parse_tiles(args.tiles))
+
+
+def start_summary(run):
+    """The summary as known before anything runs: machine facts, arguments and timing method."""
+    return {"machine": machine_facts(run.cuda), "args": vars(run.args),
+            "nvidia_smi_before": nvidia_smi_snapshot() if run.cuda else None,
+            "split_heuristic": plan_splits.__doc__.strip(), "rel_err_ok": REL_ERR_OK,
+            "timing": "CUDA graph of R calls (split + reduce) rotating over cache copies; 7..20 replays; "
+                      "per call = replay / R", "sm_count": run.n_sm}
+
+
+def selected_formats(args, D):
+    """The formats of head dim D that --formats keeps (all when it is empty)."""
+    return [f for f in formats_for(D) if not args.formats or f.name in args.formats.split(",")]
+
+
+def impl_filter(args):
+    """Predicate on impl names: True for those --impls keeps (all when it is empty)."""
     wanted = set(args.impls.split(",")) if args.impls else None
 
     def impl_ok(name):
         return wanted is None or name in wanted
+    return impl_ok
 
-    gen = torch.Generator(device=device)
-    gen.manual_seed(args.seed)
-    summary["precompile_s"] = 0.0 if args.no_precompile else precompile(run, check, fmts, impl_ok)
-    log(f"== check phase: B={check.B} L={check.L} heads={check.Hq},{check.Hkv},{check.D}")
-    for fmt in fmts:
-        run_shape_fmt(run, "check", check, fmt, [n for n in impls_for(fmt) if impl_ok(n)], gen)
-    summary["check_done_s"] = round(run.elapsed(), 2)
-    log(f"== sweep: {len(shapes)} shapes (corners first), skipped {len(skipped)} over {args.max_cache_gb} GB")
+
+def selected_impls(fmt, impl_ok):
+    """Implementation names of one format that pass the impl filter."""
+    return [n for n in impls_for(fmt) if impl_ok(n)]
+
+
+def run_sweep(run, shapes, fmts, impl_ok, gen, summary, jpath):
+    """Timed sweep: every selected (fmt, impl) at each shape in turn, until the budget is spent;
+    rewrites the summary after each shape."""
     for sh in shapes:
         if run.over_budget():
             run.truncated = True
@@ -978,15 +992,42 @@ def main_sweep(args):
             if run.over_budget():
                 run.truncated = True
                 break
-            run_shape_fmt(run, "sweep", sh, fmt, [n for n in impls_for(fmt) if impl_ok(n)], gen)
+            run_shape_fmt(run, "sweep", sh, fmt, selected_impls(fmt, impl_ok), gen)
         summary.update(elapsed_s=round(run.elapsed(), 2), counts=run.counts, compile_info=run.compile_info)
         write_json(jpath, summary)
-    run.csv.close()
-    run.kcsv.close()
-    summary.update(elapsed_s=round(run.elapsed(), 2), budget_s=args.budget_s, truncated_by_budget=run.truncated,
+
+
+def finish_summary(run, summary, skipped):
+    """Adds what the whole run found to the summary: counts, compile info, SDPA backends, skips."""
+    summary.update(elapsed_s=round(run.elapsed(), 2), budget_s=run.args.budget_s, truncated_by_budget=run.truncated,
                    counts=run.counts, compile_info=run.compile_info, sdpa_backends=run.backends,
                    skipped_shapes=skipped, skipped_configs=run.skipped, sdpa_profiled_shapes=run.profiled_shapes,
-                   nvidia_smi_after=nvidia_smi_snapshot() if cuda else None)
+                   nvidia_smi_after=nvidia_smi_snapshot() if run.cuda else None)
+
+
+def main_sweep(args):
+    """Correctness check at the small shape, then the timed sweep; writes CSVs and JSON."""
+    cuda = sweep_device(args)
+    run = start_run(args, cuda)
+    summary = start_summary(run)
+    jpath = os.path.join(args.out, "kv_attention_summary.json")
+    write_json(jpath, summary)
+    log("machine:", {k: summary["machine"].get(k) for k in ("gpu_name", "torch", "triton", "cudnn", "sm_count")})
+    check, shapes, skipped = sweep_shapes(args, cuda)
+    fmts = selected_formats(args, check.D)
+    impl_ok = impl_filter(args)
+    gen = torch.Generator(device=run.device)
+    gen.manual_seed(args.seed)
+    summary["precompile_s"] = 0.0 if args.no_precompile else precompile(run, check, fmts, impl_ok)
+    log(f"== check phase: B={check.B} L={check.L} heads={check.Hq},{check.Hkv},{check.D}")
+    for fmt in fmts:
+        run_shape_fmt(run, "check", check, fmt, selected_impls(fmt, impl_ok), gen)
+    summary["check_done_s"] = round(run.elapsed(), 2)
+    log(f"== sweep: {len(shapes)} shapes (corners first), skipped {len(skipped)} over {args.max_cache_gb} GB")
+    run_sweep(run, shapes, fmts, impl_ok, gen, summary, jpath)
+    run.csv.close()
+    run.kcsv.close()
+    finish_summary(run, summary, skipped)
     write_json(jpath, summary)
     print_table(run)
     log(f"done in {run.elapsed():.1f} s; rows {run.counts['rows']}, failed {run.counts['failed']}, "
@@ -1025,19 +1066,12 @@ def _ptxas_usage(ptx, arch="sm_90a"):
             int(smem.group(1)) if smem else 0)
 
 
-def compile_check(args):
-    """Compile every split-kernel variant (and the reduce kernel) for sm_90 without a GPU; print
-    registers, spills, shared memory and layout conversions; write compile_check.csv."""
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        raise SystemExit("--compile-check must run without TRITON_INTERPRET")
-    os.makedirs(args.out, exist_ok=True)
-    Hq, Hkv, D = (int(x) for x in args.heads.split(","))
-    sh = Shape(2, Hq, Hkv, D, 4096)
-    target = GPUTarget("cuda", 90, 32)
-    out = CsvOut(os.path.join(args.out, "compile_check.csv"),
-                 ["kernel", "impl", "block_n", "num_warps", "compile_s", "ptxas_regs", "spill_bytes",
-                  "shared_bytes_meta", "convert_layouts", "local_allocs", "error"])
-    failures = 0
+COMPILE_CHECK_FIELDS = ["kernel", "impl", "block_n", "num_warps", "compile_s", "ptxas_regs", "spill_bytes",
+                        "shared_bytes_meta", "convert_layouts", "local_allocs", "error"]
+
+
+def compile_jobs(args, D):
+    """(fmt, impl name) of every Triton variant of head dim D that --formats and --impls keep."""
     jobs = []
     for fmt in formats_for(D):
         if args.formats and fmt.name not in args.formats.split(","):
@@ -1045,47 +1079,62 @@ def compile_check(args):
         for name in impls_for(fmt):
             if not name.startswith("sdpa") and (not args.impls or name in args.impls.split(",")):
                 jobs.append((fmt, name))
-    for fmt, name in jobs:
-        pool = Pool(storage_shapes(fmt, sh), 1, torch.device("cpu"), guard=False)
-        q = torch.zeros(sh.B, sh.Hq, sh.D, dtype=torch.bfloat16)
-        impl = TritonImpl(name, fmt, sh, pool, [q], torch.device("cpu"), 132, args.splits, parse_tiles(args.tiles))
-        tile = impl.tile
-        grid, a, const = impl.launch_args(0)
-        names = _split_kernel.arg_names
-        sig, attrs = {}, {}
-        for i, nm in enumerate(names):
-            if nm in const:
-                sig[nm] = "constexpr"
-            else:
-                v = a[i]
-                sig[nm] = _sig_type(v)
-                if isinstance(v, torch.Tensor):
-                    attrs[(i,)] = [["tt.divisibility", 16]]
-        t0 = time.time()
-        row = dict(kernel="_split_kernel", impl=name, block_n=tile.block_n, num_warps=tile.num_warps)
-        try:
-            src = ASTSource(_split_kernel, sig, const, attrs)
-            ck = triton.compile(src, target=target, options={"num_warps": tile.num_warps, "num_stages": 2})
-            row["compile_s"] = round(time.time() - t0, 2)
-            regs, spill, _ = _ptxas_usage(ck.asm["ptx"])
-            ttgir = ck.asm["ttgir"]
-            row.update(ptxas_regs=regs, spill_bytes=spill, shared_bytes_meta=ck.metadata.shared,
-                       convert_layouts=ttgir.count("ttg.convert_layout"), local_allocs=ttgir.count("ttg.local_alloc"))
-            if args.dump_dir:
-                os.makedirs(args.dump_dir, exist_ok=True)
-                for kind in ("ttgir", "ptx"):
-                    with open(os.path.join(args.dump_dir, f"{name}.{kind}"), "w") as fh:
-                        fh.write(ck.asm[kind])
-        except Exception as e:  # noqa: BLE001
-            row["error"] = one_line(e)
-            failures += 1
-            if args.verbose:
-                traceback.print_exc()
-        out.row(**row)
-        log(f"{name:34s} BN={tile.block_n:3d} w={tile.num_warps} compile {row.get('compile_s', '-')} s "
-            f"regs {row.get('ptxas_regs')} spill {row.get('spill_bytes')} smem {row.get('shared_bytes_meta')} "
-            f"cvt {row.get('convert_layouts')} {row.get('error', '')}")
-    # the reduce kernel
+    return jobs
+
+
+def split_signature(args, const):
+    """(Triton signature, attributes) of the split kernel for its launch arguments ``args``:
+    constexpr for the names in ``const``, tensors marked 16-byte divisible."""
+    sig, attrs = {}, {}
+    for i, nm in enumerate(_split_kernel.arg_names):
+        if nm in const:
+            sig[nm] = "constexpr"
+        else:
+            v = args[i]
+            sig[nm] = _sig_type(v)
+            if isinstance(v, torch.Tensor):
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    return sig, attrs
+
+
+def dump_asm(dump_dir, name, ck):
+    """Writes the ttgir and ptx of one compiled kernel into dump_dir as <name>.<kind>."""
+    os.makedirs(dump_dir, exist_ok=True)
+    for kind in ("ttgir", "ptx"):
+        with open(os.path.join(dump_dir, f"{name}.{kind}"), "w") as fh:
+            fh.write(ck.asm[kind])
+
+
+def compile_split_variant(args, fmt, name, sh, target):
+    """Compiles the split kernel of one (fmt, impl) for target; returns its compile_check.csv row
+    (with ``error`` set when it failed)."""
+    pool = Pool(storage_shapes(fmt, sh), 1, torch.device("cpu"), guard=False)
+    q = torch.zeros(sh.B, sh.Hq, sh.D, dtype=torch.bfloat16)
+    impl = TritonImpl(name, fmt, sh, pool, [q], torch.device("cpu"), 132, args.splits, parse_tiles(args.tiles))
+    tile = impl.tile
+    grid, a, const = impl.launch_args(0)
+    sig, attrs = split_signature(a, const)
+    t0 = time.time()
+    row = dict(kernel="_split_kernel", impl=name, block_n=tile.block_n, num_warps=tile.num_warps)
+    try:
+        src = ASTSource(_split_kernel, sig, const, attrs)
+        ck = triton.compile(src, target=target, options={"num_warps": tile.num_warps, "num_stages": 2})
+        row["compile_s"] = round(time.time() - t0, 2)
+        regs, spill, _ = _ptxas_usage(ck.asm["ptx"])
+        ttgir = ck.asm["ttgir"]
+        row.update(ptxas_regs=regs, spill_bytes=spill, shared_bytes_meta=ck.metadata.shared,
+                   convert_layouts=ttgir.count("ttg.convert_layout"), local_allocs=ttgir.count("ttg.local_alloc"))
+        if args.dump_dir:
+            dump_asm(args.dump_dir, name, ck)
+    except Exception as e:  # noqa: BLE001
+        row["error"] = one_line(e)
+        if args.verbose:
+            traceback.print_exc()
+    return row
+
+
+def compile_reduce(out, D, target):
+    """Compiles the reduce kernel for target and writes its row; returns the number of failures (0 or 1)."""
     try:
         sig = {"pm_ptr": "*fp32", "pl_ptr": "*fp32", "pacc_ptr": "*fp32", "out_ptr": "*bf16", "S_tot": "i32",
                "D": "constexpr", "SC": "constexpr"}
@@ -1095,9 +1144,33 @@ def compile_check(args):
         regs, spill, _ = _ptxas_usage(ck.asm["ptx"])
         out.row(kernel="_reduce_kernel", ptxas_regs=regs, spill_bytes=spill, shared_bytes_meta=ck.metadata.shared)
         log(f"_reduce_kernel regs {regs} spill {spill}")
+        return 0
     except Exception as e:  # noqa: BLE001
-        failures += 1
         log(f"_reduce_kernel failed: {one_line(e)}")
+        return 1
+
+
+def compile_check(args):
+    """Compile every split-kernel variant (and the reduce kernel) for sm_90 without a GPU; print
+    registers, spills, shared memory and layout conversions; write compile_check.csv."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise SystemExit("--compile-check must run without TRITON_INTERPRET")
+    os.makedirs(args.out, exist_ok=True)
+    Hq, Hkv, D = (int(x) for x in args.heads.split(","))
+    sh = Shape(2, Hq, Hkv, D, 4096)
+    target = GPUTarget("cuda", 90, 32)
+    out = CsvOut(os.path.join(args.out, "compile_check.csv"), COMPILE_CHECK_FIELDS)
+    failures = 0
+    jobs = compile_jobs(args, D)
+    for fmt, name in jobs:
+        row = compile_split_variant(args, fmt, name, sh, target)
+        if "error" in row:
+            failures += 1
+        out.row(**row)
+        log(f"{name:34s} BN={row['block_n']:3d} w={row['num_warps']} compile {row.get('compile_s', '-')} s "
+            f"regs {row.get('ptxas_regs')} spill {row.get('spill_bytes')} smem {row.get('shared_bytes_meta')} "
+            f"cvt {row.get('convert_layouts')} {row.get('error', '')}")
+    failures += compile_reduce(out, D, target)
     out.close()
     log(f"compile check: {len(jobs) + 1 - failures}/{len(jobs) + 1} compiled")
     return 1 if failures else 0
