@@ -12,7 +12,7 @@ class ConfigError(Exception):
     """Bad input: a missing file, bad YAML, an unknown or missing key, a wrong value."""
 
     def __init__(self, file: str | None, key_path: str | None, expected: str, got: object = ...):
-        self.file = file  # None: a value given by name (a run's hardware, model, format or stack)
+        self.file = file  # None: no file to name (a run's hardware, model, format or stack given by name)
         self.key_path = key_path or ""
         self.expected = expected
         self.got = got

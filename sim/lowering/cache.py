@@ -72,8 +72,8 @@ class _Kind(NamedTuple):
     places: tuple[int, ...]
 
 
-class Place(NamedTuple):
-    """Where an attention op stands: its index, layer and breakdown rows."""
+class AttentionPlace(NamedTuple):
+    """Where an attention op stands in a graph: its index, layer and breakdown rows."""
 
     idx: int
     layer: int
@@ -81,7 +81,7 @@ class Place(NamedTuple):
     compute_row: str
 
 
-def attention_places(graph: OpGraph) -> list[Place]:
+def attention_places(graph: OpGraph) -> list[AttentionPlace]:
     """The graph's attention ops in program order, as places (those of a run of copies found
     from the span it copies, each copy asking the same work at the same offset, and read
     without making the copy)."""
@@ -89,8 +89,8 @@ def attention_places(graph: OpGraph) -> list[Place]:
     layer_of = ops.layer_of if isinstance(ops, Program) else (lambda i: ops[i].layer)
     out, at = [], 0
 
-    def place(op: Op) -> Place:
-        return Place(op.idx, op.layer, op.row, op.compute_row)
+    def place(op: Op) -> AttentionPlace:
+        return AttentionPlace(op.idx, op.layer, op.row, op.compute_row)
 
     for repeat in graph.repeats:
         out.extend(place(op) for op in ops[at:repeat.start] if op.work.kind == "attention")
@@ -99,7 +99,7 @@ def attention_places(graph: OpGraph) -> list[Place]:
         for k in range(repeat.count):
             for j, op in span:
                 i = repeat.start + k * repeat.length + j
-                out.append(Place(i, layer_of(i), op.row, op.compute_row))
+                out.append(AttentionPlace(i, layer_of(i), op.row, op.compute_row))
         at = repeat.end
     out.extend(place(op) for op in ops[at:] if op.work.kind == "attention")
     return out
@@ -127,7 +127,7 @@ class GraphCache:
         graph = self._lowered = lower_step(self.setup, contexts, step, position)
         self.changed = None
         window = self.setup.model.window
-        kinds: dict[tuple, list[int]] = {}
+        kinds: dict[tuple, list[AttentionPlace]] = {}
         for place in attention_places(graph):
             kinds.setdefault((window(place.layer), place.row, place.compute_row), []).append(place)
         self._kinds = tuple(_Kind(places[0].layer, (row, compute_row), tuple(p.idx for p in places))
