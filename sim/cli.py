@@ -94,6 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(handler(args.handler)(args) or 0)
     except (ConfigError, SimulationError) as err:
+        source = getattr(args, "spec_source", None)  # a name that is not there, given as an option
+        if source and isinstance(err, ConfigError):
+            err = err.in_file(source)
         sys.stderr.write(f"decodesim: {err}\n")
         return 2
     except KeyboardInterrupt:

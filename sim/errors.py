@@ -18,6 +18,10 @@ class ConfigError(Exception):
         self.got = got
         super().__init__(str(self))
 
+    def in_file(self, file: str) -> ConfigError:
+        """This error said against ``file`` where it names no file of its own."""
+        return self if self.file is not None else ConfigError(file, self.key_path, self.expected, self.got)
+
     def __str__(self) -> str:
         text = "".join(f"{part}: " for part in (self.file, self.key_path) if part) + self.expected
         if self.got is not ...:

@@ -101,11 +101,11 @@ REJECTED = [
     # context beyond the model
     (["run", "--model", "llama-2-7b"], "the last step (context 4,096 + 7 steps) holds 4,103 tokens, beyond "
                                        "llama-2-7b's max_context of 4,096; pass --allow-long-context"),
-    # a name that is not bundled, said against the option that gave it
-    (["run", "--kv", "nosuch"], "decodesim: kv: unknown format 'nosuch'; expected a path or one of: bf16"),
-    (["run", "--weights", "nosuch"], "decodesim: weights: unknown format 'nosuch'"),
-    (["run", "--software", "nosuch"], "decodesim: software: unknown software stack 'nosuch'"),
-    (["compare", "--hardware", "nosuch"], "decodesim: hardware: unknown hardware 'nosuch'"),
+    # a name that is not bundled, said against the command line and the option that gave it
+    (["run", "--kv", "nosuch"], "decodesim: command line: kv: unknown format 'nosuch'; expected a path or one of: bf16"),
+    (["run", "--weights", "nosuch"], "decodesim: command line: weights: unknown format 'nosuch'"),
+    (["run", "--software", "nosuch"], "decodesim: command line: software: unknown software stack 'nosuch'"),
+    (["compare", "--hardware", "nosuch"], "decodesim: command line: hardware: unknown hardware 'nosuch'"),
     # nesting (the loader's limit) in a model file
     (["run", "--model", "{tmp}/model-deep.yaml"], "nested deeper than 40 levels"),
 ]

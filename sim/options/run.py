@@ -13,6 +13,8 @@ from pathlib import Path
 from sim.config.defaults import RUN_DEFAULTS
 from sim.io import output_problem
 
+COMMAND_LINE = "command line"  # where a setup given by options comes from, as errors name it
+
 
 def output_file(text: str) -> Path:
     """An argparse type: a file path that can be written (checked before any work is done)."""
@@ -38,6 +40,7 @@ def add_run_options(p: argparse.ArgumentParser, *, formats: bool = True) -> None
     """The options that make one RunSpec (``SPEC_ARGS``); ``formats=False`` leaves out
     ``--weights`` and ``--kv`` for a command that defines its own (compare)."""
     d = argparse.Namespace(**RUN_DEFAULTS)  # RunSpec's defaults, without importing the validation stack
+    p.set_defaults(spec_source=COMMAND_LINE)
     p.add_argument("--hardware", default=d.hardware, help=f"profile name or YAML path (default {d.hardware})")
     p.add_argument("--model", default=d.model, help=f"model name or YAML path (default {d.model})")
     p.add_argument("--batch", type=int, default=d.batch, help="sequences per step (default 1)")

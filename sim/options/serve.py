@@ -9,6 +9,7 @@ import argparse
 import re
 from pathlib import Path
 
+from sim.options.run import COMMAND_LINE
 from sim.serve.scheduler import DEFAULT_MAX_BATCH, DEFAULT_MAX_TOKENS_PER_STEP, VLLM_BLOCK_TOKENS
 
 
@@ -34,6 +35,7 @@ def _whole(text: str) -> int:
 
 def add_serve_options(p: argparse.ArgumentParser) -> None:
     """The ``serve`` command's arguments."""
+    p.set_defaults(spec_source=COMMAND_LINE)
     p.add_argument("--hardware", default="h200-sxm", help="profile name or path; a comma list sweeps")
     p.add_argument("--model", default="llama-3-8b", help="model name or path; a comma list sweeps")
     p.add_argument("--weights", default="bf16", help="weight format (default bf16)")

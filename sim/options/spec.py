@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from sim.config.loader import validate
 from sim.config.spec import RunSpec
-from sim.options.run import SPEC_ARGS
+from sim.options.run import COMMAND_LINE, SPEC_ARGS
 
 
 def spec_from_args(args, **changes) -> RunSpec:
@@ -14,4 +14,4 @@ def spec_from_args(args, **changes) -> RunSpec:
     if data.get("software") is None:
         data.pop("software", None)  # unnamed: the profile's own stack, else the default
     data.update(changes)
-    return validate(RunSpec, data, "command line")
+    return validate(RunSpec, data, COMMAND_LINE)
