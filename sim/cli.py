@@ -19,7 +19,7 @@ import pkgutil
 import sys
 
 import sim.commands as commands
-from sim.errors import ConfigError, SimulationError
+from sim.errors import ConfigError, SimulationError, error_line
 
 
 class _Parser(argparse.ArgumentParser):
@@ -94,10 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(handler(args.handler)(args) or 0)
     except (ConfigError, SimulationError) as err:
-        source = getattr(args, "spec_source", None)  # a name that is not there, given as an option
-        if source and isinstance(err, ConfigError):
-            err = err.in_file(source)
-        sys.stderr.write(f"decodesim: {err}\n")
+        sys.stderr.write(error_line(err, getattr(args, "spec_source", None)) + "\n")
         return 2
     except KeyboardInterrupt:
         sys.stderr.write("decodesim: interrupted\n")

@@ -1,11 +1,13 @@
 """Errors that reach the user.
 
-A ``ConfigError`` names the file, the key path inside it and what was expected. The CLI
-prints ``str(err)`` as one line on stderr and exits with status 2; nothing else in the
-package turns bad input into a traceback.
+A ``ConfigError`` names the file (or the command line), the key path inside it and what was
+expected. The CLI prints ``error_line(err)`` as one line on stderr and exits with status 2;
+nothing else in the package turns bad input into a traceback.
 """
 
 from __future__ import annotations
+
+COMMAND_LINE = "command line"  # the source an error names for a value given as an option
 
 
 class ConfigError(Exception):
@@ -37,3 +39,11 @@ def _short(value: object, limit: int = 80) -> str:
 class SimulationError(Exception):
     """A configuration that is valid data but cannot be simulated (for example, a
     placement that asks for more SRAM than the chip has). Reported like a ConfigError."""
+
+
+def error_line(err: ConfigError | SimulationError, source: str | None = None) -> str:
+    """The one line the CLI prints for ``err`` (and the explorer, which answers as the CLI does);
+    ``source`` names where the setup came from (the command line), for an error that names no file."""
+    if source and isinstance(err, ConfigError):
+        err = err.in_file(source)
+    return f"decodesim: {err}"

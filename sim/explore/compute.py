@@ -14,7 +14,7 @@ import shlex
 from sim.config.loader import validate
 from sim.config.spec import RunSpec, apply_run_overrides
 from sim.costs import CostModel
-from sim.errors import ConfigError, SimulationError
+from sim.errors import COMMAND_LINE, ConfigError, SimulationError, error_line
 from sim.explore.html import view_document
 from sim.io import to_json
 from sim.run import simulate
@@ -97,7 +97,7 @@ def curves_for(spec, superseded=lambda: False, axes=("batch", "context")) -> dic
             return {}
         max_context = resolve(effective.model_copy(update={"steps": 1, "context": 1})).model.max_context
     except (ConfigError, SimulationError) as err:
-        raise FormError(f"decodesim: {err}") from None
+        raise FormError(error_line(err, COMMAND_LINE)) from None
     last = effective.steps - 1
     values_of = {"batch": lambda: sorted(set(BATCHES) | {effective.batch}),
                  "context": lambda: sorted({c for c in CONTEXTS if effective.allow_long_context
@@ -111,7 +111,7 @@ def curves_for(spec, superseded=lambda: False, axes=("batch", "context")) -> dic
                 return {"superseded": True}
             data = {**effective.model_dump(), axis: value}
             try:
-                s = simulate(validate(RunSpec, data, "command line")).summary
+                s = simulate(validate(RunSpec, data, COMMAND_LINE)).summary
             except (ConfigError, SimulationError):
                 continue  # a point the CLI would refuse (batch x steps too large): not on the curve
             out[axis].append({"x": value, "ms_p99": s["per_token_ms_p99"], "ms_p50": s["per_token_ms_p50"],

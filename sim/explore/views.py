@@ -30,7 +30,7 @@ from sim.config.defaults import RUN_DEFAULTS
 from sim.config.loader import validate
 from sim.config.software import software_dir
 from sim.config.spec import apply_run_overrides
-from sim.errors import ConfigError, SimulationError
+from sim.errors import COMMAND_LINE, ConfigError, SimulationError, error_line
 from sim.explore.compute import MAX_STEPS, RUN_FLAGS, FormError, curves_for, plain, roofline_of
 from sim.formats.base import list_formats
 from sim.options.run import add_run_command_options
@@ -207,7 +207,7 @@ def spec_of(argv: list[str]):
         spec = spec_from_args(args)
         effective = apply_run_overrides(spec)
     except (ConfigError, SimulationError) as err:
-        raise FormError(f"decodesim: {err}") from None
+        raise FormError(error_line(err, COMMAND_LINE)) from None
     for field in NAME_FIELDS:
         check_name(field, getattr(effective, field), "--set")
     if effective.trace is not None:
@@ -237,7 +237,7 @@ def config_view(form: dict, label: str = "A") -> dict:
         result = simulate(spec, keep_ops=True)
         roof = roofline_of(result)
     except (ConfigError, SimulationError) as err:
-        raise FormError(f"decodesim: {err}") from None
+        raise FormError(error_line(err, COMMAND_LINE)) from None
     return {"label": label, "argv": argv, "command": command_line("run", argv), "summary": plain(result.summary),
             "roofline": plain(roof)}
 
@@ -288,10 +288,10 @@ def serve_points(form: dict) -> tuple[list, str]:
             "hardware": args.hardware, "model": args.model, "weights": args.weights, "kv": args.kv,
             "software": args.software, "graph": args.graph, "tp": args.tp, "pp": args.pp, "chips": args.chips,
             "overrides": args.overrides, "requests": args.requests, "rate": rates[0],
-            "duration_s": args.duration_s, "target_ms": args.target_ms}, "command line")
+            "duration_s": args.duration_s, "target_ms": args.target_ms}, COMMAND_LINE)
         points = grid(base, rates=rates)
     except (ConfigError, SimulationError) as err:
-        raise FormError(f"decodesim: {err}") from None
+        raise FormError(error_line(err, COMMAND_LINE)) from None
     line = command_line("serve", argv) + " --rates " + ",".join(f"{r:g}" for r in rates)
     return points, line
 

@@ -11,9 +11,8 @@ import argparse
 from pathlib import Path
 
 from sim.config.defaults import RUN_DEFAULTS
+from sim.errors import COMMAND_LINE
 from sim.io import output_problem
-
-COMMAND_LINE = "command line"  # where a setup given by options comes from, as errors name it
 
 
 def output_file(text: str) -> Path:

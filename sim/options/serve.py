@@ -9,7 +9,7 @@ import argparse
 import re
 from pathlib import Path
 
-from sim.options.run import COMMAND_LINE
+from sim.errors import COMMAND_LINE
 from sim.serve.scheduler import DEFAULT_MAX_BATCH, DEFAULT_MAX_TOKENS_PER_STEP, VLLM_BLOCK_TOKENS
 
 

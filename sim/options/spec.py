@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from sim.config.loader import validate
 from sim.config.spec import RunSpec
-from sim.options.run import COMMAND_LINE, SPEC_ARGS
+from sim.errors import COMMAND_LINE
+from sim.options.run import SPEC_ARGS
 
 
 def spec_from_args(args, **changes) -> RunSpec:

@@ -52,7 +52,7 @@ from pydantic import Field
 
 from sim.config.loader import load_yaml, validate
 from sim.config.quantity import Strict
-from sim.errors import ConfigError
+from sim.errors import COMMAND_LINE, ConfigError
 from sim.paths import bundled
 from sim.paths import resolve as resolve_path
 from sim.study.spec import Exclude, axis_values
@@ -171,7 +171,7 @@ def load_spec(path: str | Path | None, changes: dict | None = None) -> tuple[Sea
     applied on top: ``model``, ``slo.<key>``, ``traffic.<key>`` and ``space.grid.<axis>``."""
     if path is not None:
         path = resolve_path(str(path), bundled("workloads", "searches"), "search")
-    file = str(path) if path is not None else "command line"
+    file = str(path) if path is not None else COMMAND_LINE
     raw = load_yaml(path) if path is not None else {}
     if not isinstance(raw, dict):
         raise ConfigError(file, None, "a search file is a mapping (name, model, slo, traffic, space, ...)", raw)

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.errors import ConfigError
+from sim.errors import COMMAND_LINE, ConfigError
 from sim.io import read_jsonl
 from sim.paths import traces_dir
 
@@ -132,7 +132,7 @@ def open_source(requests: str, *, rate_scale: float | None = None, rate_per_s: f
     _check_rates(rate_scale, rate_per_s, duration_s)
     if requests == "synthetic":
         if rate_scale is not None:
-            raise ConfigError("command line", "--rate-scale", "scales a recorded trace; give synthetic "
+            raise ConfigError(COMMAND_LINE, "--rate-scale", "scales a recorded trace; give synthetic "
                               "arrivals a --rate")
         return _bounded(_synthetic_source(rate_per_s or 10.0, duration_s or 600.0, seed, prompt_median,
                                           output_median, sigma))
@@ -143,15 +143,15 @@ def _check_rates(rate_scale: float | None, rate_per_s: float | None, duration_s:
     """The command line's rate and duration: at most one of rate scale and rate, each finite,
     positive and within the limits."""
     if rate_scale is not None and rate_per_s is not None:
-        raise ConfigError("command line", "--rate-scale/--rate", "give at most one of them")
+        raise ConfigError(COMMAND_LINE, "--rate-scale/--rate", "give at most one of them")
     for key, value in (("rate_scale", rate_scale), ("rate", rate_per_s), ("duration_s", duration_s)):
         if value is not None and not (value > 0 and math.isfinite(value)):
-            raise ConfigError("command line", key, "must be a finite number > 0", value)
+            raise ConfigError(COMMAND_LINE, key, "must be a finite number > 0", value)
     if duration_s is not None and duration_s > MAX_DURATION_S:
-        raise ConfigError("command line", "duration_s", f"must be at most {MAX_DURATION_S:,.0f} s (a week)",
+        raise ConfigError(COMMAND_LINE, "duration_s", f"must be at most {MAX_DURATION_S:,.0f} s (a week)",
                           duration_s)
     if rate_per_s is not None and rate_per_s > MAX_RATE_PER_S:
-        raise ConfigError("command line", "rate", f"must be at most {MAX_RATE_PER_S:,.0f} requests per second",
+        raise ConfigError(COMMAND_LINE, "rate", f"must be at most {MAX_RATE_PER_S:,.0f} requests per second",
                           rate_per_s)
 
 
@@ -176,11 +176,11 @@ def _bounded(source: RequestSource) -> RequestSource:
     """``source`` if its work is within the limits, else a ConfigError (before any replay)."""
     rate = source.rate_per_s
     if math.isfinite(rate) and rate > MAX_RATE_PER_S:
-        raise ConfigError("command line", "rate_scale", f"replays the trace at {rate:,.4g} requests per second; "
+        raise ConfigError(COMMAND_LINE, "rate_scale", f"replays the trace at {rate:,.4g} requests per second; "
                           f"expected at most {MAX_RATE_PER_S:,.0f}", source.rate_scale)
     expected = source.expected_requests
     if expected > MAX_REQUESTS:
-        raise ConfigError("command line", "duration_s", f"the window holds about {expected:,.0f} requests; "
+        raise ConfigError(COMMAND_LINE, "duration_s", f"the window holds about {expected:,.0f} requests; "
                           f"expected at most {MAX_REQUESTS:,} per replay (shorten --duration-s or lower the rate)",
                           source.duration_s)
     return source
@@ -316,9 +316,9 @@ def _checked(arrival, prompt, output, path: Path, names, sorted_file: bool = Fal
 def _synthetic_source(rate_per_s, duration_s, seed, prompt_median, output_median, sigma) -> RequestSource:
     for key, value in (("prompt_median", prompt_median), ("output_median", output_median)):
         if value < 1:
-            raise ConfigError("command line", key, "must be >= 1", value)
+            raise ConfigError(COMMAND_LINE, key, "must be >= 1", value)
     if sigma < 0:
-        raise ConfigError("command line", "sigma", "must be >= 0", sigma)
+        raise ConfigError(COMMAND_LINE, "sigma", "must be >= 0", sigma)
     params = dict(rate_per_s=rate_per_s, seed=seed, prompt_median=prompt_median, output_median=output_median,
                   sigma=sigma)
     description = (f"synthetic: Poisson {rate_per_s:g} req/s for {duration_s:g} s, log-normal prompt "

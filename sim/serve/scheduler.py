@@ -49,7 +49,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from sim.errors import ConfigError
+from sim.errors import COMMAND_LINE, ConfigError
 
 Policy = Literal["chunked", "separate"]
 VLLM_BLOCK_TOKENS = 16  # vLLM's default KV block size on CUDA
@@ -94,7 +94,7 @@ class KVPool:
 
     def __init__(self, capacity_bytes: int, block_tokens: int, footprint_bytes: Callable[[int], int]):
         if block_tokens < 1:
-            raise ConfigError("command line", "block_tokens", "must be >= 1", block_tokens)
+            raise ConfigError(COMMAND_LINE, "block_tokens", "must be >= 1", block_tokens)
         if capacity_bytes <= 0:
             raise ConfigError("capacity", "kv_pool_bytes", "no memory is left for the KV cache after the "
                               "weights and activations", capacity_bytes)
@@ -167,11 +167,11 @@ class Scheduler:
     def __init__(self, pool: KVPool, *, max_batch: int = DEFAULT_MAX_BATCH,
                  max_tokens_per_step: int = DEFAULT_MAX_TOKENS_PER_STEP, policy: Policy = "chunked"):
         if max_batch < 1:
-            raise ConfigError("command line", "max_batch", "must be >= 1", max_batch)
+            raise ConfigError(COMMAND_LINE, "max_batch", "must be >= 1", max_batch)
         if max_tokens_per_step < 1:
-            raise ConfigError("command line", "max_tokens_per_step", "must be >= 1", max_tokens_per_step)
+            raise ConfigError(COMMAND_LINE, "max_tokens_per_step", "must be >= 1", max_tokens_per_step)
         if policy not in POLICIES:
-            raise ConfigError("command line", "policy", f"expected one of {', '.join(POLICIES)}", policy)
+            raise ConfigError(COMMAND_LINE, "policy", f"expected one of {', '.join(POLICIES)}", policy)
         self.pool = pool
         self.max_batch = max_batch
         self.max_tokens_per_step = max_tokens_per_step

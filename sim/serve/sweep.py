@@ -40,7 +40,7 @@ from pydantic import ConfigDict, Field, model_validator
 
 from sim.config.loader import load_yaml, validate
 from sim.config.quantity import Strict
-from sim.errors import ConfigError, SimulationError
+from sim.errors import COMMAND_LINE, ConfigError, SimulationError
 from sim.io import write_frame
 from sim.paths import resolve as resolve_path
 from sim.paths import studies_dir
@@ -128,7 +128,7 @@ def grid(base: ServeSpec, *, hardware=None, models=None, kv=None, rates=None, ra
         data = {**base.model_dump(), "hardware": hw, "model": model, "weights": weights, "kv": fmt}
         if axis:
             data.update({"rate": None, "rate_scale": None, axis: value})
-        out.append(validate(ServeSpec, data, "command line"))
+        out.append(validate(ServeSpec, data, COMMAND_LINE))
     return out
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from sim.commands.common import emit_json
-from sim.errors import ConfigError
+from sim.errors import COMMAND_LINE, ConfigError
 from sim.experiments.compare import attention_rows, compare_rows, kv_qualities
 from sim.options.spec import spec_from_args
 
@@ -79,12 +79,12 @@ def _names(text: str, flag: str, what: str) -> list[str]:
     """A comma list of names, checked before any work: no empty item, at most MAX_FORMATS."""
     items = [n.strip() for n in text.split(",")]
     if not text.strip():
-        raise ConfigError("command line", flag, f"expected one or more comma-separated {what}", text)
+        raise ConfigError(COMMAND_LINE, flag, f"expected one or more comma-separated {what}", text)
     if len(items) > MAX_FORMATS:
-        raise ConfigError("command line", flag, f"expected at most {MAX_FORMATS} comma-separated {what} (each is a "
+        raise ConfigError(COMMAND_LINE, flag, f"expected at most {MAX_FORMATS} comma-separated {what} (each is a "
                           f"simulated run), got {len(items):,}")
     if "" in items:
-        raise ConfigError("command line", flag, f"item {items.index('') + 1} of the comma list is empty", text)
+        raise ConfigError(COMMAND_LINE, flag, f"item {items.index('') + 1} of the comma list is empty", text)
     return items
 
 

@@ -12,7 +12,7 @@ import pandas as pd
 from sim.commands.common import emit_json, to_json, write_atomic
 from sim.commands.serve import register
 from sim.config.loader import parse_number, validate
-from sim.errors import ConfigError
+from sim.errors import COMMAND_LINE, ConfigError
 from sim.serve.plots import latency_vs_rate, over_time
 from sim.serve.replay import serve
 from sim.serve.report import render as render_report
@@ -35,12 +35,12 @@ def handle(args) -> int:
         "prompt_median": args.prompt_median, "output_median": args.output_median, "seed": args.seed,
         "max_batch": args.max_batch, "block_tokens": args.block_tokens,
         "max_tokens_per_step": args.max_tokens_per_step, "policy": args.policy, "target_ms": args.target_ms,
-    }, "command line")
+    }, COMMAND_LINE)
     if rates or scales or any(len(v) > 1 for v in lists.values()):
 
         size = len(lists["hardware"]) * len(lists["model"]) * len(lists["kv"]) * len(rates or scales or [None])
         if size > MAX_POINTS:
-            raise ConfigError("command line", "--hardware/--model/--kv/--rates", f"the sweep has {size:,} "
+            raise ConfigError(COMMAND_LINE, "--hardware/--model/--kv/--rates", f"the sweep has {size:,} "
                               f"replays; expected at most {MAX_POINTS:,}")
 
         points = grid(base, hardware=lists["hardware"], models=[(m, args.weights) for m in lists["model"]],
@@ -96,12 +96,12 @@ def _list(text: str, name: str) -> list[str]:
     """A comma list of names; an empty item (``fp16,,int8``) is an error, not dropped."""
     values = [v.strip() for v in text.split(",")]
     if not text.strip():
-        raise ConfigError("command line", f"--{name}", "expected a name or a comma list of names", text)
+        raise ConfigError(COMMAND_LINE, f"--{name}", "expected a name or a comma list of names", text)
     if len(values) > MAX_LIST:
-        raise ConfigError("command line", f"--{name}", f"expected at most {MAX_LIST} comma-separated names, "
+        raise ConfigError(COMMAND_LINE, f"--{name}", f"expected at most {MAX_LIST} comma-separated names, "
                           f"got {len(values):,}")
     if "" in values:
-        raise ConfigError("command line", f"--{name}", f"item {values.index('') + 1} of the comma list is empty",
+        raise ConfigError(COMMAND_LINE, f"--{name}", f"item {values.index('') + 1} of the comma list is empty",
                           text)
     return values
 
@@ -112,19 +112,19 @@ def _numbers(text: str | None, flag: str) -> list[float] | None:
         return None
     items = [v.strip() for v in text.split(",")]
     if len(items) > MAX_LIST:
-        raise ConfigError("command line", flag, f"expected at most {MAX_LIST} comma-separated numbers, "
+        raise ConfigError(COMMAND_LINE, flag, f"expected at most {MAX_LIST} comma-separated numbers, "
                           f"got {len(items):,}")
     values = []
     for i, item in enumerate(items, 1):
         if not item:
-            raise ConfigError("command line", flag, f"item {i} of the comma list is empty; expected a comma list "
+            raise ConfigError(COMMAND_LINE, flag, f"item {i} of the comma list is empty; expected a comma list "
                               "of numbers", text)
         try:
             value = parse_number(item)
         except ValueError:
-            raise ConfigError("command line", flag, f"item {i}: expected a comma list of numbers", item) from None
+            raise ConfigError(COMMAND_LINE, flag, f"item {i}: expected a comma list of numbers", item) from None
         if not value > 0:
-            raise ConfigError("command line", flag, f"item {i}: expected numbers > 0", item)
+            raise ConfigError(COMMAND_LINE, flag, f"item {i}: expected numbers > 0", item)
         values.append(value)
     return values
 
@@ -276,7 +276,7 @@ def _sweep(points, args, *, title: str, command: str, description: str = "", que
 
 def _saved_table(out: Path | None):
     if out is None or not (out / "table.parquet").is_file():
-        raise ConfigError(str(out / "table.parquet") if out else "command line", None if out else "--out",
+        raise ConfigError(str(out / "table.parquet") if out else COMMAND_LINE, None if out else "--out",
                           "--replot needs the table of an earlier run (--out DIR with table.parquet)")
 
     return upgrade_names(pd.read_parquet(out / "table.parquet"))

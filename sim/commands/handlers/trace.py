@@ -6,7 +6,7 @@ import math
 
 from sim import decode_trace
 from sim.config.quantity import fmt_range
-from sim.errors import ConfigError
+from sim.errors import COMMAND_LINE, ConfigError
 
 # flag -> (lowest, highest, lowest excluded): generous, but never so large that writing the trace takes minutes
 LIMITS = {"batch": (1, 1_000_000, False), "context": (1, 1_000_000_000, False), "steps": (1, 1_000_000, False),
@@ -23,9 +23,9 @@ def check_args(args) -> None:
         value = getattr(args, name)
         flag = "--" + name.replace("_", "-")
         if not math.isfinite(value) or value > hi or value < lo or (open_low and value == lo):
-            raise ConfigError("command line", flag, f"must be in {fmt_range(lo, hi, open_low)}", value)
+            raise ConfigError(COMMAND_LINE, flag, f"must be in {fmt_range(lo, hi, open_low)}", value)
     if args.batch * args.steps > MAX_ENTRIES:
-        raise ConfigError("command line", "--batch x --steps", f"must be at most {MAX_ENTRIES:,} (every step lists "
+        raise ConfigError(COMMAND_LINE, "--batch x --steps", f"must be at most {MAX_ENTRIES:,} (every step lists "
                           "every sequence)", f"{args.batch:,} x {args.steps:,}")
 
 
@@ -39,11 +39,11 @@ def handle(args) -> int:
                                                 seed=args.seed)
         else:
             if args.azure is None:
-                raise ConfigError("command line", "--azure", "the azure generator needs --azure CSV")
+                raise ConfigError(COMMAND_LINE, "--azure", "the azure generator needs --azure CSV")
             if not args.azure.is_file():
                 raise ConfigError(str(args.azure), None, "file not found")
             if args.speedup <= 0:
-                raise ConfigError("command line", "--speedup", "must be > 0", args.speedup)
+                raise ConfigError(COMMAND_LINE, "--speedup", "must be > 0", args.speedup)
             requests = [decode_trace.Request(r.arrival_s / args.speedup, r.prompt, r.output)
                         for r in decode_trace.azure_requests(args.azure, limit=args.requests)]
         steps = decode_trace.from_requests(requests, args.batch, step_ms=args.step_ms, max_steps=args.steps)
