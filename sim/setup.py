@@ -312,7 +312,7 @@ def check_context(spec: RunSpec, model: ModelSpec, steps) -> None:
     longest = max(max(step.contexts) for step in steps) if spec.trace else spec.context + spec.steps - 1
     if longest <= model.max_context:
         return
-    where = (spec.trace, "context") if spec.trace else ("--context", "context")
+    where = (spec.trace, "context") if spec.trace else (None, "context")  # no file: the command line or a study point
     how = "a step" if spec.trace else f"the last step (context {spec.context:,} + {spec.steps - 1:,} steps)"
     raise ConfigError(*where, f"{how} holds {longest:,} tokens, beyond {model.name}'s max_context of "
                       f"{model.max_context:,}; pass --allow-long-context (allow_long_context: true) to simulate "
@@ -331,7 +331,7 @@ def parallelism(spec: RunSpec, hardware: HardwareProfile, model: ModelSpec, hw_f
     balanced = hardware.system.partition == "balanced"
     units = 2 * model.layers + 2 if balanced else model.layers
     asked = bool(spec.tp or spec.pp)
-    where = ("--tp/--pp", "parallelism") if asked else (hw_file, "system.chips.value")
+    where = (None, "tp" if spec.tp else "pp") if asked else (hw_file, "system.chips.value")
     tp, pp = _asked_parallelism(spec, chips, where) if asked else _chosen_parallelism(hardware, model, units)
     if pp > units:
         what = "half-layer units (attention or FFN, plus the embedding and the LM head)" if balanced else "layers"

@@ -374,6 +374,41 @@ def test_cli_bad_input_is_one_line_and_exit_2(cli, argv, expect):
     assert code == 2 and expect in err and len(err.strip().splitlines()) == 1
 
 
+STUDY_WITH = """kind: serve
+name: bad-name
+hardware: [{hardware}]
+models: [{{model: llama-3-8b, weights: {weights}}}]
+kv: [fp16, {kv}]
+rates: [1, 2]
+base: {{requests: synthetic, duration_s: 5{base}}}
+"""
+
+
+@pytest.mark.parametrize("fields, expect", [
+    ({"kv": "nosuch"}, ": kv: unknown format 'nosuch'"),
+    ({"weights": "nosuch"}, ": models: unknown format 'nosuch'"),
+    ({"hardware": "nosuch"}, ": hardware: unknown hardware 'nosuch'"),
+    ({"base": ", software: nosuch"}, ": base.software: unknown software stack 'nosuch'"),
+    ({"hardware": "h200-sxm-x8", "base": ", tp: 3"}, ": base.tp: tp x pp must equal the chip count 8"),
+])
+def test_a_serving_study_with_a_bad_setup_is_one_error_before_any_replay(cli, tmp_path, fields, expect):
+    """A name that is not there is bad input (exit 2, the file and the study key), not an error
+    row after the other points ran; nothing is written."""
+    values = {"hardware": "h200-sxm", "weights": "bf16", "kv": "int8", "base": "", **fields}
+    study = tmp_path / "study.yaml"
+    study.write_text(STUDY_WITH.format(**values))
+    code, out, err = cli("serve", "--study", str(study), "--out", str(tmp_path / "out"), "--no-progress")
+    assert code == 2 and err.startswith(f"decodesim: {study}{expect}") and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists() and out == ""
+
+
+def test_a_sweep_with_an_unknown_name_is_one_error_on_the_command_line(cli, tmp_path):
+    code, _out, err = cli("serve", "--kv", "fp16,nosuch", "--rates", "1,2", "--requests", "synthetic",
+                          "--duration-s", "5", "--out", str(tmp_path / "out"))
+    assert code == 2 and err.startswith("decodesim: command line: kv: unknown format 'nosuch'")
+    assert not (tmp_path / "out").exists()
+
+
 def test_bundled_serving_study_resolves():
     study, path = load_study("serving-rate-vs-kv")
     points = study_points(study, path)

@@ -2,8 +2,10 @@
 
 A sweep is the product hardware x (model, weights) x KV format x request rate of one
 ``ServeSpec`` base; each point is one replay (sim.serve.replay.serve), run in worker
-processes. A point whose setup cannot run (for example the weights leave no memory for the
-KV cache) becomes a row with ``status: does-not-fit`` or ``error`` and the reason.
+processes. Every distinct setup is resolved before any replay (``check_setups``): an unknown
+name or a setup that cannot be resolved is bad input, one error. A point that resolves but
+cannot run (for example the weights leave no memory for the KV cache) becomes a row with
+``status: does-not-fit`` or ``error`` and the reason.
 
 The serving study file (``workloads/studies/serving-rate-vs-kv.yaml``), read by
 ``decodesim serve --study FILE``::
@@ -47,6 +49,7 @@ from sim.paths import studies_dir
 from sim.serve.metrics import crossing_rate
 from sim.serve.replay import serve
 from sim.serve.spec import ServeSpec
+from sim.serve.stepmodel import serve_resolved
 
 GROUP = ["hardware", "model", "weights", "kv"]
 REPORT_COLUMNS = [("rate_per_s", "rate (req/s)", "{:.3g}"), ("tpot_ms_p50", "TPOT p50 (ms)", "{:.2f}"),
@@ -117,6 +120,34 @@ def study_points(study: ServeStudySpec, file: str = "study") -> list[ServeSpec]:
                 axis: value}
         points.append(validate(ServeSpec, data, file))
     return points
+
+
+STUDY_KEYS = {"hardware": "hardware", "model": "models", "weights": "models", "kv": "kv"}  # setup key -> study key
+
+
+def study_key(key: str | None) -> str:
+    """The serving-study key that sets the run key ``key`` (the axes, else ``base``)."""
+    return STUDY_KEYS.get(key or "", f"base.{key}" if key else "base")
+
+
+def check_setups(points: list[ServeSpec], file: str = COMMAND_LINE, key_of=lambda key: key) -> None:
+    """Resolve each distinct setup of ``points`` before any replay: an unknown hardware, model,
+    format or stack, or a setup that cannot be resolved, is bad input and one ConfigError now
+    (naming ``file`` and ``key_of`` the key that gave it), not a row of errors after the others
+    ran. A setup that resolves but leaves no memory for the KV cache stays a row (does-not-fit)."""
+    seen = set()
+    for point in points:
+        spec = point.run_spec()
+        text = spec.model_dump_json()
+        if text in seen:
+            continue
+        seen.add(text)
+        try:
+            serve_resolved(spec)
+        except ConfigError as err:
+            if err.file is not None:  # a file that is there but bad says its own path and key
+                raise
+            raise ConfigError(file, key_of(err.key_path), err.expected, err.got) from None
 
 
 def grid(base: ServeSpec, *, hardware=None, models=None, kv=None, rates=None, rate_scales=None) -> list[ServeSpec]:

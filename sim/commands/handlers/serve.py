@@ -18,7 +18,7 @@ from sim.serve.replay import serve
 from sim.serve.report import render as render_report
 from sim.serve.requests import open_source
 from sim.serve.spec import ServeSpec, build, upgrade_names
-from sim.serve.sweep import grid, load_study, run_sweep, study_points, write_table
+from sim.serve.sweep import check_setups, grid, load_study, run_sweep, study_key, study_points, write_table
 from sim.units import GB
 
 
@@ -45,6 +45,7 @@ def handle(args) -> int:
 
         points = grid(base, hardware=lists["hardware"], models=[(m, args.weights) for m in lists["model"]],
                       kv=lists["kv"], rates=rates, rate_scales=scales)
+        check_setups(points)
         _check_sources(points)
         return _sweep(points, args, title="Serving sweep", command=_command(args))
     return _single(base, args)
@@ -285,6 +286,7 @@ def _saved_table(out: Path | None):
 def _study(args) -> int:
     study, path = load_study(args.study)
     points = study_points(study, path)
+    check_setups(points, path, study_key)
     _check_sources(points)
     out = args.out or Path("reports") / study.name
     return _sweep(points, args, title=f"{study.name}: serving latency against request rate and KV format",
