@@ -99,8 +99,12 @@ REJECTED = [
     (["routing", "--batch", "1000000000", "--steps", "2"], "--batch: batch: batch sizes must be at most 1,000,000"),
     (["fidelity", "--kv", "fp16", "--synthetic", "tokens=1e12"], "must be at most 50,000,000"),
     # context beyond the model
-    (["run", "--model", "llama-2-7b"], "the last step (context 4,096 + 7 steps) holds 4,103 tokens, beyond "
-                                       "llama-2-7b's max_context of 4,096; pass --allow-long-context"),
+    (["run", "--model", "llama-2-7b"], "decodesim: command line: context: the last step (context 4,096 + 7 steps) "
+                                       "holds 4,103 tokens, beyond llama-2-7b's max_context of 4,096; pass "
+                                       "--allow-long-context"),
+    # parallelism that does not divide the chips, said against the option that asked it
+    (["run", "--hardware", "h200-sxm-x8", "--tp", "3"], "decodesim: command line: tp: tp x pp must equal the "
+                                                        "chip count 8, got '3 x 2'"),
     # a name that is not bundled, said against the command line and the option that gave it
     (["run", "--kv", "nosuch"], "decodesim: command line: kv: unknown format 'nosuch'; expected a path or one of: bf16"),
     (["run", "--weights", "nosuch"], "decodesim: command line: weights: unknown format 'nosuch'"),
