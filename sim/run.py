@@ -135,6 +135,20 @@ def kv_pool_bytes(setup: RunSetup, cap: dict) -> int:
     return int(row["available_bytes"] - other)
 
 
+def no_kv_room(setup: RunSetup, cap: dict) -> str:
+    """Why ``kv_pool_bytes`` leaves the KV cache nothing: what the KV cache's tier holds per
+    chip and what the placement already puts there (``cap`` from ``capacity``)."""
+    tier = setup.hardware.place("kv").tier
+    row = cap["tiers"].get(tier)
+    if row is None:
+        return f"no memory is left for the KV cache: the placement gives it no {tier} on this machine"
+    held = {what: size for what, size in row["holds"].items() if what != "kv cache"}
+    stage = f" (pipeline stage {row['stage']})" if setup.pp > 1 else ""
+    return (f"no memory is left for the KV cache: {tier} holds {_size(row['available_bytes'])} per chip{stage} "
+            f"and {' + '.join(f'{what} {_size(size)}' for what, size in held.items())} already take "
+            f"{_size(sum(held.values()))} ({setup.model.name} on {setup.hardware.name}, tp {setup.tp} x pp {setup.pp})")
+
+
 def _available(hw, tier: str) -> float:
     """What a tier offers one chip: the whole of an off-chip tier or of the home tier, the
     resident share of an on-chip SRAM level."""

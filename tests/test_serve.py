@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from sim.analytic import analyse
 from sim.costs import CostModel
-from sim.errors import ConfigError
+from sim.errors import ConfigError, SimulationError
 from sim.formats import get_format
 from sim.lowering.decode import lower_step
 from sim.run import RunSpec, resolve
@@ -323,9 +323,16 @@ def test_bad_sources(kwargs, expect):
         open_source(**kwargs)
 
 
-def test_a_setup_without_memory_for_kv_is_an_error():
-    with pytest.raises(ConfigError, match="no memory is left for the KV cache"):
-        build(ServeSpec(model="llama-3-70b")).pool()
+def test_a_setup_without_memory_for_kv_says_what_holds_the_memory():
+    """A verdict about the machine (SimulationError; a sweep's row says does-not-fit), naming the
+    tier, what already fills it and the knob that sizes the activations."""
+    with pytest.raises(SimulationError) as err:
+        build(ServeSpec(model="llama-3-70b"))
+    text = str(err.value)
+    assert text.startswith("no memory is left for the KV cache: hbm holds 141.00 GB per chip and weights ")
+    assert "(llama-3-70b on h200-sxm, tp 1 x pp 1)" in text and "--max-tokens-per-step" in text
+    with pytest.raises(ConfigError, match="no memory is left for the KV cache"):  # the pool's own guard
+        KVPool(0, 16, lambda tokens: tokens)
 
 
 def test_crossing_rate():

@@ -21,7 +21,8 @@ from sim import decode_trace as traces
 from sim.config.loader import parse_assignment
 from sim.config.quantity import Strict, real, whole
 from sim.config.spec import MAX_BATCH, MAX_CHIPS, MAX_TARGET_MS, Name, RunSpec
-from sim.run import capacity, kv_bytes, kv_pool_bytes
+from sim.errors import SimulationError
+from sim.run import capacity, kv_bytes, kv_pool_bytes, no_kv_room
 from sim.serve.requests import MAX_DURATION_S, MAX_RATE_PER_S, MAX_TOKENS, RequestSource, open_source
 from sim.serve.scheduler import DEFAULT_MAX_BATCH, DEFAULT_MAX_TOKENS_PER_STEP, VLLM_BLOCK_TOKENS, KVPool
 from sim.serve.stepmodel import serve_resolved
@@ -136,6 +137,9 @@ def build(spec: ServeSpec) -> ServeSetup:
     res = serve_resolved(spec.run_spec())
     cap = capacity(dataclasses.replace(res, steps=traces.fixed(spec.activation_rows, 1, 1)))
     pool_bytes = kv_pool_bytes(res, cap)
+    if pool_bytes <= 0:  # a verdict about this machine, not bad input: a sweep's row says does-not-fit
+        raise SimulationError(f"{no_kv_room(res, cap)}; the activations are sized for a step of "
+                              f"{spec.activation_rows:,} token rows (the larger of --max-tokens-per-step and --max-batch)")
     return ServeSetup(spec, res, cap, pool_bytes, source)
 
 
