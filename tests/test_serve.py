@@ -416,6 +416,15 @@ def test_a_sweep_with_an_unknown_name_is_one_error_on_the_command_line(cli, tmp_
     assert not (tmp_path / "out").exists()
 
 
+def test_an_output_folder_that_cannot_be_made_is_refused_before_any_replay(cli, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    code, out, err = cli("serve", "--rates", "1,2", "--requests", "synthetic", "--duration-s", "5",
+                         "--out", str(blocker / "sweep"))
+    # refused when the options are read: no replay ran (each prints its line)
+    assert code == 2 and f"cannot be created: {blocker} is a file, not a folder" in err and out == ""
+
+
 def test_bundled_serving_study_resolves():
     study, path = load_study("serving-rate-vs-kv")
     points = study_points(study, path)

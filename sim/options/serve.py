@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import argparse
 import re
-from pathlib import Path
 
 from sim.errors import COMMAND_LINE
+from sim.options.run import output_dir
 from sim.serve.scheduler import DEFAULT_MAX_BATCH, DEFAULT_MAX_TOKENS_PER_STEP, VLLM_BLOCK_TOKENS
 
 
@@ -73,7 +73,7 @@ def add_serve_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target-ms", type=_decimal, default=10.0, help="p99 TPOT target (default 10)")
     p.add_argument("--study", default=None, help="run a serving study YAML (kind: serve)")
     p.add_argument("--jobs", type=_whole, default=None, help="worker processes for sweeps (default: cores)")
-    p.add_argument("--out", type=Path, default=None,
+    p.add_argument("--out", type=output_dir, default=None,
                    help="one replay: steps/requests Parquet, summary.json, over-time plot; sweep: table, "
                         "latency-vs-rate plot, report.md")
     p.add_argument("--replot", action="store_true",
