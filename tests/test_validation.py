@@ -101,6 +101,30 @@ def test_validate_with_a_missing_or_malformed_csv_is_one_line_exit_2(cli, tmp_pa
     assert code == 2 and err.count("\n") == 1 and "bad.csv" in err and "graph" in err
 
 
+@pytest.mark.parametrize("row, expect", [
+    ("1,1024,true,0", "line 3: median_ms: must be a finite number of milliseconds > 0, got '0'"),
+    ("1,1024,true,nan", "line 3: median_ms: must be a finite number of milliseconds > 0, got 'nan'"),
+    ("1,1024,true,-2.5", "line 3: median_ms: must be a finite number of milliseconds > 0, got '-2.5'"),
+    ("0,1024,true,2.0", "line 3: batch: must be a whole number >= 1, got '0'"),
+    ("1,1e3,true,2.0", "line 3: context: must be a whole number >= 1, got '1e3'"),
+    ("1,2", "line 3: expected 4 fields, as the header names, got 2"),
+    ("1,1024,true,2.0,extra", "line 3: expected 4 fields, as the header names, got 5"),
+])
+def test_a_bad_measured_row_is_one_line_naming_its_line_and_column(cli, tmp_path, row, expect):
+    """Before any simulation: a zero or missing measurement would divide by zero or print nan%."""
+    bad = tmp_path / "bad.csv"
+    bad.write_text(f"batch,context,graph,median_ms\n1,1024,true,2.0\n{row}\n")
+    out = tmp_path / "v.md"
+    code, _out, err = cli("validate", "--out", str(out), "--csv", str(bad))
+    assert code == 2 and err == f"decodesim: {bad}: {expect}\n" and not out.exists()
+
+
+def test_a_failed_measurement_left_empty_is_left_out(tmp_path):
+    path = tmp_path / "steps.csv"
+    path.write_text("batch,context,graph,median_ms\n1,1024,true,2.0\n8,1024,true,\n")
+    assert [r["batch"] for r in validation.read_measured(path)] == [1]
+
+
 def test_anchors_are_reproduced_from_specs_alone():
     """No anchor may override anything but the chip count: no efficiency tuned to its target."""
     assert len(validation.ANCHORS) >= 3

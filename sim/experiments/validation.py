@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from sim.costs import CostModel
 from sim.engine.simulation import Simulation
+from sim.errors import ConfigError
 from sim.experiments import link_fit
 from sim.lowering.decode import lower_step
 from sim.lowering.graph import Access, Builder, make_graph
@@ -61,16 +63,53 @@ def _truthy(text: str) -> bool:
     raise ValueError(f"graph column: expected true/false, got {text!r}")
 
 
+MEASURED_COLUMNS = ("batch", "context", "graph", "median_ms")
+
+
 def read_measured(path: Path | str = DECODE_CSV) -> list[dict]:
-    """Rows of decode_steps.csv as dicts with batch, context, graph (bool), median_ms."""
+    """Rows of decode_steps.csv as dicts with batch, context, graph (bool), median_ms. A row
+    whose median_ms is empty is a measurement that failed and is left out; any other bad row
+    is a ConfigError naming the file, the line and the column."""
     rows = []
     with open(repo_path(path), newline="") as handle:
-        for row in csv.DictReader(handle):
-            if not row.get("median_ms"):
+        reader = csv.DictReader(handle)
+        missing = [c for c in MEASURED_COLUMNS if c not in (reader.fieldnames or ())]
+        if missing:
+            raise ConfigError(str(path), missing[0], f"required column is missing; expected columns "
+                              f"{', '.join(MEASURED_COLUMNS)}", reader.fieldnames)
+        for row in reader:
+            if row.get("median_ms") == "":
                 continue
-            rows.append({**row, "batch": int(row["batch"]), "context": int(row["context"]),
-                         "graph": _truthy(row["graph"]), "median_ms": float(row["median_ms"])})
+            rows.append(_measured_row(row, str(path), reader.line_num, len(reader.fieldnames)))
     return rows
+
+
+def _measured_row(row: dict, file: str, line: int, columns: int) -> dict:
+    """One measured row, checked: as many fields as the header, batch and context whole
+    numbers >= 1, graph true/false, median_ms a finite number of milliseconds > 0 (an error
+    is a ratio to it)."""
+    fields = sum(1 for key, value in row.items() if key is not None and value is not None) + len(row.get(None, ()))
+    if fields != columns:
+        raise ConfigError(file, f"line {line}", f"expected {columns} fields, as the header names", fields)
+    out = dict(row)
+    for column in ("batch", "context"):
+        text = row[column].strip()
+        if not text.isdigit() or int(text) < 1:
+            raise ConfigError(file, f"line {line}: {column}", "must be a whole number >= 1", row[column])
+        out[column] = int(text)
+    try:
+        out["graph"] = _truthy(row["graph"])
+    except ValueError:
+        raise ConfigError(file, f"line {line}: graph", "expected true/false (or graph/eager)", row["graph"]) from None
+    try:
+        median = float(row["median_ms"])
+    except ValueError:
+        median = math.nan
+    if not (math.isfinite(median) and median > 0):
+        raise ConfigError(file, f"line {line}: median_ms", "must be a finite number of milliseconds > 0",
+                          row["median_ms"])
+    out["median_ms"] = median
+    return out
 
 
 def predict_measured(rows: list[dict], hardware: str = "h200-sxm", engine: str = "des",
