@@ -425,6 +425,28 @@ def test_an_output_folder_that_cannot_be_made_is_refused_before_any_replay(cli, 
     assert code == 2 and f"cannot be created: {blocker} is a file, not a folder" in err and out == ""
 
 
+def test_a_kv_block_larger_than_the_pool_is_refused(cli):
+    code, out, err = cli("serve", "--requests", "synthetic", "--duration-s", "2", "--block-tokens", "1000000")
+    assert code == 2 and out == "" and err.startswith("decodesim: command line: block_tokens: one KV block of "
+                                                      "1,000,000 tokens takes ")
+
+
+def test_a_replay_where_no_request_finishes_says_so_instead_of_printing_nan(cli, tmp_path):
+    requests = tmp_path / "big.csv"
+    requests.write_text("arrival_s,prompt_tokens,output_tokens\n0,200000,10\n1,200000,10\n")
+    code, out, err = cli("serve", "--requests", str(requests))
+    assert code == 0, err
+    assert "verdict: NO RESULT: none of the 2 requests finished (2 rejected" in out and "nan" not in out
+
+
+def test_one_arrival_has_no_rate_and_prints_no_nan(cli, tmp_path):
+    requests = tmp_path / "one.csv"
+    requests.write_text("arrival_s,prompt_tokens,output_tokens\n0,100,10\n")
+    code, out, err = cli("serve", "--requests", str(requests))
+    assert code == 0, err
+    assert "1 arrived (one arrival: no rate), 1 done" in out and "nan" not in out
+
+
 def test_bundled_serving_study_resolves():
     study, path = load_study("serving-rate-vs-kv")
     points = study_points(study, path)

@@ -21,12 +21,13 @@ from sim import decode_trace as traces
 from sim.config.loader import parse_assignment
 from sim.config.quantity import Strict, real, whole
 from sim.config.spec import MAX_BATCH, MAX_CHIPS, MAX_TARGET_MS, Name, RunSpec
-from sim.errors import SimulationError
+from sim.errors import ConfigError, SimulationError
 from sim.run import capacity, kv_bytes, kv_pool_bytes, no_kv_room
 from sim.serve.requests import MAX_DURATION_S, MAX_RATE_PER_S, MAX_TOKENS, RequestSource, open_source
 from sim.serve.scheduler import DEFAULT_MAX_BATCH, DEFAULT_MAX_TOKENS_PER_STEP, VLLM_BLOCK_TOKENS, KVPool
 from sim.serve.stepmodel import serve_resolved
 from sim.setup import RunSetup
+from sim.units import GB
 
 POOL_CONTEXT = 4096  # tokens of the sequence whose bytes per token size the KV pool figure
 MAX_RATE_SCALE = 1e6  # x a trace's native rate (the offered rate is bounded separately)
@@ -140,6 +141,11 @@ def build(spec: ServeSpec) -> ServeSetup:
     if pool_bytes <= 0:  # a verdict about this machine, not bad input: a sweep's row says does-not-fit
         raise SimulationError(f"{no_kv_room(res, cap)}; the activations are sized for a step of "
                               f"{spec.activation_rows:,} token rows (the larger of --max-tokens-per-step and --max-batch)")
+    block_bytes = kv_bytes(res, spec.block_tokens)
+    if block_bytes > pool_bytes:  # no request could ever be admitted
+        raise ConfigError(None, "block_tokens", f"one KV block of {spec.block_tokens:,} tokens takes "
+                          f"{block_bytes / GB:.3g} GB per chip, more than the KV pool's {pool_bytes / GB:.3g} GB; "
+                          "expected a block that fits the pool", spec.block_tokens)
     return ServeSetup(spec, res, cap, pool_bytes, source)
 
 

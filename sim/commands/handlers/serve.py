@@ -4,6 +4,7 @@ or written (tables, plots, report)."""
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -302,15 +303,22 @@ def render(s: dict) -> str:
     if s.get("partial"):
         lines.append(f"  PARTIAL: interrupted at {s['stopped_at_s']:.1f} simulated s; figures cover the requests "
                      "that finished by then")
-    lines += [f"  requests: {s['source']}; {s['arrivals']:,} arrived ({s['rate_per_s']:.3g} req/s offered over the "
-              f"{window}), {s['requests_done']:,} done, {s['requests_rejected']:,} rejected; "
+    offered = f"{s['rate_per_s']:.3g} req/s offered" if math.isfinite(s["rate_per_s"]) else None
+    rate = f"{offered} over the {window}" if offered else "one arrival: no rate"
+    lines += [f"  requests: {s['source']}; {s['arrivals']:,} arrived ({rate}), {s['requests_done']:,} done, "
+              f"{s['requests_rejected']:,} rejected; "
               f"{s['simulated_s']:.1f} s simulated in {s['steps']:,} steps",
               f"  scheduler: {s['policy']} prefill, <= {s['max_tokens_per_step']} tokens and <= {s['max_batch']} "
               f"sequences per step, {s['block_tokens']}-token KV blocks; KV pool "
               f"{s['kv_pool_bytes_per_chip'] / GB:.1f} GB per chip, room for {s['kv_pool_tokens']:,} cached tokens "
               f"({s['kv_pool_tokens'] // 4096:,} "
-              f"sequences of 4,096 tokens)",
-              f"  {'':<6}{'p50':>10}{'p90':>10}{'p99':>10}{'mean':>10}"]
+              f"sequences of 4,096 tokens)"]
+    if not s["requests_done"]:
+        lines.append(f"  verdict: NO RESULT: none of the {s['arrivals']:,} requests finished ({s['requests_rejected']:,} "
+                     "rejected: a request that exceeds the model's context or alone overflows the KV pool is "
+                     "refused), so there is no latency to report")
+        return "\n".join(lines)
+    lines.append(f"  {'':<6}{'p50':>10}{'p90':>10}{'p99':>10}{'mean':>10}")
     for key, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2e_ms", "E2E"), ("step_ms", "step")):
         lines.append(f"  {label:<6}" + "".join(f"{s[f'{key}_{q}']:>10.2f}" for q in ("p50", "p90", "p99", "mean"))
                      + "  ms")
@@ -322,7 +330,7 @@ def render(s: dict) -> str:
               f"preemptions {s['preemptions']} ({s['recomputed_tokens']} tokens recomputed)"]
     word = "MEETS" if s["meets_target"] else "MISSES"
     lines.append(f"  verdict: {word} the {s['target_ms']:g} ms target: p99 TPOT {s['tpot_ms_p99']:.2f} ms at "
-                 f"{s['rate_per_s']:.3g} req/s offered" + (" (partial replay)" if s.get("partial") else ""))
+                 f"{offered or 'one arrival'}" + (" (partial replay)" if s.get("partial") else ""))
     if s.get("J_per_output_token") is not None:
         lines.append(f"  energy: {s['J_per_output_token']:.3f} J per output token (chips alone "
                      f"{s['chip_J_per_output_token']:.3f} J), average {s['energy_avg_W']:.0f} W; dynamic part from "
