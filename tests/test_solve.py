@@ -49,6 +49,9 @@ def test_cli_solve(tmp_path):
     code, out, err = run_cli("solve", "--target-ms", "0.05", "--vary", "hardware.hbm.channel_bandwidth_GBps",
                              "--steps", "1")
     assert code == 1 and "no value" in out
+    code, out, err = run_cli("solve", "--target-ms", "0.05", "--vary", "hardware.hbm.channel_bandwidth_GBps",
+                             "--steps", "1", "--json")
+    assert code == 1 and json.loads(out)["found"] is False  # the same answer, the same status
     code, out, err = run_cli("solve", "--vary", "hardware.hbm.nope", "--steps", "1")
     assert code == 2 and err.count("\n") == 1 and "hardware.hbm.nope" in err
 

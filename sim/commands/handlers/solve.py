@@ -22,7 +22,7 @@ def handle(args) -> int:
     solution = solve(spec, args.vary, args.target_ms, lo, hi, rel_tol=args.rel_tol)
     if args.json:
         emit_json("solve", solution.as_dict())
-        return 0
+        return 0 if solution.found else 1
     print(f"decodesim solve: {spec.model} on {spec.hardware}, batch {spec.batch}, context {spec.context}, "
           f"weights {spec.weights}, KV {spec.kv}, target {solution.target_ms:g} ms")
     print(f"  {solution.message}")
