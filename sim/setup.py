@@ -21,7 +21,7 @@ from sim.config.model import ModelSpec
 from sim.config.software import SoftwareStack, load_stack
 from sim.config.spec import HARDWARE, MODEL, RunSpec, apply_run_overrides, override_raw, validate_overridden
 from sim.errors import ConfigError
-from sim.formats import Format, get_format
+from sim.formats import Format, get_format, list_formats
 from sim.paths import hardware_dir, models_dir
 from sim.paths import resolve as resolve_path
 
@@ -110,6 +110,21 @@ def _by_name(key: str, find, name: str, *args):
         raise ConfigError(None, key, err.expected, err.got) from None
 
 
+ROLE_NAMES = {"weights": "a weight format", "kv": "a KV-cache format"}
+
+
+def _format(role: str, name: str) -> Format:
+    """The format ``name`` for ``role`` (weights or kv): one made for the other role (``role:``
+    in its file) is refused, as its numbers would mean nothing there (kivi-2's per-token
+    grouping read as a weight layout)."""
+    fmt = _by_name(role, get_format, name)
+    if fmt.role not in (role, "both"):
+        fitting = ", ".join(f.name for f in list_formats(role))
+        raise ConfigError(None, role, f"format {fmt.name!r} is {ROLE_NAMES[fmt.role]} (role: {fmt.role}); "
+                          f"expected {ROLE_NAMES[role]}: {fitting}", name)
+    return fmt
+
+
 def resolve(spec: RunSpec) -> RunSetup:
     """Resolve ``spec`` into a sealed RunSetup (ConfigError / SimulationError on bad input)."""
     spec = apply_run_overrides(spec)
@@ -132,7 +147,7 @@ def resolve(spec: RunSpec) -> RunSetup:
         except ConfigError as err:  # the profile names a stack that is not there: say so against the profile
             raise ConfigError(hw_path, "software", f"the stack this machine runs: {err.expected}",
                               hardware.software) from None
-    weights, kv = _by_name("weights", get_format, spec.weights), _by_name("kv", get_format, spec.kv)
+    weights, kv = _format("weights", spec.weights), _format("kv", spec.kv)
     tp, pp = parallelism(spec, hardware, model, hw_path)
     if spec.trace:
         steps = traces.read(spec.trace, spec.steps)

@@ -110,6 +110,11 @@ REJECTED = [
     (["run", "--weights", "nosuch"], "decodesim: command line: weights: unknown format 'nosuch'"),
     (["run", "--software", "nosuch"], "decodesim: command line: software: unknown software stack 'nosuch'"),
     (["compare", "--hardware", "nosuch"], "decodesim: command line: hardware: unknown hardware 'nosuch'"),
+    # a format made for the other role (its file's role:)
+    (["run", "--weights", "kivi-2"], "decodesim: command line: weights: format 'kivi-2' is a KV-cache format "
+                                     "(role: kv); expected a weight format: bf16"),
+    (["compare", "--kv", "int4-g128,fp16"], "decodesim: command line: kv: format 'int4-g128' is a weight format "
+                                            "(role: weights); expected a KV-cache format: bf16"),
     # nesting (the loader's limit) in a model file
     (["run", "--model", "{tmp}/model-deep.yaml"], "nested deeper than 40 levels"),
 ]
