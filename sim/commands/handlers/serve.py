@@ -14,12 +14,13 @@ from sim.commands.common import emit_json, to_json, write_atomic
 from sim.commands.serve import register
 from sim.config.loader import parse_number, validate
 from sim.errors import COMMAND_LINE, ConfigError
+from sim.io import read_table
 from sim.serve.plots import latency_vs_rate, over_time
 from sim.serve.replay import serve
 from sim.serve.report import render as render_report
 from sim.serve.requests import open_source
 from sim.serve.spec import ServeSpec, build, upgrade_names
-from sim.serve.sweep import check_setups, grid, load_study, run_sweep, study_key, study_points, write_table
+from sim.serve.sweep import GROUP, check_setups, grid, load_study, run_sweep, study_key, study_points, write_table
 from sim.units import GB
 
 
@@ -227,17 +228,17 @@ def _single(spec, args) -> int:
 
 
 def _write_single(out: Path, summary: dict, spec) -> None:
-    write_atomic(out / "summary.json", to_json({**summary, "spec": spec.model_dump(mode="json")}))
+    """The plot, then summary.json: the summary is written last, so a folder with one is complete."""
     if summary.get("partial"):  # no plot (it would take most of the second an interrupt has); none stale
         (out / "over-time.png").unlink(missing_ok=True)
-        return
-    steps = pd.read_parquet(out / "steps.parquet", columns=["t_start_s", "step_ms", "batch", "kv_occupancy",
-                                                            "waiting"])
-    if len(steps):
-        partial = " (partial: interrupted)" if summary.get("partial") else ""
-        over_time(steps, out / "over-time.png",
-                  title=f"{summary['model']} on {summary['hardware']}, KV {summary['kv']}, "
-                        f"{summary['rate_per_s']:.3g} req/s offered ({summary['requests']}){partial}")
+    else:
+        steps = pd.read_parquet(out / "steps.parquet", columns=["t_start_s", "step_ms", "batch", "kv_occupancy",
+                                                                "waiting"])
+        if len(steps):
+            over_time(steps, out / "over-time.png",
+                      title=f"{summary['model']} on {summary['hardware']}, KV {summary['kv']}, "
+                            f"{_offered(summary['rate_per_s'])} ({summary['requests']})")
+    write_atomic(out / "summary.json", to_json({**summary, "spec": spec.model_dump(mode="json")}))
 
 
 def _sweep(points, args, *, title: str, command: str, description: str = "", question: str = "",
@@ -276,12 +277,26 @@ def _sweep(points, args, *, title: str, command: str, description: str = "", que
     return interrupt.exit_code
 
 
+SAVED_TABLE = "the table.parquet of a `decodesim serve` sweep"
+ROW_COLUMNS = (*GROUP, "status", "reason")  # every sweep row has them
+RAN_COLUMNS = ("rate_per_s", "tpot_ms_p50", "tpot_ms_p99", "ttft_ms_p99", "step_ms_p50", "step_ms_p99",
+               "mean_batch_busy", "mean_kv_occupancy", "kv_bytes_per_token", "kv_pool_tokens", "verdict")
+
+
 def _saved_table(out: Path | None):
+    """The table an earlier sweep wrote to ``out``, for --replot: a missing, damaged or foreign
+    table (one without the columns the plot, the report and the printed table read) is one
+    ConfigError naming it, before anything is redrawn."""
     if out is None or not (out / "table.parquet").is_file():
         raise ConfigError(str(out / "table.parquet") if out else COMMAND_LINE, None if out else "--out",
                           "--replot needs the table of an earlier run (--out DIR with table.parquet)")
-
-    return upgrade_names(pd.read_parquet(out / "table.parquet"))
+    path = out / "table.parquet"
+    table = upgrade_names(read_table(path, SAVED_TABLE, ROW_COLUMNS))
+    missing = [c for c in RAN_COLUMNS if c not in table.columns]
+    if missing and (table["status"] == "ok").any():
+        raise ConfigError(str(path), None, f"not {SAVED_TABLE}: it has replays that finished but no column "
+                                           f"{missing[0]!r}")
+    return table
 
 
 def _study(args) -> int:
@@ -303,8 +318,8 @@ def render(s: dict) -> str:
     if s.get("partial"):
         lines.append(f"  PARTIAL: interrupted at {s['stopped_at_s']:.1f} simulated s; figures cover the requests "
                      "that finished by then")
-    offered = f"{s['rate_per_s']:.3g} req/s offered" if math.isfinite(s["rate_per_s"]) else None
-    rate = f"{offered} over the {window}" if offered else "one arrival: no rate"
+    offered = _offered(s["rate_per_s"])
+    rate = f"{offered} over the {window}" if math.isfinite(s["rate_per_s"]) else "one arrival: no rate"
     lines += [f"  requests: {s['source']}; {s['arrivals']:,} arrived ({rate}), {s['requests_done']:,} done, "
               f"{s['requests_rejected']:,} rejected; "
               f"{s['simulated_s']:.1f} s simulated in {s['steps']:,} steps",
@@ -330,13 +345,18 @@ def render(s: dict) -> str:
               f"preemptions {s['preemptions']} ({s['recomputed_tokens']} tokens recomputed)"]
     word = "MEETS" if s["meets_target"] else "MISSES"
     lines.append(f"  verdict: {word} the {s['target_ms']:g} ms target: p99 TPOT {s['tpot_ms_p99']:.2f} ms at "
-                 f"{offered or 'one arrival'}" + (" (partial replay)" if s.get("partial") else ""))
+                 f"{offered}" + (" (partial replay)" if s.get("partial") else ""))
     if s.get("J_per_output_token") is not None:
         lines.append(f"  energy: {s['J_per_output_token']:.3f} J per output token (chips alone "
                      f"{s['chip_J_per_output_token']:.3f} J), average {s['energy_avg_W']:.0f} W; dynamic part from "
                      f"{s['energy_sampled_steps']} exactly evaluated steps")
     lines.append(f"  replayed in {s['wall_s']:.1f} s wall")
     return "\n".join(lines)
+
+
+def _offered(rate_per_s: float) -> str:
+    """The offered rate as the summary and the plot say it (one arrival has none)."""
+    return f"{rate_per_s:.3g} req/s offered" if math.isfinite(rate_per_s) else "one arrival"
 
 
 def render_table(table, target_ms: float) -> str:
