@@ -119,6 +119,14 @@ BAD = {
         "sweep.exclude.0.where.batch", "must be a value of the axis"),
     "exclude without a reason": ("sweep:\n  grid:\n    batch: [1, 2]\n  exclude:\n    - {where: {batch: 1}}\n",
                                  "sweep.exclude.0.reason", "required"),
+    "a value listed twice": ("sweep:\n  grid:\n    batch: [1, 8, 1]\n", "sweep.grid.batch.2", "duplicate value"),
+    "a plot axis that is not swept": ("sweep:\n  grid:\n    batch: [1, 2]\n    context: [256, 512]\n"
+                                      "plots: {feasibility: [contxt, batch]}\n", "plots.feasibility.0",
+                                      "'contxt' is not a swept axis"),
+    "a facet that is not swept": ("sweep:\n  grid:\n    batch: [1, 2]\nplots: {facet: kv}\n", "plots.facet",
+                                  "'kv' is not a swept axis"),
+    "a breakdown axis that is not swept": ("sweep:\n  grid:\n    batch: [1, 2]\nplots: {breakdown: context}\n",
+                                           "plots.breakdown", "'context' is not a swept axis"),
 }
 
 

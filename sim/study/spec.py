@@ -283,7 +283,8 @@ def study_size(spec: StudySpec, axes: list[tuple[str, list]], zipped: dict[str, 
 def expand(spec: StudySpec, file: str, max_points: int = MAX_POINTS) -> Study:
     """The study's points (a ConfigError before expanding if there would be more than ``max_points``)."""
     names = _axis_names(spec, file)
-    axes = [(path, axis_values(value, file, f"sweep.grid.{path}", max_points)) for path, value in spec.sweep.grid.items()]
+    axes = [(path, _distinct(axis_values(value, file, f"sweep.grid.{path}", max_points), value, file,
+                             f"sweep.grid.{path}")) for path, value in spec.sweep.grid.items()]
     zipped = _zipped(spec, file, max_points)
     _check_size(spec, axes, zipped, file, max_points)
     _check_seeds(spec, file)
@@ -301,6 +302,19 @@ def expand(spec: StudySpec, file: str, max_points: int = MAX_POINTS) -> Study:
         _sensitivity_points(spec, file, detail, fixed, points)
     return Study(spec, file, names, points, excluded=[(rule, n) for rule, n in zip(spec.sweep.exclude, excluded,
                                                                                      strict=True)])
+
+
+def _distinct(values: list, given: Any, file: str, where: str) -> list:
+    """A grid axis's listed values, each once: a value listed twice would run its points twice
+    under one label (a range's rounded values are its own business)."""
+    if isinstance(given, list):
+        seen: set[str] = set()
+        for i, value in enumerate(values):
+            key = repr(value)
+            if key in seen:
+                raise ConfigError(file, f"{where}.{i}", "duplicate value: each value of a grid axis once", value)
+            seen.add(key)
+    return values
 
 
 def _axis_names(spec: StudySpec, file: str) -> list[str]:
@@ -344,10 +358,15 @@ def _check_seeds(spec: StudySpec, file: str) -> None:
 
 
 def _check_axis_references(spec: StudySpec, names: list[str], file: str) -> None:
-    """``compare``, ``focus`` and ``summary_by`` name swept axes only."""
+    """``compare``, ``focus``, ``summary_by`` and the plots' axes name swept axes only."""
     named = [(f"compare.{i}.axis", axis) for i, comp in enumerate(spec.compare) for axis in [comp.axis, *comp.by]]
     named += [(f"focus.{i}", axis) for i, focus in enumerate(spec.focus) for axis in [*focus.where, *focus.by]]
     named += [("summary_by", axis) for axis in spec.summary_by]
+    plots = spec.plots
+    named += [(f"plots.feasibility.{i}", axis) for i, axis in enumerate(plots.feasibility or ())]
+    facet = [plots.facet] if isinstance(plots.facet, str) else plots.facet or []
+    named += [("plots.facet", axis) for axis in facet]
+    named += [("plots.breakdown", axis) for axis in ([plots.breakdown] if plots.breakdown else [])]
     for key, axis in named:
         if axis not in names:
             raise ConfigError(file, key, f"{axis!r} is not a swept axis; axes: {', '.join(names)}")
