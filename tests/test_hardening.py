@@ -110,6 +110,10 @@ REJECTED = [
     (["run", "--weights", "nosuch"], "decodesim: command line: weights: unknown format 'nosuch'"),
     (["run", "--software", "nosuch"], "decodesim: command line: software: unknown software stack 'nosuch'"),
     (["compare", "--hardware", "nosuch"], "decodesim: command line: hardware: unknown hardware 'nosuch'"),
+    # comma lists: an empty item is an error, not dropped (one parser for every command)
+    (["fidelity", "--kv", "int8,,fp16"], "decodesim: command line: --kv: item 2 of the comma list is empty"),
+    (["routing", "--batch", "1,,8"], "decodesim: command line: --batch: item 2 of the comma list is empty"),
+    (["compare", "--kernels", ""], "decodesim: command line: --kernels: expected one or more comma-separated stacks"),
     # a format made for the other role (its file's role:)
     (["run", "--weights", "kivi-2"], "decodesim: command line: weights: format 'kivi-2' is a KV-cache format "
                                      "(role: kv); expected a weight format: bf16"),

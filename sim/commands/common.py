@@ -11,11 +11,29 @@ bumped (major) when a field is renamed or removed, (minor) when one is added.
 
 from __future__ import annotations
 
+from sim.errors import COMMAND_LINE, ConfigError
 from sim.io import to_json, write_atomic, write_frame
 from sim.schema import SCHEMA_VERSION
 from sim.units import GB, KB, MB, TB
 
-__all__ = ["fmt_bytes", "to_json", "write_atomic", "write_frame", "emit_json", "envelope"]
+__all__ = ["comma_list", "fmt_bytes", "to_json", "write_atomic", "write_frame", "emit_json", "envelope"]
+
+MAX_LIST = 1000  # items of one comma list (names, rates, batch sizes)
+
+
+def comma_list(text: str, flag: str, what: str = "names", limit: int = MAX_LIST, each: str = "") -> list[str]:
+    """The items of the comma list given as ``flag``, checked before any work: at least one, at
+    most ``limit`` (``each``: what one costs, for the message), none empty (``fp16,,int8`` is an
+    error, not dropped)."""
+    items = [item.strip() for item in text.split(",")]
+    if not text.strip():
+        raise ConfigError(COMMAND_LINE, flag, f"expected one or more comma-separated {what}", text)
+    if len(items) > limit:
+        raise ConfigError(COMMAND_LINE, flag, f"expected at most {limit} comma-separated {what}{each}, "
+                          f"got {len(items):,}")
+    if "" in items:
+        raise ConfigError(COMMAND_LINE, flag, f"item {items.index('') + 1} of the comma list is empty", text)
+    return items
 
 
 def fmt_bytes(n: float) -> str:

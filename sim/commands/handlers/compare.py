@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from sim.commands.common import emit_json
-from sim.errors import COMMAND_LINE, ConfigError
+from sim.commands.common import comma_list, emit_json
+from sim.errors import ConfigError
 from sim.experiments.compare import attention_rows, compare_rows, kv_qualities
 from sim.options.spec import spec_from_args
 
@@ -11,8 +11,9 @@ MAX_FORMATS = 64  # KV formats (and stacks) per compare: each is a simulated run
 
 
 def handle(args) -> int:
-    names = _names(args.kv, "--kv", "formats")
-    stacks = _names(args.kernels, "--kernels", "stacks") if args.kernels else []
+    each = " (each is a simulated run)"
+    names = comma_list(args.kv, "--kv", "formats", MAX_FORMATS, each)
+    stacks = comma_list(args.kernels, "--kernels", "stacks", MAX_FORMATS, each) if args.kernels is not None else []
     if args.fidelity_tokens <= 0:
         raise ConfigError("--fidelity-tokens", "fidelity_tokens", "must be > 0", args.fidelity_tokens)
     spec = spec_from_args(args)
@@ -73,19 +74,6 @@ def render_qualities(rows: list[dict], published) -> str:
                  "byte limit: the quantized bytes at the attention class's rate, dequantization free"
                  + (f"; published: {published[1]}" if published else ""))
     return "\n".join(lines)
-
-
-def _names(text: str, flag: str, what: str) -> list[str]:
-    """A comma list of names, checked before any work: no empty item, at most MAX_FORMATS."""
-    items = [n.strip() for n in text.split(",")]
-    if not text.strip():
-        raise ConfigError(COMMAND_LINE, flag, f"expected one or more comma-separated {what}", text)
-    if len(items) > MAX_FORMATS:
-        raise ConfigError(COMMAND_LINE, flag, f"expected at most {MAX_FORMATS} comma-separated {what} (each is a "
-                          f"simulated run), got {len(items):,}")
-    if "" in items:
-        raise ConfigError(COMMAND_LINE, flag, f"item {items.index('') + 1} of the comma list is empty", text)
-    return items
 
 
 def render_kernels(rows: list[dict]) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from sim.commands.common import emit_json
+from sim.commands.common import comma_list, emit_json
 from sim.config.loader import parse_assignment
 from sim.errors import ConfigError
 from sim.formats import get_format
@@ -42,10 +42,7 @@ def synthetic_params(items: list[str], seed: int):
 
 def handle(args) -> int:
     check_args(args)
-    names = [n.strip() for n in args.kv.split(",") if n.strip()]
-    if not names:
-        raise ConfigError("--kv", "kv", "expected one or more comma-separated formats", args.kv)
-    formats = [get_format(n) for n in names]
+    formats = [get_format(n) for n in comma_list(args.kv, "--kv", "formats")]
     if args.input:
         if args.synthetic:
             raise ConfigError("--synthetic", "synthetic", "only applies without --input")

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from sim.commands.common import emit_json
+from sim.commands.common import comma_list, emit_json
 from sim.config.loader import load_yaml, validate
 from sim.config.model import ModelSpec
 from sim.config.spec import MAX_BATCH, MAX_STEPS
-from sim.errors import ConfigError
+from sim.errors import COMMAND_LINE, ConfigError
 from sim.moe import routing
 from sim.moe.plan import MAX_ROUTING_DRAWS, moe_layers
 from sim.paths import bundled, models_dir
@@ -52,14 +52,12 @@ def handle(args) -> int:
 
 
 def _batches(text) -> list[int]:
-    """The sorted distinct batch sizes of a comma list, each >= 1."""
-    try:
-        batches = sorted({int(b) for b in str(text).split(",") if b.strip()})
-    except ValueError:
-        raise ConfigError("--batch", "batch", "expected comma-separated whole numbers", text) from None
-    if not batches or batches[0] < 1:
-        raise ConfigError("--batch", "batch", "expected batch sizes >= 1", text)
-    return batches
+    """The sorted distinct batch sizes of a comma list, each a whole number >= 1."""
+    items = comma_list(str(text), "--batch", "batch sizes")
+    bad = next((item for item in items if not item.isdigit() or int(item) < 1), None)
+    if bad is not None:
+        raise ConfigError(COMMAND_LINE, "--batch", "expected comma-separated whole numbers >= 1", bad)
+    return sorted({int(item) for item in items})
 
 
 def _row(trace, batch: int, top_k: int, closed_form: float) -> dict:

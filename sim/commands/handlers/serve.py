@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from sim.commands.common import emit_json, to_json, write_atomic
+from sim.commands.common import MAX_LIST, comma_list, emit_json, to_json, write_atomic
 from sim.commands.serve import register
 from sim.config.loader import parse_number, validate
 from sim.errors import COMMAND_LINE, ConfigError
@@ -27,7 +27,7 @@ from sim.units import GB
 def handle(args) -> int:
     if args.study:
         return _study(args)
-    lists = {name: _list(getattr(args, name), name) for name in ("hardware", "model", "kv")}
+    lists = {name: comma_list(getattr(args, name), f"--{name}") for name in ("hardware", "model", "kv")}
     rates = _numbers(args.rates, "--rates")
     scales = _numbers(args.rate_scales, "--rate-scales")
     base = validate(ServeSpec, {
@@ -91,22 +91,7 @@ def build_defaults():
     return parser.parse_args(["serve"])
 
 
-MAX_LIST = 1000  # items of one comma list (hardware, models, KV formats, rates)
 MAX_POINTS = 10_000  # replays of one sweep
-
-
-def _list(text: str, name: str) -> list[str]:
-    """A comma list of names; an empty item (``fp16,,int8``) is an error, not dropped."""
-    values = [v.strip() for v in text.split(",")]
-    if not text.strip():
-        raise ConfigError(COMMAND_LINE, f"--{name}", "expected a name or a comma list of names", text)
-    if len(values) > MAX_LIST:
-        raise ConfigError(COMMAND_LINE, f"--{name}", f"expected at most {MAX_LIST} comma-separated names, "
-                          f"got {len(values):,}")
-    if "" in values:
-        raise ConfigError(COMMAND_LINE, f"--{name}", f"item {values.index('') + 1} of the comma list is empty",
-                          text)
-    return values
 
 
 def _numbers(text: str | None, flag: str) -> list[float] | None:
