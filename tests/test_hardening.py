@@ -114,6 +114,7 @@ REJECTED = [
     (["fidelity", "--kv", "int8,,fp16"], "decodesim: command line: --kv: item 2 of the comma list is empty"),
     (["routing", "--batch", "1,,8"], "decodesim: command line: --batch: item 2 of the comma list is empty"),
     (["compare", "--kernels", ""], "decodesim: command line: --kernels: expected one or more comma-separated stacks"),
+    (["serve", "--rates", "1,2", "--jobs", "0"], "argument --jobs: expected a number of worker processes >= 1"),
     # a format made for the other role (its file's role:)
     (["run", "--weights", "kivi-2"], "decodesim: command line: weights: format 'kivi-2' is a KV-cache format "
                                      "(role: kv); expected a weight format: bf16"),

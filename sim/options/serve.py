@@ -33,6 +33,14 @@ def _whole(text: str) -> int:
     return int(stripped)
 
 
+def _workers(text: str) -> int:
+    """An argparse type: a number of worker processes, a whole number >= 1."""
+    n = _whole(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a number of worker processes >= 1, got {text!r}")
+    return n
+
+
 def add_serve_options(p: argparse.ArgumentParser) -> None:
     """The ``serve`` command's arguments."""
     p.set_defaults(spec_source=COMMAND_LINE)
@@ -72,7 +80,7 @@ def add_serve_options(p: argparse.ArgumentParser) -> None:
                    help="chunked prefill mixed into decode steps (default) or separate prefill steps")
     p.add_argument("--target-ms", type=_decimal, default=10.0, help="p99 TPOT target (default 10)")
     p.add_argument("--study", default=None, help="run a serving study YAML (kind: serve)")
-    p.add_argument("--jobs", type=_whole, default=None, help="worker processes for sweeps (default: cores)")
+    p.add_argument("--jobs", type=_workers, default=None, help="worker processes for sweeps (default: cores)")
     p.add_argument("--out", type=output_dir, default=None,
                    help="one replay: steps/requests Parquet, summary.json, over-time plot; sweep: table, "
                         "latency-vs-rate plot, report.md")
