@@ -49,6 +49,8 @@ def _mutated(root, tmp_path, mutate):
     (lambda d: d["memory"][0]["channel_bandwidth_GBps"].update(value=-5), "channel_bandwidth_GBps.value: must be > 0"),
     (lambda d: d["memory"][0]["stream_efficiency"].update(value=1.5), "must be a fraction in (0, 1]"),
     (lambda d: d["memory"][0]["latency_ns"].update(source=""), "source must name"),
+    (lambda d: d["memory"][0]["latency_ns"].update(value="1e3"),  # YAML 1.1 reads 1e3 as text
+     "latency_ns.value: must be a number; YAML reads an exponent without a decimal point as text: write 1.0e3"),
     (lambda d: d["memory"][1].update(name="hbm"), "memory level names must be unique"),
 ])
 def test_bad_profile_gives_one_line_naming_file_and_key(root, tmp_path, cli, mutate, expect):

@@ -49,6 +49,7 @@ def files(tmp_path):
                 hardware.hbm.channel_bandwidth_GBps: {from: 1, to: 1000, steps: 1000}
             """),
         "model-deep.yaml": "layers: " + "[" * 50 + "]" * 50 + "\n",
+        "text.npy": "not numbers\n",
     }
     for name, text in made.items():
         (tmp_path / name).write_text(text)
@@ -115,6 +116,12 @@ REJECTED = [
     (["routing", "--batch", "1,,8"], "decodesim: command line: --batch: item 2 of the comma list is empty"),
     (["compare", "--kernels", ""], "decodesim: command line: --kernels: expected one or more comma-separated stacks"),
     (["serve", "--rates", "1,2", "--jobs", "0"], "argument --jobs: expected a number of worker processes >= 1"),
+    # a folder where a file is expected; routing names that include the generated ones
+    (["run", "--hardware", "{tmp}/adir"], "adir: is a folder; expected a hardware file"),
+    (["run", "--model", "mixtral-8x7b", "--routing", "nosuch", "--steps", "1"],
+     "unknown routing 'nosuch'; expected a path or one of: uniform, zipf, mixtral-zipf1.5-loc0.3-b8"),
+    # numpy's own message suggests unpickling: not repeated
+    (["fidelity", "--kv", "int8", "--input", "{tmp}/text.npy"], "text.npy: not a numpy .npy/.npz file of numbers"),
     # a format made for the other role (its file's role:)
     (["run", "--weights", "kivi-2"], "decodesim: command line: weights: format 'kivi-2' is a KV-cache format "
                                      "(role: kv); expected a weight format: bf16"),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import re
 from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
@@ -78,6 +79,9 @@ class _Sourced(Strict):
         return text
 
 
+_EXPONENT_WITHOUT_POINT = re.compile(r"[+-]?[0-9]+[eE][+-]?[0-9]+")  # 1e30: text to YAML 1.1
+
+
 class Num(_Sourced):
     """A finite number, zero or more."""
 
@@ -87,6 +91,10 @@ class Num(_Sourced):
     @classmethod
     def _number(cls, v):
         if isinstance(v, bool) or not isinstance(v, (int, float)):
+            if isinstance(v, str) and _EXPONENT_WITHOUT_POINT.fullmatch(v.strip()):
+                mantissa, exponent = v.strip().lower().split("e")
+                raise ValueError(f"must be a number; YAML reads an exponent without a decimal point as text: "
+                                 f"write {mantissa}.0e{exponent}")
             raise ValueError("must be a number (not a boolean or text)")
         return v
 

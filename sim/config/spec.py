@@ -38,7 +38,7 @@ NAME_PART = 255  # characters of one path component (the usual file-system limit
 
 def _name(text: str) -> str:
     if not text.strip():
-        raise ValueError("expected a name or a path, got an empty text")
+        raise ValueError("expected a name or a path, not an empty text")
     if len(text) > MAX_NAME:
         raise ValueError(f"expected a name or a path of at most {MAX_NAME:,} characters, got {len(text):,}")
     if any(len(part) > NAME_PART for part in text.split("/")):

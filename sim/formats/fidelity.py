@@ -181,8 +181,9 @@ def _read_arrays(path: Path, v_path: Path | None) -> dict:
             raise ConfigError(str(p), None, "file not found")
         try:
             data = np.load(p, allow_pickle=False)
-        except (ValueError, OSError) as err:
-            raise ConfigError(str(p), None, f"not a numpy .npy/.npz file ({err})") from None
+        except (ValueError, OSError):  # numpy's own text suggests loading pickles: never here
+            raise ConfigError(str(p), None, "not a numpy .npy/.npz file of numbers (pickled object arrays "
+                              "are not read)") from None
         if isinstance(data, np.lib.npyio.NpzFile):
             with data:
                 return {name: data[name] for name in data.files}

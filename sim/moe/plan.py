@@ -90,7 +90,8 @@ def routing_trace(spec, model: ModelSpec, batches: list[int]) -> RoutingTrace:
 def read_routing(spec, model: ModelSpec, batches: list[int]) -> RoutingTrace:
     """A routing file, checked against the model and the run's largest batch."""
     moe = model.moe
-    path = resolve_path(spec.routing, bundled("workloads", "routing"), "routing", suffixes=(".jsonl",))
+    path = resolve_path(spec.routing, bundled("workloads", "routing"), "routing", suffixes=(".jsonl",),
+                        builtin=routing.KINDS)
     trace = routing.read(path, moe.experts, moe.top_k, moe_layers(model))
     if trace.tokens < max(batches):
         raise ConfigError(spec.routing, "experts", f"each step needs {max(batches)} token rows "

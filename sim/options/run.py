@@ -27,7 +27,7 @@ def output_dir(text: str) -> Path:
 
 def _writable(text: str, folder: bool) -> Path:
     if not text.strip():
-        raise argparse.ArgumentTypeError("expected a path, got an empty text")
+        raise argparse.ArgumentTypeError("expected a path, not an empty text")
     path = Path(text)
     problem = output_problem(path, folder=folder)
     if problem:

@@ -35,7 +35,8 @@ def handle(args) -> int:
         trace = routing.generate(moe.experts, moe.top_k, layers, args.steps, batches[-1], kind=args.routing,
                                  skew=args.skew, locality=args.locality, seed=args.seed)
     else:
-        file = resolve_path(args.routing, bundled("workloads", "routing"), "routing", suffixes=(".jsonl",))
+        file = resolve_path(args.routing, bundled("workloads", "routing"), "routing", suffixes=(".jsonl",),
+                            builtin=routing.KINDS)
         trace = routing.read(file, moe.experts, moe.top_k, layers)
         batches = [b for b in batches if b <= trace.tokens] or [trace.tokens]
     rows = [_row(trace, batch, moe.top_k, routing.expected_distinct(moe.experts, moe.top_k, batch))
