@@ -180,6 +180,14 @@ def test_bad_request_files_name_the_row(tmp_path, rows, expect):
     _one_line_error(code, err, expect)
 
 
+def test_a_bad_cell_of_a_request_csv_is_the_one_named(tmp_path):
+    """One text cell turns the whole CSV column into text: the message names that cell, not the first."""
+    path = tmp_path / "r.csv"
+    path.write_text("arrival_s,prompt_tokens,output_tokens\n0,100,10\n0.1,abc,10\n")
+    code, _out, err = run_cli("serve", "--requests", str(path))
+    _one_line_error(code, err, "prompt_tokens (row 2): must be numbers (not text, booleans or empty cells), got 'abc'")
+
+
 @pytest.mark.parametrize("text, expect", [
     ("batch=0x10", "plain decimal"), ("batch=1_000", "plain decimal"), ("batch=010", "plain decimal"),
     ("batch=1:30", "plain decimal"), ("target_ms=.inf", "plain decimal"), ("target_ms=1e400", "finite"),

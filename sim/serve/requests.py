@@ -261,6 +261,18 @@ def _file_arrays(frame, path: Path):
                     FILE_COLUMNS, sorted_file=True)
 
 
+def _not_a_number(value) -> bool:
+    """A cell that is no number: a boolean, bytes, an empty cell, or text that does not read as one
+    (a CSV column with one bad cell reaches here as text throughout, so that cell is the one to name)."""
+    if isinstance(value, str):
+        try:
+            float(value)
+        except ValueError:
+            return True
+        return False
+    return isinstance(value, (bool, bytes)) or value is None
+
+
 def _row(bad: np.ndarray) -> int:
     """The 1-based data row of the first True in ``bad``."""
     return int(np.argmax(bad)) + 1
@@ -276,7 +288,9 @@ def _checked(arrival, prompt, output, path: Path, names, sorted_file: bool = Fal
     for name, values, kind in zip(names, (arrival, prompt, output), (float, int, int), strict=True):
         raw = np.asarray(values)
         if raw.dtype == bool or raw.dtype.kind in "OUS":
-            odd = [(i, v) for i, v in enumerate(raw.tolist()) if isinstance(v, (bool, str, bytes)) or v is None]
+            cells = raw.tolist()
+            odd = ([(i, v) for i, v in enumerate(cells) if _not_a_number(v)]  # the cell that is wrong, first
+                   or [(i, v) for i, v in enumerate(cells) if isinstance(v, str)])  # numbers written as text
             if raw.dtype == bool or odd:
                 row, got = odd[0] if odd else (0, bool(raw[0]))
                 raise ConfigError(str(path), f"{name} (row {row + 1})", "must be numbers (not text, booleans or "
