@@ -375,6 +375,9 @@ def test_cli_one_replay_and_a_sweep(cli, tmp_path):
     (["--max-batch", "0"], "max_batch"),
     (["--policy", "fifo"], "invalid choice"),
     (["--study", "hbm-bandwidth-what-if"], "kind: a serving study starts with `kind: serve`"),
+    # an option that would change nothing is refused, not ignored
+    (["--study", "serving-rate-vs-kv", "--rate", "5"], "command line: --rate: does not apply with --study"),
+    (["--rate", "2", "--replot"], "command line: --replot: does not apply for one replay"),
 ])
 def test_cli_bad_input_is_one_line_and_exit_2(cli, argv, expect):
     code, out, err = cli("serve", *argv)

@@ -23,9 +23,12 @@ from sim.serve.spec import ServeSpec, build, upgrade_names
 from sim.serve.sweep import GROUP, check_setups, grid, load_study, run_sweep, study_key, study_points, write_table
 from sim.units import GB
 
+STUDY_OPTIONS = ("command", "handler", "study", "out", "jobs", "replot", "json", "no_progress", "spec_source")
+
 
 def handle(args) -> int:
     if args.study:
+        _refuse_given(args, STUDY_OPTIONS, "with --study: the study file sets every replay (edit its base)")
         return _study(args)
     lists = {name: comma_list(getattr(args, name), f"--{name}") for name in ("hardware", "model", "kv")}
     rates = _numbers(args.rates, "--rates")
@@ -50,7 +53,19 @@ def handle(args) -> int:
         check_setups(points)
         _check_sources(points)
         return _sweep(points, args, title="Serving sweep", command=_command(args))
+    _refuse_given(args, tuple(a for a in vars(args) if a != "replot"), "for one replay: it redraws a sweep's "
+                  "or study's plot and report from its table (give --rates, a comma list, or --study)")
     return _single(base, args)
+
+
+def _refuse_given(args, allowed: tuple[str, ...], why: str) -> None:
+    """ConfigError for the first option given (not at its default) outside ``allowed``: an option
+    that would change nothing is refused, not ignored."""
+    defaults = vars(build_defaults())
+    for name, value in vars(args).items():
+        if name not in allowed and name in defaults and value != defaults[name]:
+            flag = "--" + name.replace("_", "-")
+            raise ConfigError(COMMAND_LINE, flag, f"does not apply {why}", value)
 
 
 def _check_sources(points) -> None:
