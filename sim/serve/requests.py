@@ -273,6 +273,20 @@ def _not_a_number(value) -> bool:
     return isinstance(value, (bool, bytes)) or value is None
 
 
+def _check_cells(raw: np.ndarray, name: str, path: Path) -> None:
+    """Refuse a column holding anything but numbers, naming the first cell that is wrong (else
+    the first number written as text)."""
+    if raw.dtype != bool and raw.dtype.kind not in "OUS":
+        return
+    cells = raw.tolist()
+    odd = ([(i, v) for i, v in enumerate(cells) if _not_a_number(v)]
+           or [(i, v) for i, v in enumerate(cells) if isinstance(v, str)])
+    if raw.dtype == bool or odd:
+        row, got = odd[0] if odd else (0, bool(raw[0]))
+        raise ConfigError(str(path), f"{name} (row {row + 1})", "must be numbers (not text, booleans or "
+                          "empty cells)", got)
+
+
 def _row(bad: np.ndarray) -> int:
     """The 1-based data row of the first True in ``bad``."""
     return int(np.argmax(bad)) + 1
@@ -286,15 +300,7 @@ def _checked(arrival, prompt, output, path: Path, names, sorted_file: bool = Fal
         raise ConfigError(str(path), None, "no requests")
     columns = []
     for name, values, kind in zip(names, (arrival, prompt, output), (float, int, int), strict=True):
-        raw = np.asarray(values)
-        if raw.dtype == bool or raw.dtype.kind in "OUS":
-            cells = raw.tolist()
-            odd = ([(i, v) for i, v in enumerate(cells) if _not_a_number(v)]  # the cell that is wrong, first
-                   or [(i, v) for i, v in enumerate(cells) if isinstance(v, str)])  # numbers written as text
-            if raw.dtype == bool or odd:
-                row, got = odd[0] if odd else (0, bool(raw[0]))
-                raise ConfigError(str(path), f"{name} (row {row + 1})", "must be numbers (not text, booleans or "
-                                  "empty cells)", got)
+        _check_cells(np.asarray(values), name, path)
         try:
             array = np.asarray(values, dtype=np.float64)
         except (TypeError, ValueError):
