@@ -9,11 +9,12 @@ read, as a plain ``open()`` would make it).
 A place that cannot be written (a folder where a file should go, a file where a folder
 should be, a read-only or missing location) is a ``ConfigError`` naming the path, never a
 traceback; ``output_problem`` checks a path before any work is done (the commands' ``--out``
-arguments use it through ``output_file`` / ``output_dir``), and ``stale_temp_files`` finds
-what an earlier, killed writer left behind.
+arguments use it through ``output_file`` / ``output_dir``), ``make_folder`` creates an output
+folder with the same errors, and ``stale_temp_files`` finds what an earlier, killed writer left behind.
 
 Input: ``read_jsonl`` is the one JSON Lines reader (decode traces, routing traces, request
-files), streamed line by line, with the same one-line errors for every format that uses it.
+files), streamed line by line, with the same one-line errors for every format that uses it;
+``read_table`` reads back a Parquet table decodesim wrote, a damaged or foreign one a ConfigError.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import math
 import os
 import re
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -131,6 +132,21 @@ def stale_temp_files(folder: Path | str) -> list[Path]:
     return sorted(p for p in entries if _TEMP.fullmatch(p.name) and p.is_file() and not p.is_symlink())
 
 
+def make_folder(path: Path | str) -> Path:
+    """Create the folder ``path`` (and its parents) to write results into. A place where no
+    folder can be made is a ConfigError naming ``path``: what ``output_problem`` sees, and
+    what only trying shows (``/proc`` passes the permission check for root, yet refuses)."""
+    path = Path(path)
+    problem = output_problem(path, folder=True)
+    if problem:
+        raise ConfigError(str(path), None, problem)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(str(path), None, f"cannot create the folder ({_reason(err)})") from None
+    return path
+
+
 def write_atomic(path: Path | str, text: str) -> None:
     """Write ``text`` to ``path`` atomically."""
     with atomic_path(path) as tmp:
@@ -170,6 +186,31 @@ def read_jsonl(path: Path | str, expected: str) -> Iterator[tuple[int, object]]:
         raise ConfigError(name, None, f"not a text file; expected {expected}") from None
     except OSError as err:
         raise ConfigError(name, None, f"cannot read file ({_reason(err)})") from None
+
+
+def read_table(path: Path | str, what: str, columns: Iterable[str] = ()):
+    """The Parquet table at ``path`` as a DataFrame. ``what`` names the table it must be
+    (completes "not ..."); a file that cannot be read, is not Parquet (damaged, or some other
+    format) or lacks one of ``columns`` (another command's table) is a ConfigError naming it."""
+    import pandas as pd
+
+    name = str(path)
+    try:
+        frame = pd.read_parquet(path)
+    except Exception as err:  # noqa: BLE001 - any reader failure is a damaged or foreign file
+        raise ConfigError(name, None, _unreadable(err, what)) from None
+    missing = [column for column in columns if column not in frame.columns]
+    if missing:
+        raise ConfigError(name, None, f"not {what}: it has no column {missing[0]!r}")
+    return frame
+
+
+def _unreadable(err: Exception, what: str) -> str:
+    """Why a table could not be read: the system's reason (missing file, no permission), else
+    that the bytes are not a Parquet table (pyarrow says so with ValueErrors and errno-less OSErrors)."""
+    if isinstance(err, OSError) and err.errno is not None:
+        return f"cannot read file ({_reason(err)})"
+    return f"not {what}: cannot read it as Parquet ({type(err).__name__})"
 
 
 def to_json(obj) -> str:

@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import json
 import textwrap
+from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sim.errors import ConfigError
 from sim.search import load_space, run_search
 from sim.search.front import X, Y, confirmed_front, dominates, pareto
-import numpy as np
-
 from sim.search.screen import queue_ttft_ns, steady_batch
 from tests.conftest import ROOT, run_cli
 
@@ -231,3 +232,29 @@ def test_dask_executor_gives_the_local_result(tiny):
     with distributed.Client(processes=False, n_workers=1, threads_per_worker=2, dashboard_address=None) as client:
         result = run_search(load_space(TINY), executor="dask", address=client, progress=False)
     assert _stable(result.rows) == _stable(tiny.rows)
+
+
+UNMAKEABLE = Path("/proc/decodesim-out")  # root passes the permission check there; the kernel refuses the folder
+needs_proc = pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux /proc")
+
+
+@needs_proc
+def test_an_out_folder_that_cannot_be_made_is_refused_before_the_search_runs(monkeypatch):
+    import sim.commands.handlers.search as handler
+
+    def boom(*a, **k):
+        raise AssertionError("the search must not run")
+
+    monkeypatch.setattr(handler, "run_search", boom)
+    code, out, err = run_cli("search", "--space", str(TINY), "--duration-s", "2", "--quiet", "--out", str(UNMAKEABLE))
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith(f"decodesim: {UNMAKEABLE}"), err
+
+
+@needs_proc
+def test_writing_the_outputs_where_no_folder_can_be_made_names_the_folder(tiny):
+    from sim.search.output import write_outputs
+
+    with pytest.raises(ConfigError) as info:
+        write_outputs(tiny, UNMAKEABLE)
+    assert info.value.file == str(UNMAKEABLE)

@@ -147,6 +147,24 @@ def test_bad_input_is_one_error_naming_file_and_path(tmp_path, case):
     assert not out.exists()
 
 
+@pytest.mark.parametrize("name", ["plots", "cache", "detail"])
+def test_a_file_where_the_study_makes_a_folder_is_refused_before_any_point_runs(tmp_path, monkeypatch, name):
+    import sim.study.runner
+
+    def boom(*a, **k):
+        raise AssertionError("no point may run")
+
+    monkeypatch.setattr(sim.study.runner, "run_point", boom)
+    path = write(tmp_path, SMALL)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / name).write_text("x")
+    code, stdout, stderr = run_cli("study", str(path), "-j", "1", "--out", str(out), "--no-progress")
+    assert code == 2 and stderr.count("\n") == 1 and "Traceback" not in stderr, stderr
+    assert stderr.startswith(f"decodesim: {out / name}: ") and "expected a folder" in stderr, stderr
+    assert sorted(p.name for p in out.iterdir()) == [name]  # no table, settings or cache written
+
+
 def test_exclude_leaves_out_the_combinations_a_format_cannot_run(tmp_path):
     path = write(tmp_path, """
         name: excl

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from sim.io import to_json, write_atomic, write_frame
+from sim.io import make_folder, to_json, write_atomic, write_frame
 from sim.paths import display_path
 from sim.report.search import plot_front, write_report
 from sim.search.runner import SearchResult
@@ -100,8 +100,9 @@ def text(result: SearchResult) -> str:
 
 
 def write_outputs(result: SearchResult, out: Path, command: str | None = None) -> list[str]:
-    """Write the table, the JSON, the plot and the report into ``out``; returns the file names."""
-    out.mkdir(parents=True, exist_ok=True)
+    """Write the table, the JSON, the plot and the report into ``out``; returns the file names.
+    A folder that cannot be made there is a ConfigError naming it (sim.io.make_folder)."""
+    make_folder(out)
     table = result.table()
     for column in table.columns:  # one type per column for Parquet
         values = [v for v in table[column] if v is not None and not (isinstance(v, float) and v != v)]

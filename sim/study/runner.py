@@ -45,6 +45,7 @@ from sim.paths import display_path
 from sim.run import simulate
 from sim.setup import resolve
 from sim.study import stamps
+from sim.study.folder import check_places, read_results, study_places
 from sim.study.keys import content_hash, simulator_version
 from sim.study.spec import Point, Study, detail_assignments, is_number
 
@@ -125,6 +126,7 @@ def run_study(study: Study, out_dir: str | Path | None = None, *, executor: str 
     problem = output_problem(out, folder=True)
     if problem:
         raise ConfigError(str(out), None, problem)
+    check_places(out, study_places(out, detail=detail, report=report))
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -452,10 +454,9 @@ def write_table(result: StudyResult, out: Path) -> None:
 
 
 def results(out_dir: str | Path) -> pd.DataFrame:
-    """The saved results table of a study folder, as a DataFrame."""
-    import pandas as pd
-
-    return pd.read_parquet(Path(out_dir) / "results.parquet")
+    """The saved results table of a study folder, as a DataFrame (a damaged or foreign table is
+    a ConfigError naming it: sim.study.folder)."""
+    return read_results(Path(out_dir))
 
 
 # -- the detailed point (DES event log and op table, for the timeline plots) ---------------------

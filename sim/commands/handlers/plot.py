@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from sim.errors import ConfigError
 from sim.report.markdown import write_report
 from sim.report.plots import make_plots
+from sim.study.folder import DRAWINGS, check_places, load_saved
 
 
 def handle(args) -> int:
-    for name in ("results.parquet", "study.json"):
-        if not (args.dir / name).is_file():
-            raise ConfigError(str(args.dir), name, "missing; expected a folder written by `decodesim study`")
-
+    """Check the saved files and the places the drawings go first (sim.study.folder), so a
+    damaged folder is one error before any plot is redrawn, then draw."""
+    load_saved(args.dir)
+    check_places(args.dir, ["plots/"] if args.no_report else list(DRAWINGS))
     written = make_plots(args.dir)
     for path in written:
         print(path)

@@ -7,6 +7,7 @@ import sys
 
 from sim.commands.common import emit_json
 from sim.errors import ConfigError
+from sim.io import make_folder
 from sim.search import load_space, run_search
 from sim.search.output import payload, text, write_outputs
 
@@ -35,6 +36,8 @@ def handle(args) -> int:
     if args.executor == "dask" and not args.address:
         raise ConfigError("--address", "address", "--executor dask needs a scheduler address (host:port)")
     space = load_space(args.space, _changes(args))
+    if args.out is not None:
+        make_folder(args.out)
     result = run_search(space, executor=args.executor, jobs=args.jobs, address=args.address,
                         progress=not args.quiet)
     files = []
