@@ -221,10 +221,25 @@ def test_bad_search_yaml_is_one_line_and_exit_2(tmp_path, case):
     assert str(path) in lines[0] and key in lines[0] and expected in lines[0], lines[0]
 
 
-def test_bad_command_line_values_exit_2():
-    for argv in (("--model", "no-such-model"), ("--tpot-ms", "-3"), ("--hardware", ",")):
-        code, out, err = run_cli("search", "--space", str(TINY), "--quiet", *argv)
-        assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, (argv, err)
+@pytest.mark.parametrize("argv, expect", [
+    (("--model", "no-such-model"), "command line: --model: unknown model 'no-such-model'"),
+    (("--tpot-ms", "-3"), "command line: --tpot-ms: "),
+    (("--hardware", ","), "command line: --hardware: item 1 of the comma list is empty"),
+    (("--hardware", "h200-sxm,,b200"), "command line: --hardware: item 2 of the comma list is empty"),
+    (("--requests", "no-such-source"), "command line: --requests: request source not found"),
+])
+def test_bad_command_line_values_are_said_against_the_option(argv, expect):
+    """A value an option gave is not blamed on the search file key it overrode."""
+    code, out, err = run_cli("search", "--space", str(TINY), "--quiet", *argv)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, (argv, err)
+    assert err.startswith(f"decodesim: {expect}"), err
+
+
+def test_a_request_source_that_is_not_there_names_the_search_file_key(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text(TINY.read_text().replace("requests: azure-conv", "requests: no-such-source"))
+    code, _out, err = run_cli("search", "--space", str(path), "--quiet")
+    assert code == 2 and err.startswith(f"decodesim: {path}: traffic.requests: request source not found"), err
 
 
 def test_dask_executor_gives_the_local_result(tiny):

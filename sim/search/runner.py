@@ -20,6 +20,7 @@ import threading
 import time
 from collections import Counter, OrderedDict
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from sim.errors import ConfigError
 from sim.search.front import Confirmed, chosen, confirmed_front
@@ -202,6 +203,18 @@ def _bar(total: int, desc: str, unit: str, progress: bool):
                 mininterval=0.5)
 
 
+def _workload(space: Space, traffic: dict, slo: dict) -> Workload:
+    """The traffic's statistics; a request source that is not there is said against the search
+    file's ``traffic.requests`` (a bad request file names itself)."""
+    requests = traffic["requests"]
+    try:
+        return workload(requests, traffic["rate"], traffic["duration_s"], slo["percentile"], traffic["seed"])
+    except ConfigError as err:
+        if err.file != requests or Path(requests).is_file():
+            raise
+        raise ConfigError(space.file, "traffic.requests", err.expected, requests) from None
+
+
 def run_search(space: Space, *, executor: str = "local", jobs: int | None = None, address=None,
                progress: bool = True) -> SearchResult:
     """Screen every deployment of ``space`` and confirm the front (module docstring)."""
@@ -209,7 +222,7 @@ def run_search(space: Space, *, executor: str = "local", jobs: int | None = None
     slo, traffic = spec.slo.model_dump(), spec.traffic.model_dump()
     overrides = tuple(spec.overrides.items())
     t0 = time.perf_counter()
-    work = workload(traffic["requests"], traffic["rate"], traffic["duration_s"], slo["percentile"], traffic["seed"])
+    work = _workload(space, traffic, slo)
     base = {"model": space.model, "overrides": overrides, "workload": asdict(work), "slo": slo, "traffic": traffic,
             "rate": traffic["rate"]}
     groups = list(space.setups.values())

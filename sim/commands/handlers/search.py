@@ -5,29 +5,34 @@ from __future__ import annotations
 import shlex
 import sys
 
-from sim.commands.common import emit_json
-from sim.errors import ConfigError
+from sim.commands.common import comma_list, emit_json
+from sim.errors import COMMAND_LINE, ConfigError
 from sim.io import make_folder
 from sim.search import load_space, run_search
 from sim.search.output import payload, text, write_outputs
 
+FLAGS = {"model": "--model", "space.grid.hardware": "--hardware", "slo.ttft_ms": "--ttft-ms",
+         "slo.tpot_ms": "--tpot-ms", "slo.percentile": "--percentile", "traffic.rate": "--rate",
+         "traffic.requests": "--requests", "traffic.duration_s": "--duration-s", "traffic.load": "--load",
+         "max_replays": "--max-replays"}  # search-file key -> the option that overrides it
+
 
 def _changes(args) -> dict:
+    """The search-file keys the options override (``FLAGS``), with their values."""
     changes = {}
-    if args.model is not None:
-        changes["model"] = args.model
-    if args.hardware is not None:
-        names = [h.strip() for h in args.hardware.split(",") if h.strip()]
-        if not names:
-            raise ConfigError("--hardware", "hardware", "expected a comma list of profiles", args.hardware)
-        changes["space.grid.hardware"] = names
-    for flag, key in (("ttft_ms", "slo.ttft_ms"), ("tpot_ms", "slo.tpot_ms"), ("percentile", "slo.percentile"),
-                      ("rate", "traffic.rate"), ("requests", "traffic.requests"),
-                      ("duration_s", "traffic.duration_s"), ("load", "traffic.load"), ("max_replays", "max_replays")):
-        value = getattr(args, flag)
+    for key, flag in FLAGS.items():
+        value = getattr(args, flag[2:].replace("-", "_"))
         if value is not None:
-            changes[key] = value
+            changes[key] = comma_list(value, flag, "profiles") if key == "space.grid.hardware" else value
     return changes
+
+
+def _against_options(err: ConfigError, changes: dict) -> ConfigError:
+    """``err`` said against the option that gave the erring value (on the command line), not
+    against the search file key it overrode; ``err`` itself when no option gave it."""
+    key = err.key_path or ""
+    given = next((k for k in changes if key == k or key.startswith(k + ".")), None)
+    return err if given is None else ConfigError(COMMAND_LINE, FLAGS[given], err.expected, err.got)
 
 
 def handle(args) -> int:
@@ -35,11 +40,15 @@ def handle(args) -> int:
         raise ConfigError("--jobs", "jobs", "must be >= 1", args.jobs)
     if args.executor == "dask" and not args.address:
         raise ConfigError("--address", "address", "--executor dask needs a scheduler address (host:port)")
-    space = load_space(args.space, _changes(args))
-    if args.out is not None:
-        make_folder(args.out)
-    result = run_search(space, executor=args.executor, jobs=args.jobs, address=args.address,
-                        progress=not args.quiet)
+    changes = _changes(args)
+    try:
+        space = load_space(args.space, changes)
+        if args.out is not None:
+            make_folder(args.out)
+        result = run_search(space, executor=args.executor, jobs=args.jobs, address=args.address,
+                            progress=not args.quiet)
+    except ConfigError as err:
+        raise _against_options(err, changes) from None
     files = []
     if args.out is not None:
         command = "decodesim search " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if sys.argv[1:2] == ["search"] \
