@@ -378,6 +378,9 @@ def test_cli_one_replay_and_a_sweep(cli, tmp_path):
     # an option that would change nothing is refused, not ignored
     (["--study", "serving-rate-vs-kv", "--rate", "5"], "command line: --rate: does not apply with --study"),
     (["--rate", "2", "--replot"], "command line: --replot: does not apply for one replay"),
+    # a request source that is not there is said against the option that named it
+    (["--requests", "no-such-source"], "command line: --requests: request source not found"),
+    (["--requests", "no-such-source", "--rates", "1,2"], "command line: --requests: request source not found"),
 ])
 def test_cli_bad_input_is_one_line_and_exit_2(cli, argv, expect):
     code, out, err = cli("serve", *argv)
@@ -390,7 +393,7 @@ hardware: [{hardware}]
 models: [{{model: llama-3-8b, weights: {weights}}}]
 kv: [fp16, {kv}]
 rates: [1, 2]
-base: {{requests: synthetic, duration_s: 5{base}}}
+base: {{requests: {requests}, duration_s: 5{base}}}
 """
 
 
@@ -400,11 +403,12 @@ base: {{requests: synthetic, duration_s: 5{base}}}
     ({"hardware": "nosuch"}, ": hardware: unknown hardware 'nosuch'"),
     ({"base": ", software: nosuch"}, ": base.software: unknown software stack 'nosuch'"),
     ({"hardware": "h200-sxm-x8", "base": ", tp: 3"}, ": base.tp: tp x pp must equal the chip count 8"),
+    ({"requests": "no-such-source"}, ": base.requests: request source not found"),
 ])
 def test_a_serving_study_with_a_bad_setup_is_one_error_before_any_replay(cli, tmp_path, fields, expect):
     """A name that is not there is bad input (exit 2, the file and the study key), not an error
     row after the other points ran; nothing is written."""
-    values = {"hardware": "h200-sxm", "weights": "bf16", "kv": "int8", "base": "", **fields}
+    values = {"hardware": "h200-sxm", "weights": "bf16", "kv": "int8", "base": "", "requests": "synthetic", **fields}
     study = tmp_path / "study.yaml"
     study.write_text(STUDY_WITH.format(**values))
     code, out, err = cli("serve", "--study", str(study), "--out", str(tmp_path / "out"), "--no-progress")

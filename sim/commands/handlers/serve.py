@@ -68,15 +68,26 @@ def _refuse_given(args, allowed: tuple[str, ...], why: str) -> None:
             raise ConfigError(COMMAND_LINE, flag, f"does not apply {why}", value)
 
 
-def _check_sources(points) -> None:
+def _check_sources(points, file: str = COMMAND_LINE, key: str = "--requests") -> None:
     """Open the request source of the sweep's busiest point (highest rate or scale) before any
     replay: a bad combination (a scale for synthetic arrivals) or too much work is one error
-    now, not a row of errors after the others ran."""
-
+    now, not a row of errors after the others ran. A source that is not there is said against
+    ``file`` and ``key`` (a bad request file names itself)."""
     busiest = max(points, key=lambda p: (p.rate or 0.0, p.rate_scale or 0.0))
-    open_source(busiest.requests, rate_scale=busiest.rate_scale, rate_per_s=busiest.rate,
-                duration_s=busiest.duration_s, seed=busiest.seed, prompt_median=busiest.prompt_median,
-                output_median=busiest.output_median)
+    try:
+        open_source(busiest.requests, rate_scale=busiest.rate_scale, rate_per_s=busiest.rate,
+                    duration_s=busiest.duration_s, seed=busiest.seed, prompt_median=busiest.prompt_median,
+                    output_median=busiest.output_median)
+    except ConfigError as err:
+        raise _against(err, busiest.requests, file, key) from None
+
+
+def _against(err: ConfigError, requests: str, file: str, key: str) -> ConfigError:
+    """``err`` from opening the request source ``requests``: one that is not there said against
+    ``file`` and ``key`` (where it was named), any other (a bad request file names itself) as is."""
+    if err.file != requests or Path(requests).is_file():
+        return err
+    return ConfigError(file, key, err.expected, requests)
 
 
 def _command(args) -> str:
@@ -207,7 +218,10 @@ class _Progress:
 
 
 def _single(spec, args) -> int:
-    setup = build(spec)
+    try:
+        setup = build(spec)
+    except ConfigError as err:
+        raise _against(err, spec.requests, COMMAND_LINE, "--requests") from None
     progress = _Progress(setup.source.span_s, enabled=not args.no_progress)
     with _Interrupt() as interrupt:
         try:
@@ -303,7 +317,7 @@ def _study(args) -> int:
     study, path = load_study(args.study)
     points = study_points(study, path)
     check_setups(points, path, study_key)
-    _check_sources(points)
+    _check_sources(points, path, "base.requests")
     out = args.out or Path("reports") / study.name
     return _sweep(points, args, title=f"{study.name}: serving latency against request rate and KV format",
                   command=f"decodesim serve --study {args.study}", description=study.description,
