@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from sim.run import RunSpec, simulate
 from sim.study.solve import current_value, solve
 from tests.conftest import run_cli
@@ -66,3 +68,13 @@ def test_current_value():
     assert current_value(BASE, "model.layers") == model.layers
     assert current_value(BASE, "batch") == 8
     assert current_value(RunSpec(overrides=[("batch", 3)]), "batch") == 3
+
+
+@pytest.mark.parametrize("argv, expect", [
+    (("--vary", "target_ms"), "--vary: target_ms: is the target itself, not a knob"),
+    (("--vary", "seed"), "--vary: seed: is a random seed, not a knob"),
+    (("--vary", "batch", "--range", "1:3.5"), "--range: batch: takes whole numbers"),
+])
+def test_a_question_without_a_meaning_is_refused(argv, expect):
+    code, _out, err = run_cli("solve", "--steps", "1", *argv)
+    assert code == 2 and err.count("\n") == 1 and expect in err, err

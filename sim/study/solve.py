@@ -89,8 +89,14 @@ def current_value(spec: RunSpec, path: str) -> Any:
     return node
 
 
+NOT_KNOBS = {"target_ms": "the target itself", "seed": "a random seed", "steps": "how many steps are simulated"}
+
+
 def solve(spec: RunSpec, path: str, target_ms: float | None = None, lo: float | None = None,
           hi: float | None = None, rel_tol: float = 2e-3, max_evals: int = 60, integer: bool | None = None) -> Solution:
+    if path in NOT_KNOBS:
+        raise ConfigError("--vary", path, f"is {NOT_KNOBS[path]}, not a knob of the machine or the workload; "
+                          "expected a hardware.*/model.* path or a run field such as batch, context or chips")
     target = target_ms if target_ms is not None else spec.target_ms
     base = current_value(spec, path)
     integer = isinstance(base, int) if integer is None else integer
@@ -127,7 +133,9 @@ def _range(base: float, lo: float | None, hi: float | None, integer: bool, path:
     if not (0 < lo < hi < math.inf):
         raise ConfigError("--range", path, "expected 0 < LO < HI, both finite", (lo, hi))
     if integer:
-        lo, hi = int(math.floor(lo)), int(math.ceil(hi))
+        if lo != int(lo) or hi != int(hi):
+            raise ConfigError("--range", path, "takes whole numbers: expected whole LO and HI", (lo, hi))
+        lo, hi = int(lo), int(hi)
     return lo, hi
 
 
