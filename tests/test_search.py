@@ -8,6 +8,7 @@ functions (sim.search.front) with a stand-in check, where thousands of cases are
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from hypothesis import strategies as st
 from sim.errors import ConfigError
 from sim.search import load_space, run_search
 from sim.search.front import X, Y, confirmed_front, dominates, pareto
+from sim.search.output import text as summary_text
 from sim.search.screen import queue_ttft_ns, steady_batch
 from tests.conftest import ROOT, run_cli
 
@@ -273,3 +275,13 @@ def test_writing_the_outputs_where_no_folder_can_be_made_names_the_folder(tiny):
     with pytest.raises(ConfigError) as info:
         write_outputs(tiny, UNMAKEABLE)
     assert info.value.file == str(UNMAKEABLE)
+
+
+def test_the_summary_line_accounts_for_every_deployment(tiny):
+    """do not fit + cannot run + cannot carry the rate + miss + meet on the screen = deployments."""
+    line = summary_text(tiny).splitlines()[2]
+    total = int(re.search(r"([\d,]+) deployments", line).group(1).replace(",", ""))
+    parts = [r"([\d,]+) do not fit", r"([\d,]+) cannot run", r"([\d,]+) cannot carry the rate",
+             r"([\d,]+) miss the SLOs on the screen", r"([\d,]+) meet them"]
+    counts = [int(re.search(part, line).group(1).replace(",", "")) for part in parts]
+    assert sum(counts) == total and counts[3] > 0 and counts[4] > 0, line

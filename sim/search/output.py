@@ -73,7 +73,8 @@ def text(result: SearchResult) -> str:
         f"  {c['deployments']:,} deployments ({c['setups']} setups, {c['excluded']} excluded): "
         f"{c['does_not_fit']:,} do not fit, {c['invalid']:,} cannot run, {c['saturated']:,} cannot carry the rate, "
         + (f"{c['errors']:,} FAILED (see the table's reason column), " if c["errors"] else "") +
-        f"{c['screen_ok']:,} meet the SLOs on the screen; {c['replays']} replayed ({c['replays_failed']} missed), "
+        f"{c['screened'] - c['screen_ok']:,} miss the SLOs on the screen, {c['screen_ok']:,} meet them; "
+        f"{c['replays']} replayed ({c['replays_failed']} missed), "
         f"{c['front']} on the front" + ("" if result.complete else " (INCOMPLETE: the replay budget ran out)"),
         "",
     ]
