@@ -180,6 +180,13 @@ def test_bad_request_files_name_the_row(tmp_path, rows, expect):
     _one_line_error(code, err, expect)
 
 
+def test_a_request_file_is_read_by_its_ending(tmp_path):
+    path = tmp_path / "r.txt"
+    path.write_text('{"arrival_s": 0, "prompt_tokens": 10, "output_tokens": 5}\n')
+    code, _out, err = run_cli("serve", "--requests", str(path))
+    _one_line_error(code, err, "r.txt: a request file's name ends in .jsonl, .csv, .csv.gz, .parquet")
+
+
 def test_a_bad_cell_of_a_request_csv_is_the_one_named(tmp_path):
     """One text cell turns the whole CSV column into text: the message names that cell, not the first."""
     path = tmp_path / "r.csv"

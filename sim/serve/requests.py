@@ -215,9 +215,15 @@ def _recorded(requests: str) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray],
     return arrays, (f"{requests} ({path.name})" if requests in AZURE else str(path))
 
 
+REQUEST_FILES = (".jsonl", ".csv", ".csv.gz", ".parquet")  # read by their names' endings
+
+
 def _read_frame(path: Path):
     import pandas as pd
 
+    if not path.name.endswith(REQUEST_FILES):  # its content would be guessed: say what is read instead
+        raise ConfigError(str(path), None, f"a request file's name ends in {', '.join(REQUEST_FILES)} "
+                          "(the ending says how it is read)")
     try:
         if path.suffix == ".jsonl":
             return _read_jsonl(path)
