@@ -116,6 +116,7 @@ REJECTED = [
     (["routing", "--batch", "1,,8"], "decodesim: command line: --batch: item 2 of the comma list is empty"),
     (["compare", "--kernels", ""], "decodesim: command line: --kernels: expected one or more comma-separated stacks"),
     (["serve", "--rates", "1,2", "--jobs", "0"], "argument --jobs: expected a number of worker processes >= 1"),
+    (["routing", "--write", "{tmp}/r.csv"], "command line: --write: a routing file is JSON Lines"),
     # an option the trace overrides is refused, not ignored
     (["run", "--trace", "workloads/traces/fixed-b8-c4096.jsonl", "--batch", "4"],
      "decodesim: command line: --batch: does not apply with --trace: the trace gives every step's batch and contexts"),

@@ -14,6 +14,9 @@ from sim.paths import resolve as resolve_path
 
 
 def handle(args) -> int:
+    if args.write is not None and args.write.suffix != ".jsonl":  # the routing file format is JSON Lines
+        raise ConfigError(COMMAND_LINE, "--write", "a routing file is JSON Lines: expected a name ending in .jsonl",
+                          str(args.write))
     path = resolve_path(args.model, models_dir(), "model")
     model = validate(ModelSpec, load_yaml(path), path)
     if model.moe is None:
