@@ -77,7 +77,10 @@ def test_missing_file_and_unknown_name(cli):
 
 def test_top_level_must_be_a_mapping(tmp_path):
     path = _write(tmp_path, "- 1\n- 2\n")
-    with pytest.raises(ConfigError, match="expected a mapping"):
+    with pytest.raises(ConfigError, match="expected a mapping at the top level, not a list"):
+        load_yaml(path)
+    path.write_text("# only a comment\n")
+    with pytest.raises(ConfigError, match="the file is empty .or only comments.; expected a mapping"):
         load_yaml(path)
 
 

@@ -146,8 +146,12 @@ def load_yaml(path: str | Path) -> dict:
     except (IsADirectoryError, PermissionError, UnicodeDecodeError, OSError) as err:
         raise ConfigError(str(path), None, f"cannot read file ({type(err).__name__})") from None
     data = parse_yaml(text, str(path))
+    if data is None:
+        raise ConfigError(str(path), None, "the file is empty (or only comments); expected a mapping at the top level")
     if not isinstance(data, dict):
-        raise ConfigError(str(path), None, "expected a mapping at the top level", type(data).__name__)
+        kind = {list: "a list", str: "text", int: "a number", float: "a number", bool: "a boolean"}.get(
+            type(data), type(data).__name__)
+        raise ConfigError(str(path), None, f"expected a mapping at the top level, not {kind}")
     return data
 
 
