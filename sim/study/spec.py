@@ -46,7 +46,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from sim.config.loader import load_yaml, validate
 from sim.config.quantity import Strict
 from sim.config.spec import RUN_FIELDS, RunSpec, canonical
-from sim.errors import ConfigError
+from sim.errors import COMMAND_LINE, ConfigError
 from sim.formats.base import check_widths
 from sim.paths import resolve as resolve_path
 from sim.paths import studies_dir
@@ -531,14 +531,20 @@ def check_points(study: Study) -> None:
         except ConfigError as err:
             where = ", ".join(f"{p}={v!r}" for p, v in point.assignments) or "the base point"
             raise ConfigError(study.file, study_key(study.spec, err, point),
-                              f"{err.expected} (from {': '.join(p for p in (err.file, err.key_path) if p)}; "
-                              f"at {where})", err.got) from None
+                              f"{err.expected} ({_origin(err)}at {where})", err.got) from None
         misfit = _width_misfit(res)
         if misfit is not None:
             misfits.setdefault(misfit, []).append(point)
     study.hashes = hashes
     if misfits:
         raise _width_error(study, misfits)
+
+
+def _origin(err: ConfigError) -> str:
+    """Where a point's error arose, for the study's message: the file and key it names, leaving
+    out the overrides' own label (a study point's assignments are applied as ``--set``)."""
+    parts = [p for p in (err.file, err.key_path) if p and p not in ("--set", COMMAND_LINE)]
+    return f"from {': '.join(parts)}; " if parts else ""
 
 
 def _width_misfit(res: RunSetup) -> tuple | None:
