@@ -117,6 +117,8 @@ REJECTED = [
     (["compare", "--kernels", ""], "decodesim: command line: --kernels: expected one or more comma-separated stacks"),
     (["serve", "--rates", "1,2", "--jobs", "0"], "argument --jobs: expected a number of worker processes >= 1"),
     (["routing", "--write", "{tmp}/r.csv"], "command line: --write: a routing file is JSON Lines"),
+    (["routing", "--skew", "2"], "command line: --skew: applies only to --routing zipf"),
+    (["routing", "--routing", "zipf", "--skew", "1e9"], "command line: --skew: must be a Zipf exponent in [0, 100]"),
     # an option the trace overrides is refused, not ignored
     (["run", "--trace", "workloads/traces/fixed-b8-c4096.jsonl", "--batch", "4"],
      "decodesim: command line: --batch: does not apply with --trace: the trace gives every step's batch and contexts"),

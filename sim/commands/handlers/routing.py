@@ -17,6 +17,7 @@ def handle(args) -> int:
     if args.write is not None and args.write.suffix != ".jsonl":  # the routing file format is JSON Lines
         raise ConfigError(COMMAND_LINE, "--write", "a routing file is JSON Lines: expected a name ending in .jsonl",
                           str(args.write))
+    _check_generator_options(args)
     path = resolve_path(args.model, models_dir(), "model")
     model = validate(ModelSpec, load_yaml(path), path)
     if model.moe is None:
@@ -53,6 +54,21 @@ def handle(args) -> int:
         _print_table(f"{model.name}, {moe.experts} experts, top-{moe.top_k}, {layers} MoE layers, "
                      f"{trace.steps} steps, routing {trace.description}", rows, args.write)
     return 0
+
+
+MAX_SKEW = 100.0  # the Zipf exponent's range, as a run's routing_skew (sim.config.spec.RunSpec)
+
+
+def _check_generator_options(args) -> None:
+    """--skew in [0, 100] and only for zipf, --locality only for generated routing: an option
+    that would change nothing is refused, not ignored."""
+    if not 0 <= args.skew <= MAX_SKEW:
+        raise ConfigError(COMMAND_LINE, "--skew", f"must be a Zipf exponent in [0, {MAX_SKEW:g}]", args.skew)
+    if args.skew != 1.0 and args.routing != "zipf":
+        raise ConfigError(COMMAND_LINE, "--skew", "applies only to --routing zipf", args.skew)
+    if args.locality != 0.0 and args.routing not in routing.KINDS:
+        raise ConfigError(COMMAND_LINE, "--locality", "applies only to generated routing (uniform or zipf), "
+                          "not to a routing file", args.locality)
 
 
 def _batches(text) -> list[int]:
