@@ -118,6 +118,7 @@ REJECTED = [
     (["serve", "--rates", "1,2", "--jobs", "0"], "argument --jobs: expected a number of worker processes >= 1"),
     (["routing", "--write", "{tmp}/r.csv"], "command line: --write: a routing file is JSON Lines"),
     (["routing", "--skew", "2"], "command line: --skew: applies only to --routing zipf"),
+    (["fidelity", "--kv", "int8", "--v", "{tmp}/text.npy"], "command line: --v: applies only with --input"),
     (["routing", "--routing", "zipf", "--skew", "1e9"], "command line: --skew: must be a Zipf exponent in [0, 100]"),
     # an option the trace overrides is refused, not ignored
     (["run", "--trace", "workloads/traces/fixed-b8-c4096.jsonl", "--batch", "4"],

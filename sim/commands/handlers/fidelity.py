@@ -7,7 +7,7 @@ import math
 
 from sim.commands.common import comma_list, emit_json
 from sim.config.loader import parse_assignment
-from sim.errors import ConfigError
+from sim.errors import COMMAND_LINE, ConfigError
 from sim.formats import get_format
 from sim.formats.fidelity import SyntheticKV, load_kv, score_std, synthetic
 from sim.formats.tables import fidelity_rows
@@ -23,6 +23,8 @@ def check_args(args) -> None:
         raise ConfigError("--queries", "queries", "must be in [1, 100,000]", args.queries)
     if not (math.isfinite(args.rope_theta) and args.rope_theta > 0):
         raise ConfigError("--rope-theta", "rope_theta", "must be a finite number > 0", args.rope_theta)
+    if args.v_path is not None and not args.input:  # V without K: it would be ignored
+        raise ConfigError(COMMAND_LINE, "--v", "applies only with --input (K as .npy)", str(args.v_path))
 
 
 def synthetic_params(items: list[str], seed: int):
