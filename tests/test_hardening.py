@@ -97,7 +97,7 @@ REJECTED = [
     (["study", "{tmp}/study-big.yaml", "--check"], "the study has 1,000,000,000 points (1000 x 1000 x 1000 x 1 "
                                                    "seeds); at most 100,000 (raise the limit with decodesim study "
                                                    "--max-points N"),
-    (["routing", "--batch", "1000000000", "--steps", "2"], "--batch: batch: batch sizes must be at most 1,000,000"),
+    (["routing", "--batch", "1000000000", "--steps", "2"], "command line: --batch: batch sizes must be at most 1,000,000"),
     (["fidelity", "--kv", "fp16", "--synthetic", "tokens=1e12"], "must be at most 50,000,000"),
     # context beyond the model
     (["run", "--model", "llama-2-7b"], "decodesim: command line: context: the last step (context 4,096 + 7 steps) "

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from sim.commands.common import comma_list, emit_json
-from sim.errors import ConfigError
+from sim.errors import COMMAND_LINE, ConfigError
 from sim.experiments.compare import attention_rows, compare_rows, kv_qualities
 from sim.options.spec import spec_from_args
 
@@ -15,7 +15,7 @@ def handle(args) -> int:
     names = comma_list(args.kv, "--kv", "formats", MAX_FORMATS, each)
     stacks = comma_list(args.kernels, "--kernels", "stacks", MAX_FORMATS, each) if args.kernels is not None else []
     if args.fidelity_tokens <= 0:
-        raise ConfigError("--fidelity-tokens", "fidelity_tokens", "must be > 0", args.fidelity_tokens)
+        raise ConfigError(COMMAND_LINE, "--fidelity-tokens", "must be > 0", args.fidelity_tokens)
     spec = spec_from_args(args)
     rows = compare_rows(spec, names, fidelity_tokens=args.fidelity_tokens)
     published = _published(args.published_kernel)
@@ -47,10 +47,10 @@ def _published(text: str | None) -> tuple[float, str] | None:
     try:
         fraction = float(value)
     except ValueError:
-        raise ConfigError("--published-kernel", "published_kernel", "expected FRACTION,SOURCE with FRACTION a number",
+        raise ConfigError(COMMAND_LINE, "--published-kernel", "expected FRACTION,SOURCE with FRACTION a number",
                           text) from None
     if not 0 < fraction <= 1 or not source.strip():
-        raise ConfigError("--published-kernel", "published_kernel",
+        raise ConfigError(COMMAND_LINE, "--published-kernel",
                           "expected FRACTION in (0, 1] of the HBM peak and a SOURCE naming the paper or benchmark", text)
     return fraction, source.strip()
 

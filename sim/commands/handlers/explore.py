@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import sys
 
-from sim.errors import ConfigError
+from sim.errors import COMMAND_LINE, ConfigError
 from sim.explore.html import plotly_js_path
 from sim.explore.server import make_server
 
 
 def handle(args) -> int:
     if not 0 <= args.port <= 65535:
-        raise ConfigError("--port", "port", "must be a TCP port in [0, 65535]", args.port)
+        raise ConfigError(COMMAND_LINE, "--port", "must be a TCP port in [0, 65535]", args.port)
     plotly_js_path()  # the page needs plotly.js: say so now, not on the first request
     try:
         server = make_server(args.port)
     except OSError as err:
-        raise ConfigError("--port", "port", f"cannot listen on 127.0.0.1:{args.port} ({err.strerror or err})",
+        raise ConfigError(COMMAND_LINE, "--port", f"cannot listen on 127.0.0.1:{args.port} ({err.strerror or err})",
                           args.port) from None
     host, port = server.server_address[:2]
     print(f"decodesim explorer on http://{host}:{port}/ (Ctrl-C stops it)", flush=True)

@@ -16,13 +16,13 @@ from sim.formats.tables import fidelity_rows
 def check_args(args) -> None:
     """The numeric flags within their ranges (ConfigError naming the flag otherwise)."""
     if not 0 <= args.seed <= 2**63 - 1:
-        raise ConfigError("--seed", "seed", "must be in [0, 2^63 - 1]", args.seed)
+        raise ConfigError(COMMAND_LINE, "--seed", "must be in [0, 2^63 - 1]", args.seed)
     if not (2 <= args.head_dim <= 65_536 and args.head_dim % 2 == 0):
-        raise ConfigError("--head-dim", "head_dim", "must be an even number in [2, 65,536]", args.head_dim)
+        raise ConfigError(COMMAND_LINE, "--head-dim", "must be an even number in [2, 65,536]", args.head_dim)
     if not 1 <= args.queries <= 100_000:
-        raise ConfigError("--queries", "queries", "must be in [1, 100,000]", args.queries)
+        raise ConfigError(COMMAND_LINE, "--queries", "must be in [1, 100,000]", args.queries)
     if not (math.isfinite(args.rope_theta) and args.rope_theta > 0):
-        raise ConfigError("--rope-theta", "rope_theta", "must be a finite number > 0", args.rope_theta)
+        raise ConfigError(COMMAND_LINE, "--rope-theta", "must be a finite number > 0", args.rope_theta)
     if args.v_path is not None and not args.input:  # V without K: it would be ignored
         raise ConfigError(COMMAND_LINE, "--v", "applies only with --input (K as .npy)", str(args.v_path))
 
@@ -47,7 +47,7 @@ def handle(args) -> int:
     formats = [get_format(n) for n in comma_list(args.kv, "--kv", "formats")]
     if args.input:
         if args.synthetic:
-            raise ConfigError("--synthetic", "synthetic", "only applies without --input")
+            raise ConfigError(COMMAND_LINE, "--synthetic", "only applies without --input")
         sample = load_kv(args.input, args.v_path, head_dim=args.head_dim, k_rope=args.k_rope,
                          rope_theta=args.rope_theta, queries=args.queries, seed=args.seed)
     else:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from sim.commands.common import emit_json, write_atomic
 from sim.config.loader import load_yaml, validate
 from sim.config.model import ModelSpec
-from sim.errors import ConfigError
+from sim.errors import COMMAND_LINE, ConfigError
 from sim.experiments import formats
 from sim.formats import list_formats
 from sim.formats.tables import byte_row, weight_row, widths
@@ -15,7 +15,7 @@ from sim.report.formats_report import build_report
 
 def handle(args) -> int:
     if args.context <= 0:
-        raise ConfigError("--context", "context", "must be > 0", args.context)
+        raise ConfigError(COMMAND_LINE, "--context", "must be > 0", args.context)
     if args.report is not None:
 
         write_atomic(args.report, build_report(formats.run(model=args.model)))

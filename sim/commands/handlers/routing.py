@@ -24,16 +24,16 @@ def handle(args) -> int:
         raise ConfigError(str(path), "moe", "the model has no moe: section (a dense model routes nothing)")
     batches = _batches(args.batch)
     if not 1 <= args.steps <= MAX_STEPS:
-        raise ConfigError("--steps", "steps", f"must be in [1, {MAX_STEPS:,}]", args.steps)
+        raise ConfigError(COMMAND_LINE, "--steps", f"must be in [1, {MAX_STEPS:,}]", args.steps)
     if batches[-1] > MAX_BATCH:
-        raise ConfigError("--batch", "batch", f"batch sizes must be at most {MAX_BATCH:,}", batches[-1])
+        raise ConfigError(COMMAND_LINE, "--batch", f"batch sizes must be at most {MAX_BATCH:,}", batches[-1])
     if args.seed < 0:
-        raise ConfigError("--seed", "seed", "must be >= 0", args.seed)
+        raise ConfigError(COMMAND_LINE, "--seed", "must be >= 0", args.seed)
     moe = model.moe
     layers = moe_layers(model)
     draws = args.steps * layers * batches[-1] * moe.experts
     if args.routing in routing.KINDS and draws > MAX_ROUTING_DRAWS:
-        raise ConfigError("--steps", "steps", f"steps x MoE layers x largest batch x experts is {draws:.3g} expert "
+        raise ConfigError(COMMAND_LINE, "--steps", f"steps x MoE layers x largest batch x experts is {draws:.3g} expert "
                           f"scores to draw; at most {MAX_ROUTING_DRAWS:.0e}: fewer --steps or smaller --batch")
     if args.routing in routing.KINDS:
         trace = routing.generate(moe.experts, moe.top_k, layers, args.steps, batches[-1], kind=args.routing,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from sim.commands.common import emit_json, fmt_bytes, to_json, write_atomic, write_frame
 from sim.energy import render_lines
-from sim.errors import ConfigError
+from sim.errors import COMMAND_LINE, ConfigError
 from sim.explore.compute import run_view
 from sim.options.spec import spec_from_args
 from sim.report.timeline import trace_of
@@ -21,10 +21,10 @@ def step_range(text: str | None, steps: int) -> tuple[int, int] | None:
         a = int(lo) if lo.strip() else 0
         b = (int(hi) if hi.strip() else steps) if sep else a + 1
     except ValueError:
-        raise ConfigError("--trace-steps", "trace_steps", "expected A:B with whole numbers (A <= step < B)",
+        raise ConfigError(COMMAND_LINE, "--trace-steps", "expected A:B with whole numbers (A <= step < B)",
                           text) from None
     if not 0 <= a < b:
-        raise ConfigError("--trace-steps", "trace_steps", f"expected 0 <= A < B (the run has steps 0..{steps - 1})",
+        raise ConfigError(COMMAND_LINE, "--trace-steps", f"expected 0 <= A < B (the run has steps 0..{steps - 1})",
                           text)
     return a, b
 

@@ -37,9 +37,9 @@ def _against_options(err: ConfigError, changes: dict) -> ConfigError:
 
 def handle(args) -> int:
     if args.jobs is not None and args.jobs < 1:
-        raise ConfigError("--jobs", "jobs", "must be >= 1", args.jobs)
+        raise ConfigError(COMMAND_LINE, "--jobs", "must be >= 1", args.jobs)
     if args.executor == "dask" and not args.address:
-        raise ConfigError("--address", "address", "--executor dask needs a scheduler address (host:port)")
+        raise ConfigError(COMMAND_LINE, "--address", "--executor dask needs a scheduler address (host:port)")
     changes = _changes(args)
     try:
         space = load_space(args.space, changes)

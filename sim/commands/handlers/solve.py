@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from sim.commands.common import emit_json
-from sim.errors import ConfigError
+from sim.errors import COMMAND_LINE, ConfigError
 from sim.options.spec import spec_from_args
 from sim.study.solve import solve
 
@@ -15,9 +15,9 @@ def handle(args) -> int:
             lo_s, hi_s = args.bounds.split(":")
             lo, hi = float(lo_s), float(hi_s)
         except ValueError:
-            raise ConfigError("--range", "range", "expected LO:HI with two numbers", args.bounds) from None
+            raise ConfigError(COMMAND_LINE, "--range", "expected LO:HI with two numbers", args.bounds) from None
     if not 0 < args.rel_tol < 0.5:
-        raise ConfigError("--rel-tol", "rel_tol", "must be in (0, 0.5)", args.rel_tol)
+        raise ConfigError(COMMAND_LINE, "--rel-tol", "must be in (0, 0.5)", args.rel_tol)
     spec = spec_from_args(args)
     solution = solve(spec, args.vary, args.target_ms, lo, hi, rel_tol=args.rel_tol)
     if args.json:

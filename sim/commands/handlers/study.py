@@ -4,7 +4,7 @@ plots and report, and say what ran."""
 from __future__ import annotations
 
 from sim.commands.common import emit_json
-from sim.errors import ConfigError
+from sim.errors import COMMAND_LINE, ConfigError
 from sim.io import write_atomic
 from sim.paths import display_path
 from sim.study import load_study, run_study
@@ -25,12 +25,12 @@ def _shown(path) -> str:
 
 def handle(args) -> int:
     if args.max_points is not None and args.max_points < 1:
-        raise ConfigError("--max-points", "max_points", "must be >= 1", args.max_points)
+        raise ConfigError(COMMAND_LINE, "--max-points", "must be >= 1", args.max_points)
     study = load_study(args.file, max_points=args.max_points or MAX_POINTS)
     if args.executor == "dask" and not args.address:
-        raise ConfigError("--address", "address", "--executor dask needs --address tcp://HOST:PORT")
+        raise ConfigError(COMMAND_LINE, "--address", "--executor dask needs --address tcp://HOST:PORT")
     if args.jobs is not None and args.jobs < 1:
-        raise ConfigError("--jobs", "jobs", "must be >= 1", args.jobs)
+        raise ConfigError(COMMAND_LINE, "--jobs", "must be >= 1", args.jobs)
     say = (lambda *a: None) if args.json else print
     grid = len(study.grid_points)
     say(f"study {study.spec.name}: {len(study.points)} points ({grid} grid, {len(study.points) - grid} "
@@ -51,7 +51,7 @@ def handle(args) -> int:
     trace = result.out_dir / "detail" / "trace.json"
     if args.trace_out is not None:
         if not trace.is_file():
-            raise ConfigError("--trace-out", "trace_out", "the detail point produced no trace (see detail/meta.json)")
+            raise ConfigError(COMMAND_LINE, "--trace-out", "the detail point produced no trace (see detail/meta.json)")
 
         write_atomic(args.trace_out, trace.read_text())
         say(f"wrote {args.trace_out} (Chrome/Perfetto trace of one step of the detail point)")
