@@ -438,20 +438,17 @@ def test_a_kv_block_larger_than_the_pool_is_refused(cli):
                                                       "1,000,000 tokens takes ")
 
 
-def test_a_replay_where_no_request_finishes_says_so_instead_of_printing_nan(cli, tmp_path):
-    requests = tmp_path / "big.csv"
-    requests.write_text("arrival_s,prompt_tokens,output_tokens\n0,200000,10\n1,200000,10\n")
+@pytest.mark.parametrize("rows, expect", [
+    ("0,200000,10\n1,200000,10\n", "verdict: NO RESULT: none of the 2 requests finished (2 rejected"),
+    ("0,100,10\n", "1 arrived (one arrival: no rate), 1 done"),
+])
+def test_a_replay_without_a_latency_or_a_rate_says_so_instead_of_printing_nan(cli, tmp_path, rows, expect):
+    """No request finished (each alone overflows the pool), or one arrival (no rate)."""
+    requests = tmp_path / "r.csv"
+    requests.write_text("arrival_s,prompt_tokens,output_tokens\n" + rows)
     code, out, err = cli("serve", "--requests", str(requests))
     assert code == 0, err
-    assert "verdict: NO RESULT: none of the 2 requests finished (2 rejected" in out and "nan" not in out
-
-
-def test_one_arrival_has_no_rate_and_prints_no_nan(cli, tmp_path):
-    requests = tmp_path / "one.csv"
-    requests.write_text("arrival_s,prompt_tokens,output_tokens\n0,100,10\n")
-    code, out, err = cli("serve", "--requests", str(requests))
-    assert code == 0, err
-    assert "1 arrived (one arrival: no rate), 1 done" in out and "nan" not in out
+    assert expect in out and "nan" not in out
 
 
 def test_bundled_serving_study_resolves():
