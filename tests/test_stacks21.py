@@ -176,7 +176,7 @@ def test_compare_refuses_a_published_kernel_without_a_source(capsys):
 
     assert main(["compare", "--model", "llama-3.2-1b", "--kv", "fp16,int8", "--published-kernel", "0.9"]) == 2
     err = capsys.readouterr().err
-    assert "published_kernel" in err and err.count("\n") == 1
+    assert "command line: --published-kernel: expected FRACTION" in err and err.count("\n") == 1
 
 
 def test_a_qkv_bias_is_a_kernel_of_its_own_after_an_fp8_gemm_only():
