@@ -120,6 +120,8 @@ REJECTED = [
     (["routing", "--skew", "2"], "command line: --skew: applies only to --routing zipf"),
     (["fidelity", "--kv", "int8", "--v", "{tmp}/text.npy"], "command line: --v: applies only with --input"),
     (["routing", "--routing", "zipf", "--skew", "1e9"], "command line: --skew: must be a Zipf exponent in [0, 100]"),
+    # a run field given twice (its option and --set) is refused: one of the two would be dropped
+    (["run", "--set", "batch=4", "--batch", "2"], "decodesim: command line: --set: batch is also given as --batch"),
     # an option the trace overrides is refused, not ignored
     (["run", "--trace", "workloads/traces/fixed-b8-c4096.jsonl", "--batch", "4"],
      "decodesim: command line: --batch: does not apply with --trace: the trace gives every step's batch and contexts"),

@@ -19,9 +19,20 @@ def spec_from_args(args, **changes) -> RunSpec:
     if data.get("software") is None:
         data.pop("software", None)  # unnamed: the profile's own stack, else the default
     data.update(changes)
+    _refuse_twice(data)
     if data.get("trace"):
         given = [k for k in TRACE_GIVES if k in data and data[k] != RUN_DEFAULTS[k]]
         if given:
             raise ConfigError(COMMAND_LINE, f"--{given[0]}", "does not apply with --trace: the trace gives every "
                               "step's batch and contexts", data[given[0]])
     return validate(RunSpec, data, COMMAND_LINE)
+
+
+def _refuse_twice(data: dict) -> None:
+    """A run field set both by its option (not at its default) and by ``--set`` is refused:
+    one of the two would be dropped without notice."""
+    for item in data.get("overrides") or ():
+        path = (item.split("=", 1)[0] if isinstance(item, str) else item[0]).strip()
+        if path in RUN_DEFAULTS and path in data and path != "overrides" and data[path] != RUN_DEFAULTS[path]:
+            raise ConfigError(COMMAND_LINE, "--set", f"{path} is also given as --{path.replace('_', '-')}; "
+                              "expected one of the two", data[path])
