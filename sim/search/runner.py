@@ -20,7 +20,6 @@ import threading
 import time
 from collections import Counter, OrderedDict
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 from sim.errors import ConfigError
 from sim.search.front import Confirmed, chosen, confirmed_front
@@ -28,6 +27,7 @@ from sim.search.screen import SetupScreen, screen
 from sim.search.space import Deployment, Space
 from sim.search.verify import verify
 from sim.search.workload import Workload, workload
+from sim.serve.requests import named_at
 from sim.study.runner import stop_pool, worker_init
 
 CACHE_SETUPS = 64  # setups (resolved + step model) a process keeps for the replays
@@ -210,9 +210,7 @@ def _workload(space: Space, traffic: dict, slo: dict) -> Workload:
     try:
         return workload(requests, traffic["rate"], traffic["duration_s"], slo["percentile"], traffic["seed"])
     except ConfigError as err:
-        if err.file != requests or Path(requests).is_file():
-            raise
-        raise ConfigError(space.file, "traffic.requests", err.expected, requests) from None
+        raise named_at(err, requests, space.file, "traffic.requests") from None
 
 
 def run_search(space: Space, *, executor: str = "local", jobs: int | None = None, address=None,

@@ -139,6 +139,15 @@ def open_source(requests: str, *, rate_scale: float | None = None, rate_per_s: f
     return _bounded(_recorded_source(requests, rate_scale, rate_per_s, duration_s))
 
 
+def named_at(err: ConfigError, requests: str, file: str, key: str) -> ConfigError:
+    """``err`` from opening the request source ``requests``: a source that is not there said
+    against ``file`` and ``key`` (where it was named); any other error (a bad request file names
+    itself) as it is."""
+    if err.file != requests or Path(requests).is_file():
+        return err
+    return ConfigError(file, key, err.expected, requests)
+
+
 def _check_rates(rate_scale: float | None, rate_per_s: float | None, duration_s: float | None) -> None:
     """The command line's rate and duration: at most one of rate scale and rate, each finite,
     positive and within the limits."""

@@ -40,7 +40,7 @@ from sim.config.hardware import sources
 from sim.config.spec import RunSpec, apply_run_overrides
 from sim.errors import ConfigError
 from sim.explore.compute import vector_peak_Tops
-from sim.io import output_problem, stale_temp_files, write_atomic, write_frame
+from sim.io import make_folder, output_problem, stale_temp_files, write_atomic, write_frame
 from sim.paths import display_path
 from sim.run import simulate
 from sim.setup import resolve
@@ -127,11 +127,7 @@ def run_study(study: Study, out_dir: str | Path | None = None, *, executor: str 
     if problem:
         raise ConfigError(str(out), None, problem)
     check_places(out, study_places(out, detail=detail, report=report))
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise ConfigError(str(out), None, f"cannot create the study folder ({err.strerror or type(err).__name__})") \
-            from None
+    make_folder(out)
     with folder_lock(out):
         remove_stale_temp_files(out)
         return _run_study(study, out, executor, jobs, address, progress, detail, report)

@@ -18,7 +18,7 @@ from sim.io import read_table
 from sim.serve.plots import latency_vs_rate, over_time
 from sim.serve.replay import serve
 from sim.serve.report import render as render_report
-from sim.serve.requests import open_source
+from sim.serve.requests import named_at, open_source
 from sim.serve.spec import ServeSpec, build, upgrade_names
 from sim.serve.sweep import GROUP, check_setups, grid, load_study, run_sweep, study_key, study_points, write_table
 from sim.units import GB
@@ -79,15 +79,7 @@ def _check_sources(points, file: str = COMMAND_LINE, key: str = "--requests") ->
                     duration_s=busiest.duration_s, seed=busiest.seed, prompt_median=busiest.prompt_median,
                     output_median=busiest.output_median)
     except ConfigError as err:
-        raise _against(err, busiest.requests, file, key) from None
-
-
-def _against(err: ConfigError, requests: str, file: str, key: str) -> ConfigError:
-    """``err`` from opening the request source ``requests``: one that is not there said against
-    ``file`` and ``key`` (where it was named), any other (a bad request file names itself) as is."""
-    if err.file != requests or Path(requests).is_file():
-        return err
-    return ConfigError(file, key, err.expected, requests)
+        raise named_at(err, busiest.requests, file, key) from None
 
 
 def _command(args) -> str:
@@ -221,7 +213,7 @@ def _single(spec, args) -> int:
     try:
         setup = build(spec)
     except ConfigError as err:
-        raise _against(err, spec.requests, COMMAND_LINE, "--requests") from None
+        raise named_at(err, spec.requests, COMMAND_LINE, "--requests") from None
     progress = _Progress(setup.source.span_s, enabled=not args.no_progress)
     with _Interrupt() as interrupt:
         try:
