@@ -217,9 +217,9 @@ def simulate(spec: RunSpec | dict | None = None, *, keep_ops: bool = False, keep
         state = _advance(state, graph, costs, cache.changed)
         if des:
             outcome = Simulation(graph, state.costs, costs.capacity, costs.host, setup.graph, log=keep_log,
-                                 durations=state.durations).run()
+                                 durations=state.durations, moments=keep_ops).run()
         else:
-            outcome = analyse(graph, state.costs, costs.host, setup.graph, state.durations)
+            outcome = analyse(graph, state.costs, costs.host, setup.graph, state.durations, moments=keep_ops)
             if position == 0:
                 base.update(_analytic_note(graph))
         events += outcome.events

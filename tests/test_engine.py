@@ -413,3 +413,51 @@ def test_a_run_without_shared_stages_leaves_no_reference_cycles(fields):
         gc.garbage.clear()
         gc.enable()
     assert found == 0, f"{found} objects in reference cycles: {kinds}"
+
+
+def _timed_both_ways(graph, graph_mode):
+    costs = CostModel(load_profile("h200-sxm"))
+    op_costs = [costs.cost(op.work) for op in graph.ops]
+    kept = analyse(graph, op_costs, costs.host, graph_mode)
+    lean = analyse(graph, op_costs, costs.host, graph_mode, moments=False)
+    return kept, lean
+
+
+def test_a_wait_for_an_op_inside_a_chain_is_timed_without_moments():
+    """Without moments the closed form keeps only each chain's last end; an op on another
+    stream that waits for an op inside a chain gets that op's end worked out from the chain
+    (``_interior_end``), the same figure the kept moments hold."""
+    b = Builder()
+    for name in "abc":  # a chain on the main stream
+        b.add(name, 0, "vector", [Access("hbm", 40_000_000, "weights")], parallelism=132)
+    b.add("side", 0, "vector", [Access("hbm", 200_000_000, "weights")], stream="s1", deps=(1,), parallelism=132)
+    b.add("join", 0, "vector", [Access("hbm", 1_000, "act")], deps=(2, 3), host_sync=True, parallelism=1)
+    graph = make_graph(b.ops, step=0, contexts=(), stages=1)
+    assert graph.chains[0] == 3  # ops 1 and 2 follow op 0: op 1 is inside the chain
+    kept, lean = _timed_both_ways(graph, graph_mode=True)
+    ready, _issued, _start, end, _costs, _bodies = kept.moments
+    assert ready[3] == end[1] and ready[4] == end[3] > end[2]  # the side op waited for the interior op; the join for it
+    assert lean.moments is None
+    assert (lean.time_ns, lean.wait_ns, lean.host_sync_ns, lean.last_end) == \
+        (kept.time_ns, kept.wait_ns, kept.host_sync_ns, kept.last_end)
+    with pytest.raises(ValueError, match="without its per-op moments"):
+        lean.timings  # noqa: B018 (a property read for its error)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.sampled_from(["main", "main", "main", "s1"]), st.integers(1, 60_000_000),
+                          st.one_of(st.none(), st.none(), st.none(), st.floats(0, 1)), st.booleans()),
+                min_size=1, max_size=24),
+       st.booleans())
+def test_the_closed_form_without_moments_times_every_program_alike(spec, graph_mode):
+    """Over random programs (streams, a wait for any earlier op, host syncs) the closed form
+    gives the same step time, waits and syncs with and without per-op moments: bit for bit."""
+    b = Builder()
+    for i, (stream, nbytes, wait, sync) in enumerate(spec):
+        deps = (min(int(wait * i), i - 1),) if wait is not None and i else None
+        b.add(f"op{i}", 0, "vector", [Access("hbm", nbytes, "weights")], stream=stream, deps=deps,
+              host_sync=sync and i % 5 == 4, parallelism=132)
+    graph = make_graph(b.ops, step=0, contexts=(), stages=1)
+    kept, lean = _timed_both_ways(graph, graph_mode)
+    assert (lean.time_ns, lean.wait_ns, lean.host_sync_ns, lean.last_end) == \
+        (kept.time_ns, kept.wait_ns, kept.host_sync_ns, kept.last_end)

@@ -60,6 +60,8 @@ class StepOutcome:
     @property
     def timings(self) -> list[OpTiming]:
         if self._timings is None:
+            if self.moments is None:
+                raise ValueError(f"step {self.step} was timed without its per-op moments (timeline's moments=False)")
             ready, issued, start, end, costs, bodies = self.moments
             out = []
             for idx, cost in enumerate(costs):

@@ -45,8 +45,9 @@ class Simulation:
     """Declare (graph, costs, capacities, host), build the processes, ``run()``."""
 
     def __init__(self, graph: OpGraph, op_costs: list[OpCost], capacity: dict[str, float], host: HostTimes,
-                 graph_mode: bool, log: bool = False, durations: list[float] | None = None):
+                 graph_mode: bool, log: bool = False, durations: list[float] | None = None, moments: bool = True):
         self.graph = graph
+        self.moments = moments or log  # per-op moments of a closed-form step (an op table or a log reads them)
         self.op_costs = op_costs
         self.graph_mode = graph_mode
         self.host = host
@@ -171,7 +172,7 @@ class Simulation:
     # -- the step -------------------------------------------------------------------------------
     def run(self) -> StepOutcome:
         if not self.networks:  # no stage's streams share anything: the step is the timer's closed form
-            outcome = timeline(self.graph, self.op_costs, self.host, self.graph_mode, self.durations)
+            outcome = timeline(self.graph, self.op_costs, self.host, self.graph_mode, self.durations, self.moments)
             if self.log is not None:
                 outcome.log = self._log_timeline(outcome)
             return outcome

@@ -21,7 +21,10 @@ Times are ns. Nothing here holds state: the callers keep the clocks.
 
 from __future__ import annotations
 
-from itertools import accumulate
+from bisect import bisect_right
+from functools import reduce
+from itertools import accumulate, islice
+from operator import add
 
 from sim.costs import HostTimes, OpCost
 from sim.engine.records import StepOutcome
@@ -61,15 +64,24 @@ def after_sync(t: float, end: float, host: HostTimes, cost: OpCost) -> float:
 
 
 def timeline(graph: OpGraph, op_costs: list[OpCost], host: HostTimes, graph_mode: bool,
-            durations: list[float] | None = None) -> StepOutcome:
+             durations: list[float] | None = None, moments: bool = True) -> StepOutcome:
     """The step's timeline in closed form (no events, no contention): segment by segment, the
     host issues the ops (``issue``) and each op starts at the later of ready and issued, alone
-    on its links for its ``total_ns`` (``durations``, where the caller keeps them between steps)."""
+    on its links for its ``total_ns`` (``durations``, where the caller keeps them between steps).
+    ``moments``: keep every op's ready, start and end for ``StepOutcome.timings`` (an op table,
+    a log); without them a chain of ops (``OpGraph.chains``) keeps only its last op's end, and
+    another op's end is worked out when something waits for it (``_interior_end``): the same
+    additions in the same order, so the same step time and totals, from fewer lists."""
     n = len(graph.ops)
     ops, chains = graph.ops, graph.chains
     if durations is None:
         durations = [c.total_ns for c in op_costs]
-    ready_of, issued_of, start_of, end_of = [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n
+    issued_of = [0.0] * n
+    if moments:
+        ready_of, start_of, end_of = [0.0] * n, [0.0] * n, [0.0] * n
+    else:
+        end_of = [None] * n  # None: inside a chain whose ends were not kept (``heads``)
+    heads: list[int] = []  # without moments: the first op of each such chain, in order
     stream_end: dict[tuple[int, str], float] = {}
     t_host = 0.0
     sync_total = wait_total = end_all = 0.0
@@ -81,19 +93,28 @@ def timeline(graph: OpGraph, op_costs: list[OpCost], host: HostTimes, graph_mode
             lane = (op.stage, op.stream)
             ready = stream_end.get(lane, 0.0)
             for dep in op.deps:
-                if end_of[dep] > ready:
-                    ready = end_of[dep]
+                done = end_of[dep]
+                if done is None:
+                    done = _interior_end(dep, heads, durations, end_of)
+                if done > ready:
+                    ready = done
             issued = issued_of[idx]
             start = ready if ready >= issued else issued
             wait_total += start - ready
             end = start + durations[idx]
-            ready_of[idx], start_of[idx], end_of[idx] = ready, start, end
+            end_of[idx] = end
+            if moments:
+                ready_of[idx], start_of[idx] = ready, start
             tail = min(chains[idx], last + 1)  # ops idx+1 .. tail-1 wait only for the op before them
             if tail > idx + 1 and issued_of[tail - 1] <= end:  # and are issued by then: a chain
-                ends = list(accumulate(durations[idx + 1:tail], initial=end))
-                ready_of[idx + 1:tail] = start_of[idx + 1:tail] = ends[:-1]
-                end_of[idx + 1:tail] = ends[1:]
-                end = ends[-1]
+                if moments:  # each starts, ready, when the op before it ends
+                    ends = list(accumulate(durations[idx + 1:tail], initial=end))  # ends[0]: op idx's
+                    end_of[idx:tail] = ends
+                    ready_of[idx + 1:tail] = start_of[idx + 1:tail] = ends[:-1]
+                    end = ends[-1]
+                else:
+                    end = end_of[tail - 1] = reduce(add, islice(durations, idx + 1, tail), end)
+                    heads.append(idx)
                 idx = tail - 1
             stream_end[lane] = end
             if end > end_all:
@@ -104,5 +125,15 @@ def timeline(graph: OpGraph, op_costs: list[OpCost], host: HostTimes, graph_mode
             resumed = after_sync(t_host, end_of[last], host, op_costs[last])
             sync_total += resumed - max(t_host, end_of[last])
             t_host = resumed
+    kept = (ready_of, issued_of, start_of, end_of, op_costs, {}) if moments else None
     return StepOutcome(graph.step, max(end_all, t_host), [], 0, sync_total, wait_total, last_end=end_all,
-                       moments=(ready_of, issued_of, start_of, end_of, op_costs, {}))
+                       moments=kept)
+
+
+def _interior_end(idx: int, heads: list[int], durations: list[float], end_of: list) -> float:
+    """The end of op ``idx`` inside a chain whose ends ``timeline`` did not keep (``heads``: each
+    such chain's first op, whose end it kept): the chain's additions up to ``idx``, kept now."""
+    head = heads[bisect_right(heads, idx) - 1]
+    ends = list(accumulate(durations[head + 1:idx + 1], initial=end_of[head]))
+    end_of[head:idx + 1] = ends
+    return ends[-1]

@@ -81,13 +81,10 @@ class Traffic(NamedTuple):
         return self.stream_bytes + self.gather_bytes
 
     def __add__(self, other: "Traffic") -> "Traffic":  # type: ignore[override]
-        granules = [g for g in (self.gather_granule_bytes, other.gather_granule_bytes) if g]
-        return Traffic(
-            self.stream_bytes + other.stream_bytes,
-            self.gather_bytes + other.gather_bytes,
-            min(granules) if granules else 0,
-            self.dequant_ops + other.dequant_ops,
-        )
+        mine, theirs = self.gather_granule_bytes, other.gather_granule_bytes
+        granule = min(mine, theirs) if mine and theirs else mine or theirs  # the smaller of those there are
+        return Traffic(self.stream_bytes + other.stream_bytes, self.gather_bytes + other.gather_bytes, granule,
+                       self.dequant_ops + other.dequant_ops)
 
 
 ZERO = Traffic(0, 0, 0, 0)

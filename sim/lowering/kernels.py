@@ -115,11 +115,12 @@ class Plan:
     working it out): per kernel the op roles (and shares) it reads and writes, its class and its
     host time, and how the op's work divides between the kernels (``_Split``)."""
 
-    __slots__ = ("specs", "kind", "roles", "classes", "host_ns", "split", "temps", "_fixed")
+    __slots__ = ("specs", "kind", "roles", "classes", "host_ns", "split", "temps", "_fixed", "_default")
 
     def __init__(self, specs: tuple[Kernel, ...] | None, kind: str, parts: dict[str, float] | None = None,
                  calls_ns=None):
         self.specs, self.kind = specs, kind
+        self._default = default_class(kind) if specs is None else None  # the one kernel's class of an unnamed op
         parts, kernels = parts or {}, specs or ()
         self.roles = tuple(tuple((*_share(spec, parts), write) for names, write in ((k.reads, False), (k.writes, True))
                                  for spec in names) for k in kernels)
@@ -139,10 +140,9 @@ class Plan:
         """The kernels of the op over ``accesses`` with this work (see ``expand``)."""
         kind, specs, split = self.kind, self.specs, self.split
         if specs is None:
-            return (KernelWork(name=kind, kclass=default_class(kind), accesses=accesses,
-                               matrix_flops=matrix_flops, matrix_m=matrix_m, vector_ops=vector_ops,
-                               dequant_ops=dequant_ops, dtype=dtype, parallelism=parallelism,
-                               values=values, quant=quant),)
+            return (_new(KernelWork, (  # every field, in order: one launch, dispatched, no implementation
+                kind, self._default, accesses, matrix_flops, matrix_m, vector_ops, dequant_ops, dtype,
+                parallelism, 1, None, values, quant, True, 0.0)),)
         by_role: dict[tuple[str, bool], list[Access]] = {}  # the op's accesses that move bytes, by (role, write)
         for a in accesses:
             if a.bytes:

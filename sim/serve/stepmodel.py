@@ -127,7 +127,7 @@ class SimulatorStepModel:
             if cost is None:
                 cost = by_work[id(op.work)] = self.costs.cost(op.work)
             op_costs.append(cost)
-        return analyse(graph, op_costs, self.costs.host, self.setup.graph), graph, op_costs
+        return analyse(graph, op_costs, self.costs.host, self.setup.graph, moments=False), graph, op_costs
 
     def _learn(self, decode_contexts, prefill) -> float:
         """Evaluate the step exactly and record its body, tail and fixed parts."""
