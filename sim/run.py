@@ -360,7 +360,7 @@ def _identity(setup: RunSetup, cap: dict) -> dict:
         "tp": setup.tp, "pp": setup.pp, "chips": setup.hardware.chips, "software": spec.software if "software" in spec.model_fields_set else setup.software,
         "target_ms": spec.target_ms, "capacity": cap, "kernel_costs": kernel_costs_origin(setup.hardware),
         "placement": {what: dict(_dumped(setup.hardware.place(what))) for what in ("weights", "experts", "kv")},
-        **_software_note(setup),
+        **_software_note(setup), **_moe_note(setup),
     }
 
 
@@ -389,6 +389,21 @@ def _software_note(setup: RunSetup) -> dict:
         return {}
     return {"software_note": f"{setup.hardware.name} runs {native} programs; the {setup.software} stack's kernels "
                              f"are another machine's (pass --software {native})"}
+
+
+MOE_FIELDS = ("dispatch", "routing", "routing_skew", "routing_locality")  # a RunSpec's MoE-only fields
+
+
+def _moe_note(setup: RunSetup) -> dict:
+    """A note when a run asks for MoE dispatch or routing other than the defaults for a model
+    without MoE layers (accepted, as a study sweeps them over dense and MoE models alike, but
+    they change nothing there)."""
+    spec = setup.spec
+    given = [name for name in MOE_FIELDS if getattr(spec, name) != type(spec).model_fields[name].default]
+    if setup.model.moe is not None or not given:
+        return {}
+    verb = "changes" if len(given) == 1 else "change"
+    return {"moe_note": f"{setup.model.name} has no Mixture-of-Experts layers: {', '.join(given)} {verb} nothing"}
 
 
 def _summary(setup: RunSetup, rows: list[dict], events: int, wall_s: float) -> dict:

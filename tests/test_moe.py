@@ -317,3 +317,15 @@ def test_host_synced_dispatch_is_never_faster_than_on_device(software):
         synced = _step_ms(model=model, batch=8, software=software, dispatch="host_sync")
         device = _step_ms(model=model, batch=8, software=software, dispatch="device")
         assert synced >= device
+
+
+def test_moe_options_on_a_dense_model_are_run_with_a_note():
+    """Dispatch and routing mean nothing to a model without MoE layers: the run goes ahead (a
+    study sweeps them over dense and MoE models alike), its figures are those of the defaults,
+    and the summary says the options changed nothing; an MoE model, or the defaults, get no note."""
+    plain = simulate(model="llama-3-8b", batch=2, context=512, steps=1)
+    asked = simulate(model="llama-3-8b", batch=2, context=512, steps=1, routing="zipf", routing_skew=2.0)
+    assert asked.summary["moe_note"] == "llama-3-8b has no Mixture-of-Experts layers: routing, routing_skew change nothing"
+    assert asked.summary["per_token_ms_p50"] == plain.summary["per_token_ms_p50"]
+    assert "moe_note" not in plain.summary
+    assert "moe_note" not in simulate(model="mixtral-8x7b", batch=2, context=512, steps=1, routing="zipf").summary
