@@ -155,7 +155,7 @@ def resolve(spec: RunSpec) -> RunSetup:
         steps = traces.fixed(spec.batch, spec.context, spec.steps)
     check_context(spec, model, steps)
     if spec.microbatches > 1 and model.moe is not None:
-        raise ConfigError("--microbatches", "microbatches", "micro-batches of a Mixture-of-Experts model are not "
+        raise ConfigError(None, "microbatches", "micro-batches of a Mixture-of-Experts model are not "
                           "modelled (the routing trace gives one step's expert counts); use 1", spec.microbatches)
     shared = hardware.shared_sram
     store = hardware.store.name
