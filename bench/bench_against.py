@@ -16,10 +16,11 @@ cached re-run. c9f2276 (2026-12-04 21:13 UTC, the merge before the issue's first
 
 A round measures each figure of both trees back to back (the filed tree first in odd rounds,
 this tree first in even ones, so a drift of the machine's speed falls on both alike), each in
-fresh processes importing that tree's ``sim`` (``CHILD``): llama-3-8b bf16 batch 16, context
-1024, 300 DES steps, the best of three runs, each without the memos of the ones before where
-the tree has them; ``simulate(steps=1)`` at 32 batches no run of the process used, the best of
-three sweeps after a warm-up sweep; the wall time of ``python -m sim study
+fresh processes importing that tree's ``sim`` and this tree's bench_speed.py (``CHILD``): its
+``measure`` (llama-3-8b bf16 batch 16, context 1024, 300 DES steps, the fastest of three runs,
+each without the memos of the ones before where the tree has them) and its
+``ms_per_configuration`` (``simulate(steps=1)`` at 32 batches no run of the process used, the
+best of three sweeps after a warm-up sweep); the wall time of ``python -m sim study
 hbm-bandwidth-what-if`` run a second time into the folder of a first run (every point cached).
 A round's speed-up is this tree's figure over the filed tree's; the verdict takes the median
 over the rounds, and the range shows how far single rounds stray on this machine.
@@ -38,35 +39,18 @@ import time
 from pathlib import Path
 
 CHILD = r'''
-import json, sys, time
-from sim.run import simulate
-try:
-    from sim.costs import forget_cost_models
-except ImportError:  # the filed tree: each run made its own cost model
-    def forget_cost_models():
-        pass
+import sys
+
+sys.path.insert(0, sys.argv[2])  # this tree's bench/, beside the sim of the tree under test
+import bench_speed
 
 if sys.argv[1] == "steps_per_s":
-    simulate(model="llama-3-8b", weights="bf16", batch=16, context=1024, steps=20)
-    best = float("inf")
-    for _ in range(3):
-        forget_cost_models()
-        t0 = time.perf_counter()
-        simulate(model="llama-3-8b", weights="bf16", batch=16, context=1024, steps=300, check_capacity=False)
-        best = min(best, time.perf_counter() - t0)
-    print(300 / best)
+    print(bench_speed.measure("llama-3-8b", "bf16", 1024, 300)["steps_per_s"])
 else:
-    for batch in range(1, 33):
-        simulate(steps=1, batch=batch, model="llama-3-8b", weights="bf16")
-    sweep, start = float("inf"), 33
-    for _ in range(3):
-        t0 = time.perf_counter()
-        for batch in range(start, start + 32):
-            simulate(steps=1, batch=batch, model="llama-3-8b", weights="bf16")
-        sweep, start = min(sweep, time.perf_counter() - t0), start + 32
-    print(1e3 * sweep / 32)
+    print(bench_speed.ms_per_configuration(repeats=3)[0])
 '''
 
+BENCH = Path(__file__).resolve().parent
 STUDY = "hbm-bandwidth-what-if"
 FILED = {"steps_per_s": 1500.0, "ms_per_configuration": 6.0, "cached_study_s": 4.6}  # issue 26, at filing
 AIMS = {"steps_per_s": 5000.0, "ms_per_configuration": 1.0, "cached_study_s": 1.0}  # issue 26's aims
@@ -78,8 +62,8 @@ def measure(name: str, tree: Path) -> float:
     env = dict(os.environ, PYTHONPATH=str(tree))
     with tempfile.TemporaryDirectory() as folder:
         if name != "cached_study_s":
-            done = subprocess.run([sys.executable, "-c", CHILD, name], env=env, cwd=folder, capture_output=True,
-                                  text=True, check=True)
+            done = subprocess.run([sys.executable, "-c", CHILD, name, str(BENCH)], env=env, cwd=folder,
+                                  capture_output=True, text=True, check=True)
             return float(done.stdout.split()[-1])
         command = [sys.executable, "-m", "sim", "study", STUDY, "--out", os.path.join(folder, STUDY)]
         subprocess.run(command, env=env, cwd=folder, capture_output=True, check=True)
@@ -99,7 +83,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4, help="rounds of both trees (the order alternates)")
     parser.add_argument("--json", default=None, help="also write every round's figures as JSON here")
     args = parser.parse_args()
-    this_tree = Path(__file__).resolve().parent.parent
+    this_tree = BENCH.parent
     if not (args.against / "sim" / "run.py").is_file():
         raise SystemExit(f"bench_against: {args.against} holds no sim/run.py: expected a checkout of the filed tree")
     rounds = []
