@@ -391,7 +391,7 @@ def _software_note(setup: RunSetup) -> dict:
                              f"are another machine's (pass --software {native})"}
 
 
-MOE_FIELDS = ("dispatch", "routing", "routing_skew", "routing_locality")  # a RunSpec's MoE-only fields
+MOE_FIELDS = ("dispatch", "placement", "routing", "routing_skew", "routing_locality", "sram_experts")  # RunSpec's MoE group
 
 
 def _moe_note(setup: RunSetup) -> dict:
