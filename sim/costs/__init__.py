@@ -90,16 +90,20 @@ class CostModel:
         return cost
 
     def cost_once(self, work: Work) -> OpCost:
-        """The cost of ``work`` from the memo if it is there, else computed and not kept (for
-        works that will not come again, such as one step's attention in a serving replay)."""
+        """The cost of ``work`` from the memo if it is there, else computed and not kept, nor
+        its kernels' costs (for works that will not come again, such as one step's attention:
+        its kernels change with the contexts too)."""
         cost = self._memo.get(work)
-        return cost if cost is not None else self._cost(work)
+        return cost if cost is not None else self._cost(work, self._kernel_cost)
 
-    def _cost(self, op: Work) -> OpCost:
+    def _cost(self, op: Work, kernel_cost=None) -> OpCost:
+        """``op``'s cost from its kernels' (``kernel_cost``: how a kernel is costed; default
+        ``self.kernel_cost``, through the kernels' memo)."""
+        kernel_cost = kernel_cost or self.kernel_cost
         kernels = op.kernels_run or (_byte_model_kernel(op),)
         if len(kernels) == 1:  # most ops: their one kernel's figures are the op's
-            return self._one_kernel_cost(op, kernels[0])
-        costs = [self.kernel_cost(op, k, first=i == 0) for i, k in enumerate(kernels)]
+            return self._one_kernel_cost(op, kernels[0], kernel_cost)
+        costs = [kernel_cost(op, k, i == 0) for i, k in enumerate(kernels)]
         overlap = self._overlap
         # sums over the kernels, each in kernel order (a start-up after the first overlaps the kernel before)
         startup = dispatch = compute = matrix = vector = dequant = body = 0
@@ -119,9 +123,9 @@ class CostModel:
                       host_ns=op.host_ns + op.host_launches * self._host_launch_ns + op.host_syncs * self.host.sync_ns,
                       kernels=tuple(costs), rows=_summed_rows(costs), dispatch_ns=dispatch)
 
-    def _one_kernel_cost(self, op: Work, k: KernelWork) -> OpCost:
+    def _one_kernel_cost(self, op: Work, k: KernelWork, kernel_cost) -> OpCost:
         """``_cost`` of an op run as one kernel: the sums over its kernels are that kernel's figures."""
-        c = self.kernel_cost(op, k, first=True)
+        c = kernel_cost(op, k, True)
         dispatch = c.launches * (self.kernels.dispatch_ns(c.kclass) + k.host_ns) if k.dispatched else 0
         return OpCost(c.flows, c.compute_ns, c.tiles / self._tiles, c.matrix_ns, c.vector_ns, c.dequant_ns,
                       self.links.fill_ns(op), 0.0, c.startup_ns, ideal_body_ns=c.body_ns,
