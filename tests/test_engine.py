@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from functools import reduce
+from operator import add
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -12,6 +14,7 @@ from sim import load_profile
 from sim.analytic import analyse
 from sim.costs import CostModel
 from sim.engine.simulation import Simulation
+from sim.engine.timer import ordered_sum
 from sim.lowering.cache import GraphCache
 from sim.lowering.decode import lower_step
 from sim.lowering.graph import Access, Builder, make_graph
@@ -461,3 +464,13 @@ def test_the_closed_form_without_moments_times_every_program_alike(spec, graph_m
     kept, lean = _timed_both_ways(graph, graph_mode)
     assert (lean.time_ns, lean.wait_ns, lean.host_sync_ns, lean.last_end) == \
         (kept.time_ns, kept.wait_ns, kept.host_sync_ns, kept.last_end)
+
+
+@given(st.lists(st.floats(min_value=0.0, max_value=1e9, allow_nan=False), max_size=400),
+       st.floats(min_value=0.0, max_value=1e12, allow_nan=False))
+def test_the_timers_chain_sum_adds_in_order_bit_for_bit(durations, start):
+    """A chain's end is its head's end plus each duration in turn: whichever summation the timer
+    uses on this Python, it must round as adding one float after another does."""
+    assert ordered_sum(iter(durations), start) == reduce(add, durations, start)
+    # an example where compensated summation (Python 3.12's sum) rounds otherwise
+    assert ordered_sum(iter([1e16, 1.0, 1.0, 1.0]), 0.0) == ((1e16 + 1.0) + 1.0) + 1.0

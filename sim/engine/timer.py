@@ -21,6 +21,7 @@ Times are ns. Nothing here holds state: the callers keep the clocks.
 
 from __future__ import annotations
 
+import sys
 from bisect import bisect_right
 from functools import reduce
 from itertools import accumulate, islice
@@ -29,6 +30,16 @@ from operator import add
 from sim.costs import HostTimes, OpCost
 from sim.engine.records import StepOutcome
 from sim.lowering.graph import OpGraph
+
+if sys.version_info < (3, 12):
+    # Python 3.11's sum() of floats adds them in order in one C double: the additions of
+    # ``reduce(add, ...)``, bit for bit, without a float object per op (4x faster on a chain)
+    ordered_sum = sum
+else:
+    def ordered_sum(values, start: float) -> float:
+        """``start`` plus ``values`` added one by one, in order (3.12's sum() compensates the
+        rounding, which would give other step times than the engine's own additions)."""
+        return reduce(add, values, start)
 
 
 def segments(graph: OpGraph) -> list[tuple[int, int]]:
@@ -113,7 +124,7 @@ def timeline(graph: OpGraph, op_costs: list[OpCost], host: HostTimes, graph_mode
                     ready_of[idx + 1:tail] = start_of[idx + 1:tail] = ends[:-1]
                     end = ends[-1]
                 else:
-                    end = end_of[tail - 1] = reduce(add, islice(durations, idx + 1, tail), end)
+                    end = end_of[tail - 1] = ordered_sum(islice(durations, idx + 1, tail), end)
                     heads.append(idx)
                 idx = tail - 1
             stream_end[lane] = end
