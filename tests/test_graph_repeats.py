@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from sim.config.loader import validate
 from sim.config.spec import RunSpec
 from sim.costs import CostModel
-from sim.lowering.cache import GraphCache
+from sim.lowering.cache import GraphCache, attention_kinds
 from sim.lowering.decode import lower_step
 from sim.lowering.graph import make_graph
 from sim.run import _afresh, simulate
@@ -69,6 +69,40 @@ def test_the_runner_counts_and_costs_a_run_as_every_op(case):
     assert fast.costs == slow.costs and fast.durations == slow.durations
     assert list(fast.keys) == list(slow.keys)  # the same keys in the same first-use order
     assert [(n, op.idx) for n, op in fast.keys.values()] == [(n, op.idx) for n, op in slow.keys.values()]
+
+
+@pytest.mark.parametrize("case", CASES + [dict(model="llama-3-8b", microbatches=2)])
+def test_attention_kinds_counted_from_a_run_are_those_of_every_op(case):
+    """The graph cache's attention ops by kind, counted from each run's span, are what grouping
+    every op (each copy made) gives: the same kinds in first-use order, indices and first layer."""
+    setup = _setup(8, 5000, **case)
+    graph = lower_step(setup, setup.steps[0].contexts)
+    window = setup.model.window
+    walked: dict[tuple, list] = {}
+    for op in tuple(graph.ops):
+        if op.work.kind == "attention":
+            walked.setdefault((window(op.layer), op.row, op.compute_row), []).append(op)
+    expected = [(ops[0].layer, (row, compute_row), tuple(op.idx for op in ops))
+                for (_window, row, compute_row), ops in walked.items()]
+    assert [tuple(kind) for kind in attention_kinds(graph, window)] == expected
+    assert sum(len(kind.places) for kind in attention_kinds(graph, window)) >= setup.model.layers // setup.pp
+
+
+def test_attention_kinds_of_a_span_with_two_attention_ops_of_one_kind_are_in_program_order():
+    """A run copying a span that holds two attention ops of one kind: their copies interleave."""
+    from sim.lowering.graph import Access, Builder
+
+    b = Builder()
+    b.add("embed", -1, "vector", [Access("hbm", 64, "weights")])
+    start = len(b.ops)
+    for name in ("attn_a", "mid", "attn_b"):
+        b.add(name, 0, "attention" if name != "mid" else "vector", [Access("hbm", 1000 + len(name), "kv")])
+    b.append_copies(b.ops[start:], [1, 2, 3], repeat=True)
+    b.add("head", -1, "vector", [Access("hbm", 64, "weights")])
+    graph = make_graph(b.ops, step=0, contexts=(), stages=1, repeats=tuple(b.repeats))
+    assert graph.repeats
+    (kind,) = attention_kinds(graph, lambda layer: None)
+    assert kind.layer == 0 and kind.places == (1, 3, 4, 6, 7, 9, 10, 12)
 
 
 def test_a_dense_model_is_lowered_as_one_layer_and_a_run():

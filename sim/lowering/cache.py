@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from sim.lowering.decode import lower_step
-from sim.lowering.graph import LazyOps, Op, OpGraph, Program, Work, live, make_work
+from sim.lowering.graph import LazyOps, Op, OpGraph, Work, live, make_work
 from sim.lowering.ops import Ask, attention_ask, op_expander, prefill_attention_ask
 from sim.setup import RunSetup
 
@@ -72,37 +72,37 @@ class _Kind(NamedTuple):
     places: tuple[int, ...]
 
 
-class AttentionPlace(NamedTuple):
-    """Where an attention op stands in a graph: its index, layer and breakdown rows."""
-
-    idx: int
-    layer: int
-    row: str
-    compute_row: str
-
-
-def attention_places(graph: OpGraph) -> list[AttentionPlace]:
-    """The graph's attention ops in program order, as places (those of a run of copies found
-    from the span it copies, each copy asking the same work at the same offset, and read
-    without making the copy)."""
+def attention_kinds(graph: OpGraph, window) -> tuple[_Kind, ...]:
+    """The graph's attention ops grouped by kind (``window``: a layer -> its attention window;
+    with the breakdown rows), each kind's indices in program order and the kinds in the order
+    they first appear. The copies of a run (``Repeat``) ask the very Work of the span op they
+    copy, so they are of its kind: their indices are counted from the span without reading
+    the copies."""
     ops = graph.ops
-    layer_of = ops.layer_of if isinstance(ops, Program) else (lambda i: ops[i].layer)
-    out, at = [], 0
+    found: dict[tuple, list] = {}  # kind -> [its first layer, its indices]
 
-    def place(op: Op) -> AttentionPlace:
-        return AttentionPlace(op.idx, op.layer, op.row, op.compute_row)
+    def note(op: Op, places) -> None:
+        entry = found.get(key := (window(op.layer), op.row, op.compute_row))
+        if entry is None:
+            found[key] = [op.layer, list(places)]
+        else:
+            entry[1].extend(places)
 
-    for repeat in graph.repeats:
-        out.extend(place(op) for op in ops[at:repeat.start] if op.work.kind == "attention")
-        span = [(op.idx - repeat.start + repeat.length, op) for op in ops[repeat.start - repeat.length:repeat.start]
-                if op.work.kind == "attention"]
-        for k in range(repeat.count):
-            for j, op in span:
-                i = repeat.start + k * repeat.length + j
-                out.append(AttentionPlace(i, layer_of(i), op.row, op.compute_row))
+    at = 0
+    for repeat in (*graph.repeats, None):
+        stop = len(ops) if repeat is None else repeat.start
+        for op in ops[at:stop]:
+            if op.work.kind == "attention":
+                note(op, (op.idx,))
+        if repeat is None:
+            break
+        for op in ops[repeat.start - repeat.length:repeat.start]:
+            if op.work.kind == "attention":
+                note(op, range(op.idx + repeat.length, repeat.end, repeat.length))
         at = repeat.end
-    out.extend(place(op) for op in ops[at:] if op.work.kind == "attention")
-    return out
+    # indices are noted in program order but for a span with two ops of one kind (each's copies in turn)
+    return tuple(_Kind(layer, (row, compute_row), tuple(sorted(places)))
+                 for (_window, row, compute_row), (layer, places) in found.items())
 
 
 class GraphCache:
@@ -126,12 +126,7 @@ class GraphCache:
             return self._relower_attention(lowered, contexts, step)
         graph = self._lowered = lower_step(self.setup, contexts, step, position)
         self.changed = None
-        window = self.setup.model.window
-        kinds: dict[tuple, list[AttentionPlace]] = {}
-        for place in attention_places(graph):
-            kinds.setdefault((window(place.layer), place.row, place.compute_row), []).append(place)
-        self._kinds = tuple(_Kind(places[0].layer, (row, compute_row), tuple(p.idx for p in places))
-                            for (_window, row, compute_row), places in kinds.items())
+        self._kinds = attention_kinds(graph, self.setup.model.window)
         self._works = [graph.ops[kind.places[0]].work for kind in self._kinds]
         return graph
 
