@@ -179,7 +179,7 @@ def resolve(spec: RunSpec) -> RunSetup:
 
         moe = build(spec, model, hardware, weights, tp, [step.batch for step in steps],
                     graph=stack.launch == "graph" if spec.graph is None else spec.graph)
-    layers_per_stage = max(sum(1 for _, part in stage if part == "attn") for stage in partition)
+    layers_per_stage = _most_attention_units(partition)
     return RunSetup(
         spec=spec, hardware=hardware, model=model, weights=weights, kv=kv, tp=tp, pp=pp, software=stack.name,
         stack=stack, graph=stack.launch == "graph" if spec.graph is None else spec.graph,
@@ -192,15 +192,23 @@ def resolve(spec: RunSpec) -> RunSetup:
 # -- pipeline partitions ---------------------------------------------------------------------
 
 
+@lru_cache(maxsize=256)
+def _most_attention_units(partition: tuple[tuple[tuple[int, str], ...], ...]) -> int:
+    """The most attention units (layers' KV caches) one stage of ``partition`` holds."""
+    return max(sum(1 for _, part in stage if part == "attn") for stage in partition)
+
+
 def layer_units(layers: int) -> list[tuple[int, str]]:
     """The pipeline units of a model in program order: the embedding, each layer's attention
     and FFN halves, the LM head."""
     return [(-1, "embed"), *[(layer, part) for layer in range(layers) for part in ("attn", "ffn")], (-1, "head")]
 
 
+@lru_cache(maxsize=256)
 def layer_partition(layers: int, pp: int) -> tuple[tuple[tuple[int, str], ...], ...]:
     """Whole layers split as evenly as possible (sizes differ by at most one); the embedding
-    on the first stage, the LM head on the last."""
+    on the first stage, the LM head on the last (immutable: kept per layer count and depth,
+    as every run of a sweep asks the same)."""
     stages = []
     for s in range(pp):
         units = [(layer, part) for layer in range(s * layers // pp, (s + 1) * layers // pp) for part in ("attn", "ffn")]

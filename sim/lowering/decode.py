@@ -198,7 +198,7 @@ def lower_one(setup: RunSetup, contexts: tuple[int, ...], step: int = 0, positio
         if stage > 0:
             b.add("recv_activations", -1, "p2p", [Access(stage_link(setup, stage), act_row, "link", role="link")],
                   collective=("p2p", act_row, 2), deps=(ops[-1].idx,), parallelism=1)
-        lower_units(setup, b, [u for u in units if u[0] >= 0], contexts, position, prefill)
+        lower_units(setup, b, units, contexts, position, prefill)
         if units[-1][1] == "head":
             vector(setup, b, "final_norm", -1, reads=logit_row, weights=norm_bytes(setup), writes=logit_row,
                    ops=logits * m.hidden * VEC_OPS["rmsnorm"], rows=logits)
@@ -230,22 +230,40 @@ def _synced(op: Op) -> Op:
     return op._replace(host_sync=True)
 
 
-def lower_units(setup: RunSetup, b: Builder, units: list[tuple[int, str]], contexts: tuple[int, ...], position: int,
-                prefill: tuple[tuple[int, int], ...] = ()) -> None:
-    """Lower a stage's layer units in order: whole layers through ``lower_layers``, a layer
-    cut by a stage boundary as its attention or FFN half alone."""
+def lower_units(setup: RunSetup, b: Builder, units: tuple[tuple[int, str], ...], contexts: tuple[int, ...],
+                position: int, prefill: tuple[tuple[int, int], ...] = ()) -> None:
+    """Lower a stage's units in order (``units``: the stage's, the embedding and LM head
+    included): whole layers through ``lower_layers``, a layer cut by a stage boundary as its
+    attention or FFN half alone."""
+    for half, layers in _unit_runs(units):
+        if half == "layers":
+            lower_layers(setup, b, layers, contexts, position, prefill)
+        else:
+            (lower_attention_half if half == "attn" else lower_ffn_half)(setup, b, layers[0], contexts, position,
+                                                                          prefill)
+
+
+@lru_cache(maxsize=256)
+def _unit_runs(units: tuple[tuple[int, str], ...]) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """A stage's layer units as runs in program order: ("layers", whole layers) and ("attn" or
+    "ffn", (a layer cut by a stage boundary,)); worked out once per partition's stage."""
     parts: dict[int, list[str]] = {}
     for layer, part in units:
-        parts.setdefault(layer, []).append(part)
+        if layer >= 0:  # not the embedding or the LM head
+            parts.setdefault(layer, []).append(part)
+    runs: list[tuple[str, tuple[int, ...]]] = []
     whole: list[int] = []
     for layer, halves in parts.items():
         if len(halves) == 2:
             whole.append(layer)
             continue
-        lower_layers(setup, b, whole, contexts, position, prefill)
-        whole = []
-        (lower_attention_half if halves == ["attn"] else lower_ffn_half)(setup, b, layer, contexts, position, prefill)
-    lower_layers(setup, b, whole, contexts, position, prefill)
+        if whole:
+            runs.append(("layers", tuple(whole)))
+            whole = []
+        runs.append((halves[0], (layer,)))
+    if whole:
+        runs.append(("layers", tuple(whole)))
+    return tuple(runs)
 
 
 def lower_layers(setup: RunSetup, b: Builder, layers, contexts: tuple[int, ...], position: int,
