@@ -13,6 +13,7 @@ import math
 import os
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import NamedTuple
 
 from sim import decode_trace as traces
 from sim.config.hardware import OFF_CHIP, SRAM, HardwareProfile, Place
@@ -125,30 +126,35 @@ def _format(role: str, name: str) -> Format:
     return fmt
 
 
+class _Machine(NamedTuple):
+    """What a run resolves to whatever its batch, contexts and engine: the validated profile and
+    model, the stack, the formats, the parallelism and the per-chip widths."""
+
+    hardware: HardwareProfile
+    model: ModelSpec
+    stack: SoftwareStack
+    weights: Format
+    kv: Format
+    tp: int
+    pp: int
+    heads: int
+    kv_heads: int
+    q_width: int
+    k_width: int
+    v_width: int
+
+
+_MACHINES: dict[tuple, _Machine] = {}  # see ``_machine``
+_MACHINES_LIMIT = 64
+
+
 def resolve(spec: RunSpec) -> RunSetup:
     """Resolve ``spec`` into a sealed RunSetup (ConfigError / SimulationError on bad input)."""
     spec = apply_run_overrides(spec)
     hw_path = str(_by_name("hardware", resolve_path, spec.hardware, hardware_dir(), "hardware"))
     model_path = str(_by_name("model", resolve_path, spec.model, models_dir(), "model"))
-    hw_version, model_version = _version(hw_path), _version(model_path)
-    chips = () if spec.chips is None else (("hardware.system.chips", spec.chips),)
-    overrides = (*chips, *spec.overrides)
-    hw_raw, model_raw = override_raw(_raw(*hw_version), _raw(*model_version), overrides, hw_path, model_path,
-                                     HardwareProfile, ModelSpec)
-    hardware = _validated(HardwareProfile, hw_raw, hw_version, overrides, HARDWARE)
-    model = _validated(ModelSpec, model_raw, model_version, spec.overrides, MODEL)
-    # a run that names no stack runs the one its machine runs (a compiler's static schedule), else the default
-    named = "software" in spec.model_fields_set
-    if named or hardware.software is None:
-        stack = _by_name("software", load_stack, spec.software)
-    else:
-        try:
-            stack = load_stack(hardware.software)
-        except ConfigError as err:  # the profile names a stack that is not there: say so against the profile
-            raise ConfigError(hw_path, "software", f"the stack this machine runs: {err.expected}",
-                              hardware.software) from None
-    weights, kv = _format("weights", spec.weights), _format("kv", spec.kv)
-    tp, pp = parallelism(spec, hardware, model, hw_path)
+    hardware, model, stack, weights, kv, tp, pp, heads, kv_heads, q_width, k_width, v_width = _machine(
+        spec, hw_path, model_path)
     if spec.trace:
         steps = traces.read(spec.trace, spec.steps)
     else:
@@ -159,12 +165,6 @@ def resolve(spec: RunSpec) -> RunSetup:
                           "modelled (the routing trace gives one step's expert counts); use 1", spec.microbatches)
     shared = hardware.shared_sram
     store = hardware.store.name
-    # the fullest chip's heads (tp need not divide them on a spatial machine); KV heads replicate when tp > kv_heads
-    heads, kv_heads = max(1, math.ceil(model.heads / tp)), max(1, math.ceil(model.kv_heads / tp))
-    per_head = model.kv_heads * model.head_dim
-    q_width = heads * model.head_dim
-    k_width = kv_heads * model.head_dim * model.k_width // per_head
-    v_width = kv_heads * model.head_dim * model.v_width // per_head
     if hardware.system.partition == "balanced":
         sizes = unit_bytes(model, weights, kv, tp, q_width, k_width, v_width, steps)
         partition = balanced_partition(sizes, pp)
@@ -187,6 +187,57 @@ def resolve(spec: RunSpec) -> RunSetup:
         heads=heads, kv_heads=kv_heads, q_width=q_width, k_width=k_width, v_width=v_width,
         vocab=math.ceil(model.vocab / tp), layers_per_stage=layers_per_stage,
         store=store, act_level=shared.name if shared is not None else store, partition=partition)
+
+
+def _machine(spec: RunSpec, hw_path: str, model_path: str) -> _Machine:
+    """``_resolve_machine``, kept per version of the two files and the spec's fields it reads
+    (the points of a sweep over batch, context or engine share one: the same objects, so the
+    same cost model and its memos). A key with an override value that does not hash (a list)
+    is resolved afresh."""
+    hw_version, model_version = _version(hw_path), _version(model_path)
+    key = (hw_version, model_version, spec.chips, spec.overrides, "software" in spec.model_fields_set,
+           spec.software, spec.weights, spec.kv, spec.tp, spec.pp)
+    try:
+        machine = _MACHINES.get(key)
+    except TypeError:
+        return _resolve_machine(spec, hw_version, model_version)
+    if machine is None:
+        machine = _resolve_machine(spec, hw_version, model_version)
+        if len(_MACHINES) >= _MACHINES_LIMIT:
+            _MACHINES.clear()
+        _MACHINES[key] = machine
+    return machine
+
+
+def _resolve_machine(spec: RunSpec, hw_version: tuple[str, int], model_version: tuple[str, int]) -> _Machine:
+    """The profile and model (overrides applied, validated), the stack, the formats, tp and pp
+    and the per-chip widths of ``spec`` (see ``_Machine``)."""
+    hw_path, model_path = hw_version[0], model_version[0]
+    chips = () if spec.chips is None else (("hardware.system.chips", spec.chips),)
+    overrides = (*chips, *spec.overrides)
+    hw_raw, model_raw = override_raw(_raw(*hw_version), _raw(*model_version), overrides, hw_path, model_path,
+                                     HardwareProfile, ModelSpec)
+    hardware = _validated(HardwareProfile, hw_raw, hw_version, overrides, HARDWARE)
+    model = _validated(ModelSpec, model_raw, model_version, spec.overrides, MODEL)
+    # a run that names no stack runs the one its machine runs (a compiler's static schedule), else the default
+    named = "software" in spec.model_fields_set
+    if named or hardware.software is None:
+        stack = _by_name("software", load_stack, spec.software)
+    else:
+        try:
+            stack = load_stack(hardware.software)
+        except ConfigError as err:  # the profile names a stack that is not there: say so against the profile
+            raise ConfigError(hw_path, "software", f"the stack this machine runs: {err.expected}",
+                              hardware.software) from None
+    weights, kv = _format("weights", spec.weights), _format("kv", spec.kv)
+    tp, pp = parallelism(spec, hardware, model, hw_path)
+    # the fullest chip's heads (tp need not divide them on a spatial machine); KV heads replicate when tp > kv_heads
+    heads, kv_heads = max(1, math.ceil(model.heads / tp)), max(1, math.ceil(model.kv_heads / tp))
+    per_head = model.kv_heads * model.head_dim
+    k_width = kv_heads * model.head_dim * model.k_width // per_head
+    v_width = kv_heads * model.head_dim * model.v_width // per_head
+    return _Machine(hardware, model, stack, weights, kv, tp, pp, heads, kv_heads, heads * model.head_dim, k_width,
+                    v_width)
 
 
 # -- pipeline partitions ---------------------------------------------------------------------

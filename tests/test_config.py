@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import textwrap
 
 import pytest
@@ -10,7 +11,10 @@ import yaml
 from sim import load_model, load_profile
 from sim.config.hardware import HardwareProfile, sources
 from sim.config.loader import apply_override, load_yaml, validate
+from sim.config.spec import RunSpec
 from sim.errors import ConfigError
+from sim.paths import hardware_dir
+from sim.setup import resolve
 
 H200 = "hardware_profiles/h200-sxm.yaml"
 
@@ -163,3 +167,28 @@ def test_loader_limits_hold_with_and_without_libyaml(pure_python):
     assert parsed == {"a": 1, "b": ["x", "y"]}
     for (_, expect), err in zip(LIMIT_CASES, errors, strict=True):
         assert err is not None and expect in err and "\n" not in err
+
+
+def test_runs_of_one_machine_share_its_resolution_until_a_file_changes(tmp_path):
+    """The points of a sweep over batch and context resolve the machine once (the same profile,
+    stack and format objects, hence one cost model); an edited profile is read again; an
+    override whose value does not hash (a scale) is resolved afresh every time."""
+    def setup(**kw):
+        return resolve(validate(RunSpec, dict(steps=1, **kw), "test"))
+
+    profile = tmp_path / "h200-copy.yaml"
+    profile.write_text((hardware_dir() / "h200-sxm.yaml").read_text())
+    a, b = setup(hardware=str(profile), batch=2), setup(hardware=str(profile), batch=5, context=300, engine="analytic")
+    assert a.hardware is b.hardware and a.model is b.model and a.stack is b.stack
+    assert a.weights is b.weights and a.kv is b.kv and (a.tp, a.q_width) == (b.tp, b.q_width)
+    assert setup(hardware=str(profile), batch=2, weights="int8").weights is not a.weights
+    profile.write_text(profile.read_text().replace("channel_bandwidth_GBps: {value: 25.0,",
+                                                   "channel_bandwidth_GBps: {value: 50.0,"))
+    stat = profile.stat()
+    os.utime(profile, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # a new version even on a coarse clock
+    edited = setup(hardware=str(profile), batch=2)
+    assert edited.hardware is not a.hardware
+    assert edited.hardware.store.peak_GBps == 2 * a.hardware.store.peak_GBps
+    scaled = [setup(batch=2, overrides=[("hardware.hbm.channel_bandwidth_GBps", {"scale": 2})]) for _ in range(2)]
+    assert scaled[0].hardware is not scaled[1].hardware
+    assert scaled[0].hardware.store.peak_GBps == scaled[1].hardware.store.peak_GBps == edited.hardware.store.peak_GBps
