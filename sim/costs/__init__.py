@@ -86,7 +86,7 @@ class CostModel:
         layer) share one OpCost."""
         cost = self._memo.get(work)
         if cost is None:
-            cost = _keep(self._memo, work, self._cost(work))
+            cost = _keep(self._memo, work, self._cost(work, self.kernel_cost))
         return cost
 
     def cost_once(self, work: Work) -> OpCost:
@@ -96,13 +96,13 @@ class CostModel:
         cost = self._memo.get(work)
         return cost if cost is not None else self._cost(work, self._kernel_cost)
 
-    def _cost(self, op: Work, kernel_cost=None) -> OpCost:
-        """``op``'s cost from its kernels' (``kernel_cost``: how a kernel is costed; default
-        ``self.kernel_cost``, through the kernels' memo)."""
-        kernel_cost = kernel_cost or self.kernel_cost
+    def _cost(self, op: Work, kernel_cost) -> OpCost:
+        """``op``'s cost from its kernels'. ``kernel_cost``: how each kernel of an op of several
+        is costed (through the kernels' memo, where another op may share one, or not); the one
+        kernel of an op is costed with it, as the op's memo keeps it."""
         kernels = op.kernels_run or (_byte_model_kernel(op),)
         if len(kernels) == 1:  # most ops: their one kernel's figures are the op's
-            return self._one_kernel_cost(op, kernels[0], kernel_cost)
+            return self._one_kernel_cost(op, kernels[0])
         costs = [kernel_cost(op, k, i == 0) for i, k in enumerate(kernels)]
         overlap = self._overlap
         # sums over the kernels, each in kernel order (a start-up after the first overlaps the kernel before)
@@ -123,9 +123,9 @@ class CostModel:
                       host_ns=op.host_ns + op.host_launches * self._host_launch_ns + op.host_syncs * self.host.sync_ns,
                       kernels=tuple(costs), rows=_summed_rows(costs), dispatch_ns=dispatch)
 
-    def _one_kernel_cost(self, op: Work, k: KernelWork, kernel_cost) -> OpCost:
+    def _one_kernel_cost(self, op: Work, k: KernelWork) -> OpCost:
         """``_cost`` of an op run as one kernel: the sums over its kernels are that kernel's figures."""
-        c = kernel_cost(op, k, True)
+        c = self._kernel_cost(op, k, True)
         dispatch = c.launches * (self.kernels.dispatch_ns(c.kclass) + k.host_ns) if k.dispatched else 0
         return OpCost(c.flows, c.compute_ns, c.tiles / self._tiles, c.matrix_ns, c.vector_ns, c.dequant_ns,
                       self.links.fill_ns(op), 0.0, c.startup_ns, ideal_body_ns=c.body_ns,
@@ -134,8 +134,8 @@ class CostModel:
 
     def kernel_cost(self, op: Work, k: KernelWork, first: bool) -> KernelCost:
         """One kernel alone on the chip: start-up, then the slowest of its loads and its compute.
-        Kernels of ops that are no collective (whose cost depends on nothing else of the op)
-        share one KernelCost: a step's attention op re-costs only the kernels whose work changed."""
+        Kernels of ops of several kernels that are no collective (whose cost depends on nothing
+        else of the op) share one KernelCost where another op runs the same kernel."""
         if op.collective is not None:
             return self._kernel_cost(op, k, first)
         cost = self._kernel_memo.get((k, first))
