@@ -26,6 +26,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from sim.errors import ConfigError
 from sim.io import read_jsonl, write_with
@@ -34,8 +35,10 @@ from sim.units import ms_to_s
 MAX_CONTEXT = 1_000_000_000  # sim.config.model.MAX_CONTEXT (not imported: this module loads without pydantic)
 
 
-@dataclass(frozen=True, slots=True)
-class Step:
+class Step(NamedTuple):
+    """One decode step of a trace: its index, the sequences it decodes and their contexts
+    (a tuple: made once per step of a run, so made at C speed)."""
+
     index: int
     seq_ids: tuple[int, ...]
     contexts: tuple[int, ...]

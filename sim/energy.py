@@ -25,7 +25,7 @@ Units: pJ inside, J and W in the outputs; times in ns.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from sim.costs import CATEGORY_ROW, MEMO_LIMIT, CostModel
 from sim.lowering.decode import lower_step
@@ -33,8 +33,7 @@ from sim.results import PrefixSums, op_key
 from sim.units import J_PER_PJ, S_PER_NS
 
 
-@dataclass(frozen=True)
-class StepEnergy:
+class StepEnergy(NamedTuple):
     """One step's energy in J: by breakdown row and by component (static, host, each memory
     level or link, matrix, vector); both sum to ``total_J``. ``floor_J`` is idle power x time."""
 

@@ -5,10 +5,16 @@ only through sim.units."""
 from __future__ import annotations
 
 import ast
+import dataclasses
+import inspect
 import re
 from pathlib import Path
 
+import pytest
 from radon.complexity import cc_visit
+
+from sim.costs.records import OpCost
+from sim.lowering.graph import Access, OpGraph, Work
 
 ROOT = Path(__file__).resolve().parent.parent / "sim"
 SOURCES = sorted(ROOT.rglob("*.py"))
@@ -123,3 +129,28 @@ def test_unit_conversions_go_through_sim_units():
     stale = {name: (n, len(found.get(name, []))) for name, (n, _) in UNIT_LITERALS_ALLOWED.items()
              if len(found.get(name, [])) != n}
     assert not stale, f"UNIT_LITERALS_ALLOWED counts (allowed, found) to lower: {stale}"
+
+
+@pytest.mark.parametrize("record", [Work, OpCost, OpGraph])
+def test_a_frozen_record_with_its_own_init_takes_and_sets_every_field(record):
+    """Work, OpCost and OpGraph write their frozen dataclass __init__ out (speed): it must take
+    every init field, in order, with the field's default, set each, and stay frozen."""
+    fields = [f for f in dataclasses.fields(record) if f.init]
+    params = list(inspect.signature(record.__init__).parameters.values())[1:]
+    assert [p.name for p in params] == [f.name for f in fields]
+    for p, f in zip(params, fields, strict=True):
+        default = f.default if f.default is not dataclasses.MISSING else inspect.Parameter.empty
+        assert p.default == default, f.name
+    values = {f.name: (f"{f.name}-value",) for f in fields}
+    made = record(**values)
+    assert all(getattr(made, name) == value for name, value in values.items())
+    assert dataclasses.replace(made) == made
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.__setattr__(fields[0].name, None)
+
+
+def test_a_works_hash_and_an_op_costs_total_are_set_by_their_init():
+    accesses = (Access("hbm", 100, "weights"),)
+    assert hash(Work("matmul", accesses, 8)) == hash(Work("matmul", accesses, 8)) != hash(Work("matmul", accesses, 9))
+    cost = OpCost((), 1.0, 1.0, 0.0, 0.0, 0.0, fill_ns=2.0, drain_ns=3.0, gap_ns=4.0, ideal_body_ns=5.0)
+    assert cost.total_ns == 14.0 and cost == dataclasses.replace(cost)

@@ -67,6 +67,9 @@ class HostTimes(NamedTuple):
     sync_ns: float
 
 
+_SET = object.__setattr__  # how OpCost's own __init__ sets its fields
+
+
 @dataclass(frozen=True, slots=True)
 class OpCost:
     """One op alone on the chip: its kernels' flows and compute, and the times around the body."""
@@ -89,8 +92,29 @@ class OpCost:
     total_ns: float = field(default=0.0, init=False, compare=False)
     _merged: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
-    def __post_init__(self):
-        object.__setattr__(self, "total_ns", self.gap_ns + self.fill_ns + self.ideal_body_ns + self.drain_ns)
+    def __init__(self, flows: tuple[Flow, ...], compute_ns: float, tiles_share: float, matrix_ns: float,
+                 vector_ns: float, dequant_ns: float, fill_ns: float, drain_ns: float, gap_ns: float,
+                 ideal_body_ns: float = 0.0, host_ns: float = 0.0, kernels: tuple = (), rows: tuple = (),
+                 dispatch_ns: float = 0.0):
+        # the dataclass's frozen __init__, written out: each field set once through a local
+        # object.__setattr__ (the generated one looks it up per field; a cost is made per op)
+        put = _SET
+        put(self, "flows", flows)
+        put(self, "compute_ns", compute_ns)
+        put(self, "tiles_share", tiles_share)
+        put(self, "matrix_ns", matrix_ns)
+        put(self, "vector_ns", vector_ns)
+        put(self, "dequant_ns", dequant_ns)
+        put(self, "fill_ns", fill_ns)
+        put(self, "drain_ns", drain_ns)
+        put(self, "gap_ns", gap_ns)
+        put(self, "ideal_body_ns", ideal_body_ns)
+        put(self, "host_ns", host_ns)
+        put(self, "kernels", kernels)
+        put(self, "rows", rows)
+        put(self, "dispatch_ns", dispatch_ns)
+        put(self, "total_ns", gap_ns + fill_ns + ideal_body_ns + drain_ns)
+        put(self, "_merged", None)
 
     @property
     def merged(self) -> tuple:

@@ -90,8 +90,7 @@ class Traffic(NamedTuple):
 ZERO = Traffic(0, 0, 0, 0)
 
 
-@dataclass(frozen=True)
-class TensorBytes:
+class TensorBytes(NamedTuple):
     """The bytes of one tensor (K or V of one sequence and layer, or one weight matrix)."""
 
     values: int = 0  # the dense low-bit codes

@@ -66,6 +66,9 @@ class KernelWork(NamedTuple):
     host_ns: float = 0.0  # eager host time of the kernel-less framework calls before each launch
 
 
+_SET = object.__setattr__  # how the frozen records' own __init__ sets their fields
+
+
 @dataclass(frozen=True, slots=True)
 class Work:
     """What an op asks of the hardware, independent of where it sits in the program."""
@@ -88,12 +91,34 @@ class Work:
     kernels_run: tuple[KernelWork, ...] = ()  # the kernels the software stack runs it as
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
-    def __post_init__(self):
+    def __init__(self, kind: str, accesses: tuple[Access, ...], matrix_flops: int = 0, matrix_m: int = 1,
+                 vector_ops: int = 0, dequant_ops: int = 0, dtype: str = "bf16", parallelism: float = 1,
+                 kernels: int = 1, collective: tuple[str, int, int] | None = None, host_ns: float = 0.0,
+                 host_launches: int = 0, host_syncs: int = 0, noc_hops: int = 0, pcie_messages: int = 0,
+                 kernels_run: tuple[KernelWork, ...] = ()):
+        # the dataclass's frozen __init__, written out: each field set once through a local
+        # object.__setattr__ (the generated one looks it up per field; a work is made per op)
+        put = _SET
+        put(self, "kind", kind)
+        put(self, "accesses", accesses)
+        put(self, "matrix_flops", matrix_flops)
+        put(self, "matrix_m", matrix_m)
+        put(self, "vector_ops", vector_ops)
+        put(self, "dequant_ops", dequant_ops)
+        put(self, "dtype", dtype)
+        put(self, "parallelism", parallelism)
+        put(self, "kernels", kernels)
+        put(self, "collective", collective)
+        put(self, "host_ns", host_ns)
+        put(self, "host_launches", host_launches)
+        put(self, "host_syncs", host_syncs)
+        put(self, "noc_hops", noc_hops)
+        put(self, "pcie_messages", pcie_messages)
+        put(self, "kernels_run", kernels_run)
         # of the fields the kernels are made from, not of the kernels (equal works hash alike;
         # hashing the kernels' accesses again costs as much as building the work)
-        object.__setattr__(self, "_hash", hash((self.kind, self.accesses, self.matrix_flops, self.matrix_m,
-                                                self.vector_ops, self.dequant_ops, self.parallelism, self.kernels,
-                                                self.collective)))
+        put(self, "_hash", hash((kind, accesses, matrix_flops, matrix_m, vector_ops, dequant_ops, parallelism, kernels,
+                                 collective)))
 
     def __hash__(self) -> int:  # computed once: works are dictionary keys in every step
         return self._hash
@@ -290,6 +315,25 @@ class OpGraph:
     chains: tuple[int, ...] = field(default=())
     watched_ops: tuple[int, ...] = field(default=())  # the ops ``watched`` marks, in order
     repeats: tuple["Repeat", ...] = field(default=())  # runs of ops that copy the span before them
+
+    def __init__(self, ops: Sequence[Op], step: int = 0, batch: int = 0, contexts: tuple[int, ...] = (),
+                 stages: int = 1, streams: tuple[tuple[int, str], ...] = (), watched: tuple[bool, ...] = (),
+                 lanes: tuple["Lane", ...] = (), syncs: tuple[int, ...] = (), chains: tuple[int, ...] = (),
+                 watched_ops: tuple[int, ...] = (), repeats: tuple["Repeat", ...] = ()):
+        # the frozen __init__ written out, as Work's (a graph is made per step)
+        put = _SET
+        put(self, "ops", ops)
+        put(self, "step", step)
+        put(self, "batch", batch)
+        put(self, "contexts", contexts)
+        put(self, "stages", stages)
+        put(self, "streams", streams)
+        put(self, "watched", watched)
+        put(self, "lanes", lanes)
+        put(self, "syncs", syncs)
+        put(self, "chains", chains)
+        put(self, "watched_ops", watched_ops)
+        put(self, "repeats", repeats)
 
     def with_ops(self, ops: tuple[Op, ...], *, step: int, contexts: tuple[int, ...]) -> "OpGraph":
         """The same program (streams, dependencies, syncs) over ``ops``: ops whose work
