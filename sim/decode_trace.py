@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -46,6 +47,15 @@ class Step(NamedTuple):
     @property
     def batch(self) -> int:
         return len(self.contexts)
+
+
+def length_counts(contexts: tuple[int, ...]):
+    """Each distinct context length of ``contexts`` with how many sequences have it (pairs, in
+    first-use order): the costs of sequences of one length are counted once. A fixed trace's
+    step has one length, counted without a tally."""
+    if contexts and contexts.count(contexts[0]) == len(contexts):
+        return ((contexts[0], len(contexts)),)
+    return Counter(contexts).items()
 
 
 def fixed(batch: int, context: int, steps: int) -> list[Step]:

@@ -25,6 +25,7 @@ from sim.config.hardware import kernel_costs_origin
 from sim.config.loader import validate
 from sim.config.spec import RUN_FIELDS, RunSpec, apply_run_overrides
 from sim.costs import CostModel, OpCost, cost_model
+from sim.decode_trace import length_counts
 from sim.energy import EnergyModel, summarize
 from sim.engine.records import LOG_COLUMNS, Span
 from sim.engine.simulation import Simulation
@@ -50,7 +51,7 @@ def capacity(setup: RunSetup) -> dict:
     tier does; ``needed_bytes`` / ``available_bytes`` are those of the tier that overflows most
     (the home tier when all fit)."""
     model, hw = setup.model, setup.hardware
-    per_layer_kv = max(sum(n * kv_layer_bytes(setup, c) for c, n in Counter(step.contexts).items())
+    per_layer_kv = max(sum(n * kv_layer_bytes(setup, c) for c, n in length_counts(step.contexts))
                        for step in setup.steps)
     batch = max(step.batch for step in setup.steps)
     activations = batch * (4 * model.hidden + 2 * model.ffn // setup.tp + setup.vocab) * 4

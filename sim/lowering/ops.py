@@ -7,9 +7,9 @@ Every builder reads only the sealed RunSetup and appends to a Builder; none adva
 from __future__ import annotations
 
 import math
-from collections import Counter
 from typing import NamedTuple
 
+from sim.decode_trace import length_counts
 from sim.errors import ConfigError
 from sim.formats import get_format
 from sim.formats.spec import kv_quant
@@ -256,11 +256,7 @@ def kv_traffic(setup: RunSetup, contexts: tuple[int, ...]) -> tuple[int, int, in
     kv = setup.kv
     stream = gather = dequant = granule = total_ctx = 0
     splits = 0.0
-    if contexts and contexts.count(contexts[0]) == len(contexts):  # a fixed trace's step: one length
-        counts = ((contexts[0], len(contexts)),)
-    else:
-        counts = Counter(contexts).items()
-    for ctx, n in counts:  # sequences of equal length cost the same
+    for ctx, n in length_counts(contexts):  # sequences of equal length cost the same
         t = kv.kv_read(ctx, setup.k_width, setup.v_width)
         stream += n * t.stream_bytes
         gather += n * t.gather_bytes
