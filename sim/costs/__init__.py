@@ -33,6 +33,7 @@ from sim.lowering.graph import KernelWork, Work
 __all__ = ["CATEGORY_ROW", "COMPUTE", "MEMO_LIMIT", "CostModel", "Flow", "HostTimes", "KernelCost", "OpCost",
            "cost_model", "forget_cost_models", "merge"]
 
+_new = tuple.__new__  # a KernelCost from its fields in order, without the named tuple's keyword handling
 MEMO_LIMIT = 8192  # distinct works a CostModel keeps (a step graph has tens; more means works that do not recur)
 
 
@@ -154,8 +155,8 @@ class CostModel:
         loaded, by_row = loads(flows, self.capacity)
         body = max(compute, loaded)
         rows = breakdown(by_row, body, compute, matrix, vector, dequant)
-        return KernelCost(k.name, k.kclass, self._startup_ns(op, k, flows, first) * k.launches, body, tuple(flows),
-                          compute, tiles, matrix, vector, dequant, k.launches, tuple(rows))
+        return _new(KernelCost, (k.name, k.kclass, self._startup_ns(op, k, flows, first) * k.launches, body,  # in order
+                                 tuple(flows), compute, tiles, matrix, vector, dequant, k.launches, tuple(rows)))
 
     def _startup_ns(self, op: Work, k: KernelWork, flows, first: bool) -> float:
         """One launch's start-up: a collective's latency steps, else the measured class's

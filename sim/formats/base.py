@@ -161,6 +161,7 @@ class Format:
     spec: FormatSpec | None = None
     _kv_memo: dict = field(default_factory=dict, repr=False, compare=False)  # kv_read results (derived data)
     _bytes_memo: dict = field(default_factory=dict, repr=False, compare=False)  # tensor_bytes results (derived data)
+    _constants_memo: dict = field(default_factory=dict, repr=False, compare=False)  # constant_bytes (derived data)
 
     @property
     def bits(self) -> int:
@@ -249,7 +250,14 @@ class Format:
         return 0  # per tensor, or per channel calibrated offline: per-layer constants
 
     def constant_bytes(self, tensor: str, width: int) -> int:
-        """Per-layer constants of one tensor (shared by every sequence)."""
+        """Per-layer constants of one tensor (shared by every sequence), memoized (every weight
+        read of a lowering asks for them; a tensor has few widths)."""
+        hit = self._constants_memo.get((tensor, width))
+        if hit is None:
+            hit = self._constants_memo[tensor, width] = self._constant_bytes(tensor, width)
+        return hit
+
+    def _constant_bytes(self, tensor: str, width: int) -> int:
         q = self.quant(tensor)
         bits = 0
         if q.scaled and (q.per == "tensor" or (q.per == "column" and not q.group_size)):

@@ -545,7 +545,10 @@ def _chains(follows: list[bool]) -> tuple[int, ...]:
 
 def live(accesses) -> tuple[Access, ...]:
     """The accesses that move bytes."""
-    return tuple(a for a in accesses if a.bytes > 0)
+    return tuple([a for a in accesses if a.bytes > 0])
+
+
+_EXPAND_ONLY = ("values", "quant", "active")  # fields of an op's ask that only its expansion reads
 
 
 def make_work(expand, name: str, kind: str, accesses: tuple[Access, ...], work: dict, parts=None) -> Work:
@@ -553,12 +556,12 @@ def make_work(expand, name: str, kind: str, accesses: tuple[Access, ...], work: 
     fields ``work`` (plus ``values``, ``quant`` and ``active``, which only ``expand`` reads),
     run through ``expand`` (name, kind, accesses, fields -> the kernels that run it) if given."""
     fields = dict(work)
-    extra = {k: fields.pop(k) for k in ("values", "quant", "active") if k in fields}
+    extra = {k: fields.pop(k) for k in _EXPAND_ONLY if k in fields}
     if expand is not None:
         kernels = expand(name, kind, accesses, fields, parts=parts, **extra)
         fields["kernels_run"] = kernels
-        fields["kernels"] = sum(k.launches for k in kernels)
-    return Work(kind=kind, accesses=accesses, **fields)
+        fields["kernels"] = kernels[0].launches if len(kernels) == 1 else sum([k.launches for k in kernels])
+    return Work(kind, accesses, **fields)
 
 
 class Builder:
