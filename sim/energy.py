@@ -24,7 +24,6 @@ Units: pJ inside, J and W in the outputs; times in ns.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from typing import NamedTuple
 
 from sim.costs import CATEGORY_ROW, MEMO_LIMIT, CostModel
@@ -123,7 +122,7 @@ class EnergyModel:
 
     def _add_ops(self, base: tuple, entries, op_costs: list, keep: bool) -> tuple:
         """``base`` dynamic sums (J by row, J by component) plus ``entries``' ops on every chip of their stage."""
-        by_row, by_part = defaultdict(float, base[0]), defaultdict(float, base[1])
+        by_row, by_part = dict(base[0]), dict(base[1])
         for n, op in entries:
             rows, parts = self.op_pj(op, op_costs[op.idx], keep)
             add_dynamic(by_row, by_part, n * self.tp, rows, parts)
@@ -132,18 +131,18 @@ class EnergyModel:
 
 def add_dynamic(by_row: dict, by_part: dict, n: int, rows: dict[str, float], parts: dict[str, float]) -> None:
     """Add ``n`` ops' dynamic energy (pJ by row, pJ by component) to the sums, in J."""
-    for row, pj in rows.items():
-        by_row[row] += n * pj * J_PER_PJ
+    for row, pj in rows.items():  # plain dicts: their lookups are the interpreter's fastest
+        by_row[row] = by_row.get(row, 0.0) + n * pj * J_PER_PJ
     for part, pj in parts.items():
-        by_part[part] += n * pj * J_PER_PJ
+        by_part[part] = by_part.get(part, 0.0) + n * pj * J_PER_PJ
 
 
 def split(records, breakdown_ns: dict[str, float], time_ns: float, static_W: float, host_W: float,
           idle_W: float, tokens: int) -> StepEnergy:
     """Sum ops' dynamic energy (``records``: (count, pJ by row, pJ by component)) and spread
     static and host power x ``time_ns`` over the rows in proportion to ``breakdown_ns``."""
-    by_row: dict[str, float] = defaultdict(float)
-    by_part: dict[str, float] = defaultdict(float)
+    by_row: dict[str, float] = {}
+    by_part: dict[str, float] = {}
     for n, rows, parts in records:
         add_dynamic(by_row, by_part, n, rows, parts)
     return spread(by_row, by_part, breakdown_ns, time_ns, static_W, host_W, idle_W, tokens)
@@ -151,21 +150,21 @@ def split(records, breakdown_ns: dict[str, float], time_ns: float, static_W: flo
 
 def spread(by_row: dict, by_part: dict, breakdown_ns: dict[str, float], time_ns: float, static_W: float,
            host_W: float, idle_W: float, tokens: int) -> StepEnergy:
-    """The step's energy: the dynamic sums (J, defaultdicts) plus static and host power x
-    ``time_ns``, spread over the rows in proportion to ``breakdown_ns``."""
+    """The step's energy: the dynamic sums (J; fresh dicts, completed here) plus static and
+    host power x ``time_ns``, spread over the rows in proportion to ``breakdown_ns``."""
     seconds = time_ns * S_PER_NS
     static, host = static_W * seconds, host_W * seconds
-    by_part["static"] += static
-    by_part["host"] += host
+    by_part["static"] = by_part.get("static", 0.0) + static
+    by_part["host"] = by_part.get("host", 0.0) + host
     timed = {row: t for row, t in breakdown_ns.items() if t > 0}
     total_t = sum(timed.values())
     if total_t > 0:
         for row, t in timed.items():
-            by_row[row] += (static + host) * (t / total_t)
+            by_row[row] = by_row.get(row, 0.0) + (static + host) * (t / total_t)
     elif static + host:
-        by_row["launch_sync"] += static + host
+        by_row["launch_sync"] = by_row.get("launch_sync", 0.0) + static + host
     total = sum(by_part.values())
-    return StepEnergy(total, dict(by_row), dict(by_part), idle_W * seconds, time_ns, tokens)
+    return StepEnergy(total, by_row, by_part, idle_W * seconds, time_ns, tokens)
 
 
 def summarize(steps: list[StepEnergy], power_limit_W: float | None = None) -> dict:
@@ -176,13 +175,13 @@ def summarize(steps: list[StepEnergy], power_limit_W: float | None = None) -> di
     tokens = sum(s.tokens for s in steps)
     total = sum(s.total_J for s in steps)
     seconds = sum(s.time_ns for s in steps) * S_PER_NS
-    rows: dict[str, float] = defaultdict(float)
-    parts: dict[str, float] = defaultdict(float)
+    rows: dict[str, float] = {}
+    parts: dict[str, float] = {}
     for s in steps:
         for k, v in s.by_row.items():
-            rows[k] += v
+            rows[k] = rows.get(k, 0.0) + v
         for k, v in s.by_component.items():
-            parts[k] += v
+            parts[k] = parts.get(k, 0.0) + v
     avg_W = total / seconds if seconds else 0.0
     chip = total - parts.get("host", 0.0)
     chip_W = chip / seconds if seconds else 0.0
