@@ -24,6 +24,13 @@ best of three sweeps after a warm-up sweep); the wall time of ``python -m sim st
 hbm-bandwidth-what-if`` run a second time into the folder of a first run (every point cached).
 A round's speed-up is this tree's figure over the filed tree's; the verdict takes the median
 over the rounds, and the range shows how far single rounds stray on this machine.
+
+``--instructions`` adds the deterministic companion (needs valgrind; about six minutes): the
+instructions of a llama-3-8b DES step and of a new configuration in each tree, counted as
+bench_instructions.py counts them, and their ratios. On one Python build they do not move with
+the machine's speed, but they overstate the wall-time speed-up: the filed tree spends more of its
+time in compiled code (pydantic's validator) that runs more instructions per nanosecond than the
+simulator's own Python.
 """
 
 from __future__ import annotations
@@ -36,7 +43,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+import bench_instructions  # beside this script (its folder is the first on the path)
 
 CHILD = r'''
 import sys
@@ -82,6 +92,8 @@ def main() -> None:
     parser.add_argument("--against", required=True, type=Path, help="a checkout of the filed tree (c9f2276)")
     parser.add_argument("--rounds", type=int, default=4, help="rounds of both trees (the order alternates)")
     parser.add_argument("--json", default=None, help="also write every round's figures as JSON here")
+    parser.add_argument("--instructions", action="store_true",
+                        help="also count both trees' instructions per step and per configuration (valgrind)")
     args = parser.parse_args()
     this_tree = BENCH.parent
     if not (args.against / "sim" / "run.py").is_file():
@@ -104,9 +116,31 @@ def main() -> None:
         median = statistics.median(ups)
         print(f"  {'met' if median >= needed else 'NOT met'}: {name} {median:.2f}x (range {min(ups):.2f}-{max(ups):.2f}; "
               f"the aim {AIMS[name]:g} against {FILED[name]:g} at filing is {needed:.2f}x)")
+    counted = instruction_ratios(args.against, this_tree) if args.instructions else None
     if args.json:
         with open(args.json, "w") as out:
-            json.dump({"against": str(args.against), "rounds": rounds}, out, indent=2)
+            json.dump({"against": str(args.against), "rounds": rounds, "instructions": counted}, out, indent=2)
+
+
+def instruction_ratios(filed: Path, this_tree: Path) -> dict:
+    """Instructions per llama-3-8b DES step and per new configuration in both trees (callgrind, as
+    bench_instructions.py counts them), two counts at a time, and the filed tree's over this one's."""
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
+        f.write(bench_instructions.WORK)
+    jobs = [(kind, tree) for kind in ("step", "config") for tree in (str(filed), str(this_tree))]
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            counts = list(pool.map(lambda job: bench_instructions.per_unit(f.name, *job), jobs))
+    finally:
+        os.unlink(f.name)
+    out = {}
+    for (kind, tree), count in zip(jobs, counts, strict=True):
+        out.setdefault(kind, {})["filed" if tree == str(filed) else "this"] = count
+    for kind, pair in out.items():
+        pair["ratio"] = pair["filed"] / pair["this"]
+        print(f"  instructions per {kind}: {pair['this']:,.0f} against {pair['filed']:,.0f} in the filed tree: "
+              f"{pair['ratio']:.2f}x fewer")
+    return out
 
 
 if __name__ == "__main__":

@@ -57,10 +57,12 @@ SIZES = {"bare": (10_000, 110_000), "step": (20, 220), "config": (8, 72)}
 OPS_PER_STEP = 292  # llama-3-8b's ops per step (bench/bench_speed.py prints them)
 
 
-def instructions(script: str, kind: str, n: int) -> int:
+def instructions(script: str, kind: str, n: int, tree: str | None = None) -> int:
+    """Instructions of one run of ``script`` (``tree``: the checkout whose ``sim`` it imports,
+    through PYTHONPATH; default whichever ``sim`` this Python finds)."""
     with tempfile.TemporaryDirectory() as folder:
         out = os.path.join(folder, "callgrind.out")
-        env = dict(os.environ, PYTHONHASHSEED="0")
+        env = dict(os.environ, PYTHONHASHSEED="0", **({"PYTHONPATH": tree} if tree else {}))
         done = subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, script,
                                kind, str(n)], capture_output=True, text=True, env=env, check=True)
     found = re.search(r"Collected : (\d+)", done.stderr)
@@ -69,9 +71,9 @@ def instructions(script: str, kind: str, n: int) -> int:
     return int(found.group(1))
 
 
-def per_unit(script: str, kind: str) -> float:
+def per_unit(script: str, kind: str, tree: str | None = None) -> float:
     small, large = SIZES[kind]
-    return (instructions(script, kind, large) - instructions(script, kind, small)) / (large - small)
+    return (instructions(script, kind, large, tree) - instructions(script, kind, small, tree)) / (large - small)
 
 
 def main() -> None:

@@ -408,15 +408,16 @@ def _moe_note(setup: RunSetup) -> dict:
 
 
 def _summary(setup: RunSetup, rows: list[dict], events: int, wall_s: float) -> dict:
+    # sums over the steps through lists, not generators (a run's rows are summed once each)
     times = [ns_to_ms(r["time_ns"]) for r in rows]
     p50, p99 = percentile(times, 50), percentile(times, 99)
-    keys = sorted({k for r in rows for k in r if k.startswith("ms_")})
-    breakdown = {k[3:]: sum(r.get(k, 0.0) for r in rows) / len(rows) for k in keys}
+    keys = sorted(k for k in set().union(*rows) if k.startswith("ms_"))
+    breakdown = {k[3:]: sum([r.get(k, 0.0) for r in rows]) / len(rows) for k in keys}
     mean_time = sum(times) / len(times)
-    tokens = sum(r["batch"] for r in rows)
-    store_bytes = sum(r["store_bytes"] for r in rows)
+    tokens = sum([r["batch"] for r in rows])
+    store_bytes = sum([r["store_bytes"] for r in rows])
     peak = setup.hardware.store.peak_GBps
-    achieved = store_bytes / (sum(r["time_ns"] for r in rows))  # bytes/ns == GB/s
+    achieved = store_bytes / (sum([r["time_ns"] for r in rows]))  # bytes/ns == GB/s
     target = setup.spec.target_ms
     meets = p99 <= target
     return {
@@ -424,8 +425,8 @@ def _summary(setup: RunSetup, rows: list[dict], events: int, wall_s: float) -> d
         "meets_target": meets, "verdict": "meets-target" if meets else "misses-target",
         "margin_ms": target - p99, "bound": bound_of(breakdown), "breakdown_ms": breakdown,
         "hbm_bytes_per_token": store_bytes / len(rows),  # per decode step: every sequence gets a token
-        "weight_bytes_per_token": sum(r["weight_bytes"] for r in rows) / len(rows),
-        "kv_bytes_per_token": sum(r["kv_bytes"] for r in rows) / len(rows),
+        "weight_bytes_per_token": sum([r["weight_bytes"] for r in rows]) / len(rows),
+        "kv_bytes_per_token": sum([r["kv_bytes"] for r in rows]) / len(rows),
         "hbm_achieved_GBps": achieved, "hbm_peak_GBps": peak, "hbm_fraction_of_peak": achieved / peak,
         "throughput_tokens_per_s": MS_PER_S * tokens / sum(times), "events": events, "wall_s": wall_s,
         "byte_floor_ms": ns_to_ms(store_bytes / len(rows) / peak),
