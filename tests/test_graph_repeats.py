@@ -215,3 +215,12 @@ def test_a_program_indexes_and_slices_as_the_tuple_of_its_ops(index):
         ops[-len(whole) - 1]
     with pytest.raises(IndexError):
         ops[len(whole)]
+
+
+def test_read_and_write_make_the_accesses_their_keywords_name():
+    from sim.lowering.graph import Access, read, write
+
+    assert read("hbm", 5, "kv", "kv") == Access("hbm", 5, "kv", role="kv")
+    assert read("hbm", 5, "outliers", "kv", granule=32) == Access("hbm", 5, "outliers", granule=32, role="kv")
+    assert write("l2", 7, "act", "y") == Access("l2", 7, "act", write=True, role="y")
+    assert type(read("l2", 1, "act", "x")) is Access and read("l2", 1, "act", "x").role == "x"

@@ -28,7 +28,7 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from sim.errors import SimulationError
-from sim.lowering.graph import Access, Builder, Op, OpGraph, Program, make_graph
+from sim.lowering.graph import Builder, Op, OpGraph, Program, make_graph, read, write
 from sim.lowering.moe import lower_moe, moe_weight_bytes_per_chip
 from sim.lowering.ops import (
     VEC_OPS,
@@ -190,13 +190,13 @@ def lower_one(setup: RunSetup, contexts: tuple[int, ...], step: int = 0, positio
         if units[0][1] == "embed":
             row = setup.weights.weight_bytes(1, m.hidden)
             b.add("embed", -1, "vector", [
-                Access(setup.store, batch * row, "weights", granule=row, role="w"),
-                Access(setup.act_level, act_row, "act", write=True, role="y"),
+                read(setup.store, batch * row, "weights", "w", granule=row),
+                write(setup.act_level, act_row, "act", "y"),
             ], vector_ops=batch * m.hidden, parallelism=batch)
             if m.embed_scale:  # Gemma: embeddings times sqrt(hidden)
                 vector(setup, b, "embed_scale", -1, reads=act_row, writes=act_row, ops=batch * m.hidden, rows=batch)
         if stage > 0:
-            b.add("recv_activations", -1, "p2p", [Access(stage_link(setup, stage), act_row, "link", role="link")],
+            b.add("recv_activations", -1, "p2p", [read(stage_link(setup, stage), act_row, "link", "link")],
                   collective=("p2p", act_row, 2), deps=(ops[-1].idx,), parallelism=1)
         lower_units(setup, b, units, contexts, position, prefill)
         if units[-1][1] == "head":
@@ -356,7 +356,7 @@ def lower_attention_half(setup: RunSetup, b: Builder, layer: int, contexts: tupl
            writes=batch * setup.q_width * ACT_BYTES,
            ops=batch * (setup.q_width + setup.k_width) * VEC_OPS["rope"] + batch * (setup.k_width + setup.v_width) * 4,
            rows=batch,
-           extra=(Access(setup.store, batch * append.stream_bytes, "kv", write=True, role="cache"),))
+           extra=(write(setup.store, batch * append.stream_bytes, "kv", "cache"),))
     if contexts:
         attention(setup, b, layer, contexts)
     if prefill:

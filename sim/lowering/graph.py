@@ -45,6 +45,17 @@ class Access(NamedTuple):
     role: str = ""  # which tensor of the op: x, w, y, res, kv, cache, idx, link, pcie, noc, fetch
 
 
+def read(level: str, size: int, category: str, role: str, granule: int | None = None) -> Access:
+    """An access that reads ``size`` bytes of ``role`` at ``level`` (a stream; ``granule``: gathers
+    of that many bytes). Made from its fields in order: the lowering makes a few per op."""
+    return tuple.__new__(Access, (level, size, category, False, granule, role))
+
+
+def write(level: str, size: int, category: str, role: str) -> Access:
+    """An access that writes ``size`` bytes of ``role`` at ``level`` (a stream)."""
+    return tuple.__new__(Access, (level, size, category, True, None, role))
+
+
 class KernelWork(NamedTuple):
     """One kernel of an op, as the software stack runs it: its class (and implementation),
     the bytes it moves, its work, its parallelism and how many times it is launched."""
@@ -595,9 +606,8 @@ class Builder:
             deps = (self._last[key],) if key in self._last else ()
         if name in self._joins:
             deps = tuple(deps) + tuple(self._joins.pop(name))
-        op = Op(idx=idx, name=name, layer=layer, work=self._work(name, kind, accesses, work),
-                deps=tuple(deps), stream=stream, stage=self.stage, host_sync=host_sync, row=row,
-                compute_row=compute_row, tags=tuple(tags))
+        op = tuple.__new__(Op, (idx, name, layer, self._work(name, kind, accesses, work), tuple(deps), stream,  # in order
+                                self.stage, host_sync, row, compute_row, tuple(tags)))
         self.ops.append(op)
         self._last[key] = idx
         return op

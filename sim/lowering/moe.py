@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import math
 
-from sim.lowering.graph import Access, Builder
+from sim.lowering.graph import Builder, read, write
 from sim.lowering.ops import VEC_OPS
 from sim.moe.sizes import expert_bytes, expert_ffn_per_chip, experts_per_chip
 from sim.setup import ACT_BYTES, RunSetup
@@ -118,9 +118,9 @@ def lower_moe(setup: RunSetup, b: Builder, layer: int, batch: int, position: int
     # router: scores for every expert, top-k, and (on device) the dispatch indices
     router = setup.weights.weight_read(moe.experts, h)
     b.add("router", layer, "matmul", [
-        Access(store, router.stream_bytes, "weights", role="w"),
-        Access(act, batch * row, "act", role="x"),
-        Access(act, batch * k * ROUTING_BYTES_PER_PAIR, "act", write=True, role="idx"),
+        read(store, router.stream_bytes, "weights", "w"),
+        read(act, batch * row, "act", "x"),
+        write(act, batch * k * ROUTING_BYTES_PER_PAIR, "act", "idx"),
     ], matrix_flops=2 * batch * h * moe.experts, matrix_m=batch,
         vector_ops=batch * moe.experts * ROUTER_VEC_OPS + router.dequant_ops
         + (0 if plan.dispatch == "host_sync" else batch * k * INDEX_OPS),
@@ -128,7 +128,7 @@ def lower_moe(setup: RunSetup, b: Builder, layer: int, batch: int, position: int
         parallelism=_work_units(moe.experts, h), row="router")
     if plan.dispatch == "host_sync":
         host = setup.stack.moe_host
-        b.add("routing_to_host", layer, "host", [Access("pcie", batch * k * ROUTING_BYTES_PER_PAIR, "pcie", role="pcie")],
+        b.add("routing_to_host", layer, "host", [read("pcie", batch * k * ROUTING_BYTES_PER_PAIR, "pcie", "pcie")],
               host_sync=True, host_ns=host.grouping_ns.value if host else HOST_DISPATCH_NS,
               host_syncs=host.syncs_per_expert * active if host else 0,
               host_launches=active if plan.graph_mode else 0,
@@ -137,10 +137,10 @@ def lower_moe(setup: RunSetup, b: Builder, layer: int, batch: int, position: int
     local = math.ceil(batch / ep) if ep > 1 else batch  # tokens this chip dispatches
     noc_rows = noc_pairs if ep == 1 else 0
     b.add("dispatch", layer, "vector", [
-        Access(act, local * row, "act", role="x"),
-        Access(act, batch * k * ROUTING_BYTES_PER_PAIR, "act", role="idx"),
-        Access(store, (store_pairs if ep == 1 else local * k) * row, "act", write=True, role="y"),
-        Access("noc", noc_rows * row, "act", role="noc"),
+        read(act, local * row, "act", "x"),
+        read(act, batch * k * ROUTING_BYTES_PER_PAIR, "act", "idx"),
+        write(store, (store_pairs if ep == 1 else local * k) * row, "act", "y"),
+        read("noc", noc_rows * row, "act", "noc"),
     ], vector_ops=local * k * h + (batch * k * INDEX_OPS if plan.dispatch == "host_sync" else 0),
         parallelism=max(1, local * k), noc_hops=1 if noc_rows else 0, row="dispatch")
     a2a_size = local * k * row
@@ -148,25 +148,25 @@ def lower_moe(setup: RunSetup, b: Builder, layer: int, batch: int, position: int
         # the rows this chip receives land in its experts' input buffers (the store), or,
         # with zero-copy, in the tiles of its resident experts
         b.add("dispatch_all_to_all", layer, "collective", [
-            Access("link", a2a_size, "link", role="link"),
-            Access(store, store_pairs * row, "act", write=True, role="y"),
-            Access("noc", noc_pairs * row, "act", role="noc"),
+            read("link", a2a_size, "link", "link"),
+            write(store, store_pairs * row, "act", "y"),
+            read("noc", noc_pairs * row, "act", "noc"),
         ], collective=("alltoall", a2a_size, ep), parallelism=ep, noc_hops=1 if noc_pairs else 0)
     _experts(setup, b, layer, active, resident, fetched, pairs, noc_pairs)
     if ep > 1:
         b.add("combine_all_to_all", layer, "collective", [
-            Access("link", a2a_size, "link", role="link"),
-            Access(store, local * k * row, "act", write=True, role="y"),  # each token's k outputs, for the combine
+            read("link", a2a_size, "link", "link"),
+            write(store, local * k * row, "act", "y"),  # each token's k outputs, for the combine
         ], collective=("alltoall", a2a_size, ep), parallelism=ep)
     # combine: gate-weighted sum of each token's k expert outputs, plus the residual
     combine_store = store_pairs if ep == 1 else local * k
     combine_act = noc_pairs if ep == 1 else 0
     b.add("combine", layer, "vector", [
-        Access(store, combine_store * row, "act", role="x"),
-        Access(act, combine_act * row, "act", role="x"),
-        Access(act, local * row, "act", role="res"),
-        Access(act, local * k * ROUTING_BYTES_PER_PAIR, "act", role="idx"),
-        Access(act, local * row, "act", write=True, role="y"),
+        read(store, combine_store * row, "act", "x"),
+        read(act, combine_act * row, "act", "x"),
+        read(act, local * row, "act", "res"),
+        read(act, local * k * ROUTING_BYTES_PER_PAIR, "act", "idx"),
+        write(act, local * row, "act", "y"),
     ], vector_ops=2 * local * k * h + local * h, parallelism=max(1, local), row="combine")
 
 
@@ -185,14 +185,14 @@ def _experts(setup: RunSetup, b: Builder, layer: int, active: int, resident: int
     row = h * ACT_BYTES
     store_pairs = pairs - noc_pairs
     accesses = [
-        Access(store, (active - resident) * per_expert, "expert", role="w"),
-        Access(sram, resident * per_expert, "expert", role="w"),
-        Access(sram, fetched * per_expert, "expert", write=True, role="fetch"),
-        Access(store, store_pairs * row, "act", role="x"),
-        Access(act, pairs * (up_rows + ffn) * ACT_BYTES, "act", role="res"),  # the up/gate outputs, read back
-        Access(act, pairs * (up_rows + ffn) * ACT_BYTES, "act", write=True, role="cache"),  # written once
-        Access(store, store_pairs * row, "act", write=True, role="y"),
-        Access("noc", noc_pairs * row, "act", role="noc"),
+        read(store, (active - resident) * per_expert, "expert", "w"),
+        read(sram, resident * per_expert, "expert", "w"),
+        write(sram, fetched * per_expert, "expert", "fetch"),
+        read(store, store_pairs * row, "act", "x"),
+        read(act, pairs * (up_rows + ffn) * ACT_BYTES, "act", "res"),  # the up/gate outputs, read back
+        write(act, pairs * (up_rows + ffn) * ACT_BYTES, "act", "cache"),  # written once
+        write(store, store_pairs * row, "act", "y"),
+        read("noc", noc_pairs * row, "act", "noc"),
     ]
     b.add("experts", layer, "matmul", accesses,
           matrix_flops=2 * pairs * h * (up_rows + ffn), matrix_m=max(1, round(pairs / max(1, active))),
@@ -212,11 +212,11 @@ def _shared_expert(setup: RunSetup, b: Builder, layer: int, batch: int) -> None:
     up_rows = (m.ffn_matrices - 1) * ffn
     up, down = w.weight_read(up_rows, h), w.weight_read(h, ffn)
     b.add("shared_expert", layer, "matmul", [
-        Access(setup.store, up.stream_bytes + down.stream_bytes, "weights", role="w"),
-        Access(setup.act_level, batch * h * ACT_BYTES, "act", role="x"),
-        Access(setup.act_level, 2 * batch * (up_rows + ffn) * ACT_BYTES, "act", role="res"),
-        Access(setup.act_level, batch * (up_rows + ffn) * ACT_BYTES, "act", write=True, role="cache"),
-        Access(setup.act_level, batch * h * ACT_BYTES, "act", write=True, role="y"),
+        read(setup.store, up.stream_bytes + down.stream_bytes, "weights", "w"),
+        read(setup.act_level, batch * h * ACT_BYTES, "act", "x"),
+        read(setup.act_level, 2 * batch * (up_rows + ffn) * ACT_BYTES, "act", "res"),
+        write(setup.act_level, batch * (up_rows + ffn) * ACT_BYTES, "act", "cache"),
+        write(setup.act_level, batch * h * ACT_BYTES, "act", "y"),
     ], matrix_flops=2 * batch * h * (up_rows + ffn), matrix_m=batch,
         vector_ops=batch * ffn * VEC_OPS["silu_mul"] + up.dequant_ops + down.dequant_ops,
         dequant_ops=up.dequant_ops + down.dequant_ops, dtype=w.matmul_dtype,

@@ -13,7 +13,7 @@ from sim.decode_trace import length_counts
 from sim.errors import ConfigError
 from sim.formats import get_format
 from sim.formats.spec import kv_quant
-from sim.lowering.graph import Access, Builder, Op, Program
+from sim.lowering.graph import Access, Builder, Op, Program, read, write
 from sim.lowering.kernels import Plan, with_prologue
 from sim.setup import ACT_BYTES, RunSetup
 
@@ -150,13 +150,13 @@ def matmul(setup: RunSetup, b: Builder, name: str, layer: int, batch: int, k: in
     act = setup.act_level
     extra = batch * n * ACT_BYTES if residual else 0
     accesses = [
-        Access(setup.store, w.stream_bytes, "weights", role="w"),
-        Access(act, batch * k * ACT_BYTES, "act", role="x"),
-        Access(act, extra, "act", role="res"),
-        Access(act, batch * n * ACT_BYTES, "act", write=True, role="y"),
+        read(setup.store, w.stream_bytes, "weights", "w"),
+        read(act, batch * k * ACT_BYTES, "act", "x"),
+        read(act, extra, "act", "res"),
+        write(act, batch * n * ACT_BYTES, "act", "y"),
     ]
     if w.gather_bytes:
-        accesses.append(Access(setup.store, w.gather_bytes, "outliers", granule=w.gather_granule_bytes, role="w"))
+        accesses.append(read(setup.store, w.gather_bytes, "outliers", "w", granule=w.gather_granule_bytes))
     return b.add(name, layer, "matmul", accesses, matrix_flops=2 * batch * k * n, matrix_m=batch,
                  vector_ops=w.dequant_ops + (batch * n if residual else 0), dequant_ops=w.dequant_ops,
                  dtype=fmt.matmul_dtype, parallelism=math.ceil(n / 64) * math.ceil(k / 512),  # split-K
@@ -168,15 +168,15 @@ def vector(setup: RunSetup, b: Builder, name: str, layer: int, *, reads: int, wr
     """An element-wise or row-wise op: reads ``reads`` activation bytes (and ``weights`` bytes
     of a small weight vector, e.g. a norm's gain), writes ``writes``."""
     act = setup.act_level
-    accesses = [Access(act, reads, "act", role="x"), Access(act, weights, "act", role="w"),
-                Access(act, writes, "act", write=True, role="y"), *extra]
+    accesses = [read(act, reads, "act", "x"), read(act, weights, "act", "w"),
+                write(act, writes, "act", "y"), *extra]
     return b.add(name, layer, "vector", accesses, vector_ops=ops, parallelism=max(1, rows), **fields)
 
 
 def collective(setup: RunSetup, b: Builder, name: str, layer: int, kind: str, size: int, group: int) -> Op | None:
     if group <= 1:
         return None
-    return b.add(name, layer, "collective", [Access("link", size, "link", role="link")], collective=(kind, size, group),
+    return b.add(name, layer, "collective", [read("link", size, "link", "link")], collective=(kind, size, group),
                  parallelism=group)
 
 
@@ -208,10 +208,10 @@ def attention_ask(setup: RunSetup, layer: int, contexts: tuple[int, ...]) -> Ask
     batch = len(contexts)
     act = setup.act_level
     accesses = [
-        Access(setup.store, stream, "kv", role="kv"),
-        Access(setup.store, gather, "outliers", granule=granule or None, role="kv"),
-        Access(act, batch * setup.q_width * ACT_BYTES, "act", role="x"),
-        Access(act, batch * setup.q_width * ACT_BYTES, "act", write=True, role="y"),
+        read(setup.store, stream, "kv", "kv"),
+        read(setup.store, gather, "outliers", "kv", granule=granule or None),
+        read(act, batch * setup.q_width * ACT_BYTES, "act", "x"),
+        write(act, batch * setup.q_width * ACT_BYTES, "act", "y"),
     ]
     return Ask(accesses, dict(
         matrix_flops=4 * setup.heads * m.head_dim * total_ctx, matrix_m=m.heads // m.kv_heads,
@@ -236,10 +236,10 @@ def prefill_attention_ask(setup: RunSetup, prefill: tuple[tuple[int, int], ...])
     pairs = sum(c * before + c * (c + 1) // 2 for c, before in prefill)  # (query, key) pairs
     act = setup.act_level
     accesses = [
-        Access(setup.store, stream, "kv", role="kv"),
-        Access(setup.store, gather, "outliers", granule=granule or None, role="kv"),
-        Access(act, queries * setup.q_width * ACT_BYTES, "act", role="x"),
-        Access(act, queries * setup.q_width * ACT_BYTES, "act", write=True, role="y"),
+        read(setup.store, stream, "kv", "kv"),
+        read(setup.store, gather, "outliers", "kv", granule=granule or None),
+        read(act, queries * setup.q_width * ACT_BYTES, "act", "x"),
+        write(act, queries * setup.q_width * ACT_BYTES, "act", "y"),
     ]
     group = max(1, m.heads // m.kv_heads)
     return Ask(accesses, dict(

@@ -34,7 +34,7 @@ from dataclasses import replace
 from functools import lru_cache
 from typing import NamedTuple
 
-from sim.lowering.graph import Access, KernelWork, Op, Work
+from sim.lowering.graph import Access, KernelWork, Op, Work, read, write
 from sim.setup import RunSetup
 
 WEIGHT_CATEGORIES = ("weights", "expert")
@@ -256,6 +256,6 @@ def _staging_copy(pos: int, slot: tuple[str, int, int], staged: dict, store: str
 def _copy_work(tier: str, buffer: str, size: int, category: str) -> Work:
     """A staging copy: ``size`` bytes read from ``tier`` as one stream and written into
     ``buffer``, by one DMA kernel spread over the chip."""
-    accesses = (Access(tier, size, category, role="w"), Access(buffer, size, "staged", write=True, role="fetch"))
+    accesses = (read(tier, size, category, "w"), write(buffer, size, "staged", "fetch"))
     kernel = KernelWork(name="stage_copy", kclass="copy", accesses=accesses, parallelism=1e9)
     return Work(kind="vector", accesses=accesses, parallelism=1e9, kernels=1, kernels_run=(kernel,))
