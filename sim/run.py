@@ -393,6 +393,7 @@ def _software_note(setup: RunSetup) -> dict:
 
 
 MOE_FIELDS = ("dispatch", "placement", "routing", "routing_skew", "routing_locality", "sram_experts")  # RunSpec's MoE group
+_MOE_DEFAULTS = tuple((name, RunSpec.model_fields[name].default) for name in MOE_FIELDS)  # read once: pydantic builds them
 
 
 def _moe_note(setup: RunSetup) -> dict:
@@ -400,7 +401,7 @@ def _moe_note(setup: RunSetup) -> dict:
     without MoE layers (accepted, as a study sweeps them over dense and MoE models alike, but
     they change nothing there)."""
     spec = setup.spec
-    given = [name for name in MOE_FIELDS if getattr(spec, name) != type(spec).model_fields[name].default]
+    given = [name for name, default in _MOE_DEFAULTS if getattr(spec, name) != default]
     if setup.model.moe is not None or not given:
         return {}
     verb = "changes" if len(given) == 1 else "change"
