@@ -115,7 +115,7 @@ class Plan:
     working it out): per kernel the op roles (and shares) it reads and writes, its class and its
     host time, and how the op's work divides between the kernels (``_Split``)."""
 
-    __slots__ = ("specs", "kind", "roles", "classes", "host_ns", "split", "temps", "_fixed", "_default")
+    __slots__ = ("specs", "kind", "roles", "classes", "host_ns", "split", "temps", "_fixed", "_default", "_whole")
 
     def __init__(self, specs: tuple[Kernel, ...] | None, kind: str, parts: dict[str, float] | None = None,
                  calls_ns=None):
@@ -124,6 +124,9 @@ class Plan:
         parts, kernels = parts or {}, specs or ()
         self.roles = tuple(tuple((*_share(spec, parts), write) for names, write in ((k.reads, False), (k.writes, True))
                                  for spec in names) for k in kernels)
+        # per kernel: its (role, write) pairs when it takes every role whole (no share to scale by), else None
+        self._whole = tuple(tuple((role, write) for role, _share_, write in roles)
+                            if all(share == 1.0 for _role, share, _write in roles) else None for roles in self.roles)
         self.classes = tuple(CLASSES[k.kclass] for k in kernels)
         self.host_ns = tuple(calls_ns(k) if calls_ns is not None and k.calls else 0.0 for k in kernels)
         self.split = _Split.of(self.roles, self.classes, "kv" if kind == "attention" else "w")
@@ -151,7 +154,11 @@ class Plan:
                  if self.temps else None)
         out = []
         for i, (name, kclass, launches, per_expert, impl, matrix, cache_dequant, dispatched) in enumerate(self._fixed):
-            acc = [a for role, share, write in self.roles[i] for a in _scaled(by_role.get((role, write), ()), share)]
+            whole = self._whole[i]
+            if whole is not None:  # the op's accesses of each role as they are (_scaled by 1.0 keeps them)
+                acc = [a for key in whole for a in by_role.get(key, ())]
+            else:
+                acc = [a for role, share, write in self.roles[i] for a in _scaled(by_role.get((role, write), ()), share)]
             if temps is not None:
                 acc += temps.of(specs[i])
             share, flops, vec, deq = split.work(i, matrix_flops, vector_ops, dequant_ops)
