@@ -124,9 +124,7 @@ class Plan:
         parts, kernels = parts or {}, specs or ()
         self.roles = tuple(tuple((*_share(spec, parts), write) for names, write in ((k.reads, False), (k.writes, True))
                                  for spec in names) for k in kernels)
-        # per kernel: its (role, write) pairs when it takes every role whole (no share to scale by), else None
-        self._whole = tuple(tuple((role, write) for role, _share_, write in roles)
-                            if all(share == 1.0 for _role, share, _write in roles) else None for roles in self.roles)
+        self._whole = tuple(map(_whole_roles, self.roles))
         self.classes = tuple(CLASSES[k.kclass] for k in kernels)
         self.host_ns = tuple(calls_ns(k) if calls_ns is not None and k.calls else 0.0 for k in kernels)
         self.split = _Split.of(self.roles, self.classes, "kv" if kind == "attention" else "w")
@@ -154,11 +152,7 @@ class Plan:
                  if self.temps else None)
         out = []
         for i, (name, kclass, launches, per_expert, impl, matrix, cache_dequant, dispatched) in enumerate(self._fixed):
-            whole = self._whole[i]
-            if whole is not None:  # the op's accesses of each role as they are (_scaled by 1.0 keeps them)
-                acc = [a for key in whole for a in by_role.get(key, ())]
-            else:
-                acc = [a for role, share, write in self.roles[i] for a in _scaled(by_role.get((role, write), ()), share)]
+            acc = self._accesses(i, by_role)
             if temps is not None:
                 acc += temps.of(specs[i])
             share, flops, vec, deq = split.work(i, matrix_flops, vector_ops, dequant_ops)
@@ -168,6 +162,22 @@ class Plan:
                 launches * (max(1, active) if per_expert else 1), impl, values if cache_dequant else 0,
                 quant if cache_dequant else None, dispatched, self.host_ns[i])))
         return tuple(out)
+
+
+    def _accesses(self, i: int, by_role: dict[tuple[str, bool], list[Access]]) -> list[Access]:
+        """Kernel ``i``'s share of the op's accesses (``by_role``: by (role, write)), in its roles' order."""
+        whole = self._whole[i]
+        if whole is not None:  # the op's accesses of each role as they are (_scaled by 1.0 keeps them)
+            return [a for key in whole for a in by_role.get(key, ())]
+        return [a for role, share, write in self.roles[i] for a in _scaled(by_role.get((role, write), ()), share)]
+
+
+def _whole_roles(roles: tuple[tuple[str, float, bool], ...]) -> tuple[tuple[str, bool], ...] | None:
+    """A kernel's (role, write) pairs when it takes every role of its op whole (no share to
+    scale by), else None."""
+    if all(share == 1.0 for _role, share, _write in roles):
+        return tuple((role, write) for role, _share, write in roles)
+    return None
 
 
 @dataclass(frozen=True)
