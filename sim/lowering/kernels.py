@@ -163,7 +163,6 @@ class Plan:
                 quant if cache_dequant else None, dispatched, self.host_ns[i])))
         return tuple(out)
 
-
     def _accesses(self, i: int, by_role: dict[tuple[str, bool], list[Access]]) -> list[Access]:
         """Kernel ``i``'s share of the op's accesses (``by_role``: by (role, write)), in its roles' order."""
         whole = self._whole[i]
