@@ -1,9 +1,10 @@
 """The runner: one model on one hardware profile over one decode trace.
 
 ``simulate(spec)`` resolves the spec into a sealed RunSetup (sim.setup), checks that
-it fits, then for every step lowers the op graph (through a ``GraphCache`` it owns, so only
-what changed is lowered again), looks up each op's cost, runs the engine (or the analytic
-model) and turns the outcome into a step row. Work per step is proportional to the ops
+it fits, then times every step through a ``Stepper`` (the one runner API that serving and
+other callers share: it lowers the op graph through a ``GraphCache``, so only what changed is
+lowered again, looks up each op's cost and runs the engine or the analytic model) and turns
+the outcome into a step row. Work per step is proportional to the ops
 that changed: unchanged ops keep their costs, and the breakdown and byte totals are sums
 over the graph's distinct ops, kept between steps.
 
@@ -19,6 +20,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from functools import lru_cache
 from operator import attrgetter
+from typing import NamedTuple
 
 from sim.analytic import analyse
 from sim.config.hardware import kernel_costs_origin
@@ -30,13 +32,14 @@ from sim.energy import EnergyModel, summarize
 from sim.engine.records import LOG_COLUMNS, Span
 from sim.engine.simulation import Simulation
 from sim.lowering.cache import GraphCache
+from sim.lowering.graph import OpGraph
 from sim.lowering.decode import StageWeights, largest_staged_reads, stage_weight_bytes
 from sim.lowering.placement import staging_limit
 from sim.results import Ledger, bound_of, op_key, percentile
 from sim.setup import RunSetup, resolve
 from sim.units import GB, MB, MS_PER_S, ns_to_ms
 
-__all__ = ["RunSpec", "RunResult", "RUN_FIELDS", "simulate", "resolve", "capacity", "kv_bytes", "kv_layer_bytes",
+__all__ = ["RunSpec", "RunResult", "RUN_FIELDS", "simulate", "Stepper", "Timed", "resolve", "capacity", "kv_bytes", "kv_layer_bytes",
            "kv_pool_bytes", "apply_run_overrides"]
 
 
@@ -204,25 +207,17 @@ def simulate(spec: RunSpec | dict | None = None, *, keep_ops: bool = False, keep
         base.update(_does_not_fit(setup, cap), wall_s=time.perf_counter() - wall)
         return RunResult(base, resolved=setup)
 
-    costs = cost_model(setup.hardware, setup.stack)
+    stepper = Stepper(setup, keep_log=keep_log, moments=keep_ops)
+    costs = stepper.costs
     ledger = Ledger(costs)
-    cache = GraphCache(setup)
-    des = setup.spec.engine == "des"
     step_rows, op_rows, log = [], [], []
     events = 0
     joules = EnergyModel(setup.hardware, setup.tp, setup.pp) if setup.hardware.energy is not None else None
     step_joules = []
-    state: _Step | None = None
     for position, step in enumerate(setup.steps):
-        graph = cache.lower(step.contexts, step.index, position)
-        state = _advance(state, graph, costs, cache.changed)
-        if des:
-            outcome = Simulation(graph, state.costs, costs.capacity, costs.host, setup.graph, log=keep_log,
-                                 durations=state.durations, moments=keep_ops).run()
-        else:
-            outcome = analyse(graph, state.costs, costs.host, setup.graph, state.durations, moments=keep_ops)
-            if position == 0:
-                base.update(_analytic_note(graph))
+        graph, state, outcome = stepper.step(step.contexts, step.index, position)
+        if position == 0 and not stepper.des:
+            base.update(_analytic_note(graph))
         events += outcome.events
         sums = ledger.graph_sums_from(state.keys, state.costs)
         breakdown = ledger.step_breakdown(sums, outcome)
@@ -240,6 +235,48 @@ def simulate(spec: RunSpec | dict | None = None, *, keep_ops: bool = False, keep
     return RunResult(base, step_rows, op_rows, log, setup)
 
 
+class Timed(NamedTuple):
+    """One step as a ``Stepper`` timed it: its graph, the op costs and counts (``_Step``; the
+    stepper's own, updated in place by its next step) and the engine's outcome."""
+
+    graph: OpGraph
+    state: _Step
+    outcome: object
+
+
+class Stepper:
+    """The one runner API: times the steps of one configuration (a sealed RunSetup) one after
+    another. The op graph is lowered and costed once; each step lowers and costs again only
+    what changed (``GraphCache``: attention through the contexts, each MoE layer's block
+    through its expert loads; ``_advance``: only the changed ops' costs and counts), then runs
+    the DES or the analytic model (``setup.spec.engine``). ``incremental=False`` lowers and
+    costs every step in full: the reference the incremental path equals step by step."""
+
+    def __init__(self, setup: RunSetup, costs: CostModel | None = None, *, incremental: bool = True,
+                 keep_log: bool = False, moments: bool = False):
+        self.setup = setup
+        self.costs = costs if costs is not None else cost_model(setup.hardware, setup.stack)
+        self.graphs = GraphCache(setup, incremental)
+        self.incremental = incremental
+        self.des = setup.spec.engine == "des"
+        self.keep_log, self.moments = keep_log, moments
+        self.state: _Step | None = None
+
+    def step(self, contexts: tuple[int, ...], index: int = 0, position: int = 0) -> Timed:
+        """Time the step that decodes a token for each sequence of ``contexts`` (its cache
+        length once this step's token is appended); ``index``: the step's number, ``position``:
+        its place in the run (the MoE routing row)."""
+        graph = self.graphs.lower(contexts, index, position)
+        state = self.state = _advance(self.state, graph, self.costs, self.graphs.changed)
+        costs, setup = self.costs, self.setup
+        if self.des:
+            outcome = Simulation(graph, state.costs, costs.capacity, costs.host, setup.graph, log=self.keep_log,
+                                 durations=state.durations, moments=self.moments).run()
+        else:
+            outcome = analyse(graph, state.costs, costs.host, setup.graph, state.durations, moments=self.moments)
+        return Timed(graph, state, outcome)
+
+
 def _advance(state: _Step | None, graph, costs: CostModel, changed) -> _Step:
     """The op costs and distinct-op counts of ``graph``: the previous step's updated (in place)
     where the graph cache says which ops changed (``changed``: sim.lowering.cache.Change
@@ -251,9 +288,13 @@ def _advance(state: _Step | None, graph, costs: CostModel, changed) -> _Step:
     op_costs, durations, keys = state.costs, state.durations, state.keys
     net: dict[tuple, int] = {}  # op key -> change in its count
     holder: dict[tuple, int] = {}  # op key -> an op of the new graph that has it
+    left: set[int] = set()  # ops changed one at a time (an MoE block's: others of their kind may stay)
     for change in changed:
-        # unchanged work keeps its cost; a new one (a step's attention) is not memoised
-        cost = op_costs[change.places[0]] if change.work == change.before else costs.cost_once(change.work)
+        # unchanged work keeps its cost; a new one is memoised only if it recurs (an MoE block's, not a step's attention)
+        if change.work == change.before:
+            cost = op_costs[change.places[0]]
+        else:
+            cost = costs.cost(change.work) if change.recurs else costs.cost_once(change.work)
         total = cost.total_ns
         for idx in change.places:
             op_costs[idx] = cost
@@ -262,10 +303,30 @@ def _advance(state: _Step | None, graph, costs: CostModel, changed) -> _Step:
         net[old_key] = net.get(old_key, 0) - len(change.places)
         net[new_key] = net.get(new_key, 0) + len(change.places)
         holder[new_key] = change.places[-1]
+        if change.kept is not None:
+            holder.setdefault(old_key, change.kept)
+        if len(change.places) == 1:
+            left.add(change.places[0])
     for key, delta in net.items():
         if delta:
             _count(keys, key, ops, delta, holder.get(key))
+    if left:  # an op some of whose kind changed stands for those left
+        _keep_holders(keys, net, left, holder, ops)
     return _Step(graph, op_costs, durations, keys)
+
+
+def _keep_holders(keys: dict, net: dict, left: set, holder: dict, ops) -> None:
+    """Where a key lost some of its ops (and maybe gained others), make sure its entry's op
+    (whose index the sums read its cost at) is not one that changed (``left``): another that
+    still has it (``holder``: from the change records, else found in ``ops``)."""
+    for key in net:
+        entry = keys.get(key)
+        if entry is None or entry[1].idx not in left:
+            continue
+        idx = holder.get(key)
+        if idx is None:
+            idx = next(op.idx for op in ops if op_key(op) == key)
+        keys[key] = [entry[0], ops[idx]]  # a new list: the sums resume only over unchanged entries
 
 
 _TOTAL_NS = attrgetter("total_ns")

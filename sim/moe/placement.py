@@ -61,6 +61,8 @@ def place(trace: RoutingTrace, policy: str, slots: int, batches: list[int], chip
         raise ValueError(f"unknown placement {policy!r}; expected one of {', '.join(POLICIES)}")
     chips = chips if policy == "spread" else 1
     slots = 0 if policy == "all-hbm" else max(0, slots)
+    if policy not in ("lru", "lfu"):  # no state carried from step to step: all steps at once
+        return _place_stateless(trace, policy, slots, batches, chips)
     steps, layers, e = len(batches), trace.layers, trace.num_experts
     shape = (steps, layers)
     active, resident, fetched, pairs, rpairs = (np.zeros(shape, dtype=np.int64) for _ in range(5))
@@ -95,6 +97,72 @@ def place(trace: RoutingTrace, policy: str, slots: int, batches: list[int], chip
     return Placement(policy, chips, slots, active, resident, fetched, pairs, rpairs, hits, reads)
 
 
+STATELESS_CELLS = 1 << 22  # (step, layer, token, pick) cells gathered at once by ``_place_stateless``
+
+
+def _place_stateless(trace: RoutingTrace, policy: str, slots: int, batches: list[int], chips: int) -> Placement:
+    """``place`` for the policies without a cache (all-hbm, static, spread), vectorized over
+    steps and layers (the same figures as the step-by-step loop: the critical chip is the
+    first with the most (distinct experts, pairs))."""
+    e, layers = trace.num_experts, trace.layers
+    steps = len(batches)
+    if steps and max(batches) > trace.tokens:
+        trace.at(0, 0, max(batches))  # raises: too few token slots
+    chunk = max(1, STATELESS_CELLS // max(1, layers * max(batches, default=1) * trace.top_k))
+    counts = [_expert_counts(trace, batches[lo:lo + chunk], lo) for lo in range(0, steps, chunk)]
+    pinned = np.zeros((layers, e), dtype=bool)
+    if policy in ("static", "spread") and slots > 0:
+        pinned = _pinned_from(sum(c.sum(axis=0) for c in counts), slots, chips, np.arange(e) % chips)
+    out = [_critical_chip(c, pinned, chips) for c in counts]
+    if not out:
+        empty = np.zeros((0, layers), dtype=np.int64)
+        return Placement(policy, chips, slots, empty, empty, empty, empty, empty, 0, 0)
+    active, pairs, resident, rpairs = (np.concatenate([o[i] for o in out]) for i in range(4))
+    hits, reads = sum(o[4] for o in out), sum(o[5] for o in out)
+    return Placement(policy, chips, slots, active, resident, np.zeros_like(active), pairs, rpairs, hits, reads)
+
+
+def _expert_counts(trace: RoutingTrace, batches: list[int], first: int) -> np.ndarray:
+    """[steps, layers, experts] tokens routed to each expert at steps ``first ..`` (batch
+    ``batches[i]`` at step ``first + i``, routing steps wrapping around)."""
+    e, layers, n = trace.num_experts, trace.layers, len(batches)
+    width = max(batches)
+    rows = (first + np.arange(n)) % trace.steps
+    ids = trace.experts[rows][:, :, :width].astype(np.int64)  # [n, layers, width, k]
+    valid = np.arange(width)[None, :] < np.asarray(batches)[:, None]  # [n, width]
+    cell = (np.arange(n)[:, None] * layers + np.arange(layers)[None, :]) * e  # [n, layers]
+    flat = (ids + cell[:, :, None, None])[np.broadcast_to(valid[:, None, :, None], ids.shape)]
+    return np.bincount(flat, minlength=n * layers * e).reshape(n, layers, e)
+
+
+def _critical_chip(counts: np.ndarray, pinned: np.ndarray, chips: int) -> tuple:
+    """(active, pairs, resident, resident pairs) [steps, layers] of the critical chip, and the
+    hits and reads over all chips, from ``counts`` [steps, layers, experts]."""
+    touched = counts > 0
+    hit = touched & pinned[None]
+    e = counts.shape[2]
+    owner = np.arange(e) % chips
+
+    def per_chip(values: np.ndarray) -> np.ndarray:  # [chips, steps, layers]
+        return np.stack([values[:, :, owner == chip].sum(axis=2) for chip in range(chips)])
+
+    a, n = per_chip(touched.astype(np.int64)), per_chip(counts)
+    r, rp = per_chip(hit.astype(np.int64)), per_chip(np.where(hit, counts, 0))
+    best = np.argmax(a * (int(n.max(initial=0)) + 1) + n, axis=0)[None]  # the first chip with the most (a, n)
+    pick = [np.take_along_axis(v, best, axis=0)[0] for v in (a, n, r, rp)]
+    return (*pick, int(hit.sum()), int(touched.sum()))
+
+
+def _pinned_from(counts: np.ndarray, slots: int, chips: int, owner: np.ndarray) -> np.ndarray:
+    """``_pinned``'s choice from the run's [layers, experts] counts."""
+    pinned = np.zeros(counts.shape, dtype=bool)
+    for chip in range(chips):
+        layer_idx, expert_idx = np.nonzero(np.broadcast_to(owner == chip, counts.shape))
+        order = np.lexsort((expert_idx, layer_idx, -counts[layer_idx, expert_idx]))[:slots]
+        pinned[layer_idx[order], expert_idx[order]] = True
+    return pinned
+
+
 def _pinned(trace, policy, slots, batches, chips, owner) -> np.ndarray:
     """[layers, experts] True where static pinning puts the expert in SRAM: the most used
     (layer, expert) pairs over the run, per chip, up to ``slots`` per chip."""
@@ -102,14 +170,7 @@ def _pinned(trace, policy, slots, batches, chips, owner) -> np.ndarray:
     for s, batch in enumerate(batches):
         for layer in range(trace.layers):
             counts[layer] += np.bincount(trace.at(s, layer, batch).ravel(), minlength=trace.num_experts)
-    pinned = np.zeros(counts.shape, dtype=bool)
-    if slots <= 0:
-        return pinned
-    for chip in range(chips):
-        layer_idx, expert_idx = np.nonzero(np.broadcast_to(owner == chip, counts.shape))
-        order = np.lexsort((expert_idx, layer_idx, -counts[layer_idx, expert_idx]))[:slots]
-        pinned[layer_idx[order], expert_idx[order]] = True
-    return pinned
+    return _pinned_from(counts, slots, chips, owner) if slots > 0 else np.zeros(counts.shape, dtype=bool)
 
 
 class _Cache:

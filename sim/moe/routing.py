@@ -99,6 +99,17 @@ def expected_distinct(experts: int, top_k: int, tokens: int) -> float:
     return experts * (1.0 - (1.0 - top_k / experts) ** tokens)
 
 
+GENERATE_CELLS = 1 << 22  # expert scores drawn at once by ``generate``
+
+
+def _top_k(scores: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``top_k`` highest of ``scores`` along the last axis, best first: (indices, scores)."""
+    top = np.argpartition(-scores, top_k - 1, axis=-1)[..., :top_k]
+    chosen = np.take_along_axis(scores, top, axis=-1)
+    order = np.argsort(-chosen, axis=-1)
+    return np.take_along_axis(top, order, axis=-1), np.take_along_axis(chosen, order, axis=-1)
+
+
 def generate(experts: int, top_k: int, layers: int, steps: int, tokens: int, *, kind: str = "uniform",
              skew: float = 1.0, locality: float = 0.0, seed: int = 0) -> RoutingTrace:
     """A synthetic routing trace (see the module docstring)."""
@@ -119,13 +130,17 @@ def generate(experts: int, top_k: int, layers: int, steps: int, tokens: int, *, 
         log_pop[layer, perm] = -s * np.log(ranks)
     ids = np.empty((steps, layers, tokens, top_k), dtype=np.int32)
     gates = np.empty((steps, layers, tokens, top_k), dtype=np.float32)
-    for step in range(steps):
+    if locality == 0:  # no step reads the one before: many at once (the same draws, in the same order)
+        per = max(1, GENERATE_CELLS // max(1, layers * tokens * experts))
+        for lo in range(0, steps, per):
+            top, chosen = _top_k(log_pop[None, :, None, :] + rng.gumbel(size=(min(per, steps - lo), layers, tokens,
+                                                                               experts)), top_k)
+            ids[lo:lo + per] = top
+            weights = np.exp(chosen - chosen.max(axis=3, keepdims=True))
+            gates[lo:lo + per] = weights / weights.sum(axis=3, keepdims=True)
+    for step in range(steps if locality > 0 else 0):
         scores = log_pop[:, None, :] + rng.gumbel(size=(layers, tokens, experts))
-        top = np.argpartition(-scores, top_k - 1, axis=2)[:, :, :top_k]
-        chosen = np.take_along_axis(scores, top, axis=2)
-        order = np.argsort(-chosen, axis=2)
-        top = np.take_along_axis(top, order, axis=2)
-        chosen = np.take_along_axis(chosen, order, axis=2)
+        top, chosen = _top_k(scores, top_k)
         if locality > 0 and step > 0:
             reuse = rng.random(tokens) < locality
             top[:, reuse] = ids[step - 1][:, reuse]
