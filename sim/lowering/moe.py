@@ -97,11 +97,13 @@ def moe_weight_bytes_per_chip(setup: RunSetup) -> int:
     return total
 
 
-def lower_moe(setup: RunSetup, b: Builder, layer: int, batch: int, position: int) -> None:
+def lower_moe(setup: RunSetup, b: Builder, layer: int, batch: int, position: int, counts: tuple | None = None) -> None:
     """The MoE FFN of ``layer`` at step ``position``: shared expert, router, dispatch,
-    experts, combine (and the all-to-alls under expert parallelism)."""
+    experts, combine (and the all-to-alls under expert parallelism). ``counts``: the layer's
+    expert loads as ``plan.counts`` gives them, when the caller has them from elsewhere (a
+    serving replay's live routing); by default the plan's at ``position``."""
     plan = setup.moe
-    active, resident, fetched, pairs, rpairs = plan.counts(position, layer)
+    active, resident, fetched, pairs, rpairs = plan.counts(position, layer) if counts is None else counts
     if setup.stack.moe == "dense_all":  # every expert runs densely; routing only weights the outputs
         active, resident, fetched = setup.model.moe.experts, 0, 0
         pairs, rpairs = batch * setup.model.moe.experts, 0
