@@ -53,6 +53,12 @@ except ImportError:  # a tree from before runs shared their cost model: each run
         pass
 
 CASES = [("llama-3-8b", "bf16"), ("llama-3-70b", "int8")]
+# issue 40: MoE models at batch 32, context 1k, DES (each in its checkpoint's weight format)
+MOE_CASES = [("mixtral-8x7b", "bf16"), ("deepseek-v3", "fp8")]
+# issue 40's aims as steps/s (mixtral-8x7b, deepseek-v3) on the machine issue 26 calibrated (bare SimPy at
+# 1.46 M events/s, see the module docstring): in bare SimPy events per step, 1.46e6 / (steps/s)
+MOE_AIMS = {"mixtral-8x7b": 2000, "deepseek-v3": 500}
+BARE_AT_FILING = 1.46e6
 
 
 def bare_simpy(events: int = 300_000, repeats: int = 3) -> float:
@@ -88,11 +94,12 @@ def _beside(run, repeats: int) -> tuple[float, float]:
     return min(walls), statistics.median(events)
 
 
-def measure(model: str, weights: str, context: int, steps: int, engine: str = "des", repeats: int = 3) -> dict:
+def measure(model: str, weights: str, context: int, steps: int, engine: str = "des", repeats: int = 3,
+            batch: int = 16) -> dict:
     """Simulate ``steps`` steps ``repeats`` times, each without the cost memos of the runs before
     it (``_beside``): steps/s of the fastest (the least disturbed by whatever else the machine
     did, as timeit does), ops/s over bare SimPy's events/s from the median repeat."""
-    kw = dict(model=model, weights=weights, batch=16, context=context, engine=engine, check_capacity=False)
+    kw = dict(model=model, weights=weights, batch=batch, context=context, engine=engine, check_capacity=False)
     simulate(steps=2, **kw)  # warm caches and imports
     kept = {}
 
@@ -106,7 +113,7 @@ def measure(model: str, weights: str, context: int, steps: int, engine: str = "d
     result = kept["result"]
     s = result.summary
     ops = result.steps[0]["ops"]
-    return {"model": model, "weights": weights, "context": context, "engine": engine, "steps": steps,
+    return {"model": model, "weights": weights, "batch": batch, "context": context, "engine": engine, "steps": steps,
             "wall_s": wall, "steps_per_s": steps / wall, "events_per_step": s["events"] / steps,
             "ops_per_step": ops, "kernels_per_step": result.steps[0]["kernels"],
             "per_token_ms": s["per_token_ms_p50"], "bare_events_per_step": events / steps,
@@ -173,20 +180,23 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="runs per row; the fastest is kept")
     parser.add_argument("--json", default=None, help="also write the rows as JSON here")
     parser.add_argument("--no-study", action="store_true", help="skip the cached study re-run")
+    parser.add_argument("--moe-only", action="store_true", help="only the MoE rows (issue 40) and llama-3-8b DES at 1k")
     args = parser.parse_args()
-    rows = [measure(m, w, c, args.steps, e, args.repeats)
-            for m, w in CASES for c in (1024, 32768) for e in ("des", "analytic")]
+    dense = [(m, w, c, e) for m, w in CASES for c in (1024, 32768) for e in ("des", "analytic")]
+    if args.moe_only:
+        dense = dense[:1]
+    rows = [measure(m, w, c, args.steps, e, args.repeats) for m, w, c, e in dense]
+    moe_rows = [measure(m, w, 1024, args.steps, "des", args.repeats, batch=32) for m, w in MOE_CASES]
+    rows += moe_rows
+    if args.moe_only:
+        _print_moe(moe_rows, rows[0], args)
+        return
     per_config, per_repeated, new_events, repeated_events = ms_per_configuration(repeats=args.repeats)
     study = None if args.no_study else cached_study_s()
     startup = startup_cpu_s()
     print(f"python {platform.python_version()} on {platform.machine()}, {args.steps} steps per row, "
           f"best of {args.repeats}; bare SimPy {bare_simpy(repeats=args.repeats):,.0f} events/s at the end")
-    print(f"{'model':<13}{'weights':>8}{'context':>8}{'engine':>9}{'steps/s':>9}{'events/step':>12}"
-          f"{'ops/s / bare':>13}{'ops':>6}{'kernels':>8}{'ms/token':>9}")
-    for r in rows:
-        print(f"{r['model']:<13}{r['weights']:>8}{r['context']:>8}{r['engine']:>9}{r['steps_per_s']:>9.0f}"
-              f"{r['events_per_step']:>12.0f}{r['op_rate_over_bare']:>13.2f}{r['ops_per_step']:>6}"
-              f"{r['kernels_per_step']:>8}{r['per_token_ms']:>9.3f}")
+    _print_rows(rows)
     print(f"per configuration in-process (llama-3-8b, steps=1): {per_config:.2f} ms ({new_events:,.0f} bare SimPy "
           f"events) a new point (batches no run used), {per_repeated:.2f} ms ({repeated_events:,.0f} events) a "
           f"repeated one (batch 1..32 again)")
@@ -201,6 +211,7 @@ def main() -> None:
                       ("a cached study re-run <= 1 s: " + (f"{study[1]:.2f} s" if study else "not run"),
                        study is not None and study[1] <= 1.0)):
         print(f"  {'met' if met else 'NOT met'}: {text}")
+    _print_moe_aims(moe_rows)
     if args.json:
         with open(args.json, "w") as out:
             json.dump({"ms_per_configuration": per_config, "ms_per_repeated_configuration": per_repeated,
@@ -208,6 +219,35 @@ def main() -> None:
                        "bare_events_per_repeated_configuration": repeated_events,
                        "study_first_s": study and study[0], "study_cached_s": study and study[1],
                        "startup_cpu_s": startup, "rows": rows}, out, indent=2)
+
+
+def _print_rows(rows: list[dict]) -> None:
+    print(f"{'model':<13}{'weights':>8}{'batch':>6}{'context':>8}{'engine':>9}{'steps/s':>9}{'events/step':>12}"
+          f"{'ops/s / bare':>13}{'ops':>6}{'kernels':>8}{'ms/token':>9}")
+    for r in rows:
+        print(f"{r['model']:<13}{r['weights']:>8}{r['batch']:>6}{r['context']:>8}{r['engine']:>9}"
+              f"{r['steps_per_s']:>9.0f}{r['events_per_step']:>12.0f}{r['op_rate_over_bare']:>13.2f}"
+              f"{r['ops_per_step']:>6}{r['kernels_per_step']:>8}{r['per_token_ms']:>9.3f}")
+
+
+def _print_moe_aims(moe_rows: list[dict]) -> None:
+    """Issue 40's MoE step aims, as bare SimPy events per step (what holds on any machine)."""
+    print("aims (issue 40), MoE DES steps at batch 32 in bare SimPy events per step:")
+    for r in moe_rows:
+        aim = BARE_AT_FILING / MOE_AIMS[r["model"]]
+        met = r["bare_events_per_step"] <= aim
+        print(f"  {'met' if met else 'NOT met'}: {r['model']} a step <= {aim:,.0f} bare SimPy events "
+              f"({MOE_AIMS[r['model']]:,} steps/s at 1.46 M events/s): {r['bare_events_per_step']:,.0f}")
+
+
+def _print_moe(moe_rows: list[dict], dense_row: dict, args) -> None:
+    print(f"python {platform.python_version()} on {platform.machine()}, {args.steps} steps per row, "
+          f"best of {args.repeats}; bare SimPy {bare_simpy(repeats=args.repeats):,.0f} events/s at the end")
+    _print_rows([dense_row, *moe_rows])
+    _print_moe_aims(moe_rows)
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump({"rows": [dense_row, *moe_rows]}, out, indent=2)
 
 
 if __name__ == "__main__":

@@ -31,15 +31,16 @@ from sim.decode_trace import length_counts
 from sim.energy import EnergyModel, summarize
 from sim.engine.records import LOG_COLUMNS, Span
 from sim.engine.simulation import Simulation
-from sim.lowering.cache import GraphCache
+from sim.errors import SimulationError
+from sim.lowering.cache import GraphCache, attention_kinds
 from sim.lowering.graph import OpGraph
-from sim.lowering.decode import StageWeights, largest_staged_reads, stage_weight_bytes
-from sim.lowering.placement import staging_limit
+from sim.lowering.decode import StageWeights, largest_staged_reads, lower_step, stage_weight_bytes
+from sim.lowering.placement import plan_of, staging_limit
 from sim.results import Ledger, bound_of, op_key, percentile
 from sim.setup import RunSetup, resolve
 from sim.units import GB, MB, MS_PER_S, ns_to_ms
 
-__all__ = ["RunSpec", "RunResult", "RUN_FIELDS", "simulate", "Stepper", "Timed", "resolve", "capacity", "kv_bytes", "kv_layer_bytes",
+__all__ = ["RunSpec", "RunResult", "RUN_FIELDS", "simulate", "Stepper", "Timed", "ChainSteps", "resolve", "capacity", "kv_bytes", "kv_layer_bytes",
            "kv_pool_bytes", "apply_run_overrides"]
 
 
@@ -262,11 +263,14 @@ class Stepper:
         self.keep_log, self.moments = keep_log, moments
         self.state: _Step | None = None
 
-    def step(self, contexts: tuple[int, ...], index: int = 0, position: int = 0) -> Timed:
+    def step(self, contexts: tuple[int, ...], index: int = 0, position: int = 0,
+             prefill: tuple[tuple[int, int], ...] = (), counts: tuple[tuple, ...] | None = None) -> Timed:
         """Time the step that decodes a token for each sequence of ``contexts`` (its cache
-        length once this step's token is appended); ``index``: the step's number, ``position``:
-        its place in the run (the MoE routing row)."""
-        graph = self.graphs.lower(contexts, index, position)
+        length once this step's token is appended) and processes a prompt chunk for each
+        ``(chunk tokens, tokens cached before it)`` of ``prefill``; ``index``: the step's number,
+        ``position``: its place in the run (the MoE routing row); ``counts``: per MoE layer in
+        program order, its expert loads where the caller has them (``setup.moe.counts``'s tuples)."""
+        graph = self.graphs.lower(contexts, index, position, prefill, counts)
         state = self.state = _advance(self.state, graph, self.costs, self.graphs.changed)
         costs, setup = self.costs, self.setup
         if self.des:
@@ -275,6 +279,165 @@ class Stepper:
         else:
             outcome = analyse(graph, state.costs, costs.host, setup.graph, state.durations, moments=self.moments)
         return Timed(graph, state, outcome)
+
+
+TAIL_OPS = frozenset({"final_norm", "lm_head", "logit_softcap", "argmax", "gather_tokens"})  # ops at M = logit rows
+ATTENTION_OPS = frozenset({"attention", "attention_prefill"})
+CHAIN_TOLERANCE = 1e-9  # relative: a chain's parts against its analysed time
+
+
+class ChainSteps:
+    """Step times without a step's graph, for a configuration whose step is one chain of ops
+    (a captured graph, one stream per stage, nothing staged on a second stream; a serving
+    replay's ~10^5-10^6 steps an hour, a search's screen). Its time under the analytic model
+    is then the graph launch and final sync plus the sum of its ops' times, so
+
+        step_ns = fixed + body(rows) + tail(logit rows) + sum over attention kinds of
+                  (its layers x decode attention(contexts) [+ prefill attention(chunks)])
+                  + sum over MoE layers of the layer's block(rows, its counts)
+
+    where the body is every op but attention, the LM head's tail and the MoE blocks, and
+    depends only on the token rows (decode rows + prompt-chunk tokens); the tail only on the
+    rows that produce logits. ``body`` and ``tail`` are learned, per row count, from one
+    lowering and analysis of that many decodes (``learn``); attention is lowered per step
+    through the ``Stepper``'s GraphCache (one op per kind) and costed without the cost memo (a
+    step's contexts seldom recur); an MoE layer's block is lowered once per (stage, rows,
+    counts) and its ops' times summed (memoized). Exact up to float rounding (the sum's
+    order); ``chain`` says why a configuration is not one chain (None when it is), and the
+    first learning checks the decomposition against the analysed time."""
+
+    def __init__(self, stepper: Stepper):
+        self.stepper = stepper
+        self.setup = setup = stepper.setup
+        self.costs = stepper.costs
+        self.graphs = stepper.graphs
+        self.chain = _not_a_chain(setup)
+        self._fixed: float | None = None
+        self._body: dict[int, float] = {}
+        self._tail: dict[int, float] = {}
+        self._kinds: tuple[tuple[int, int], ...] = ()  # per attention kind: (a layer of it, its op count)
+        self._moe: tuple[tuple[int, int], ...] = ()  # MoE layers in program order: (layer, stage)
+        self._blocks: dict[tuple, float] = {}  # (stage, rows, counts) -> the block's time
+        self.learned = 0
+
+    def time_ns(self, decode_contexts: tuple[int, ...], prefill: tuple[tuple[int, int], ...] = (),
+                counts: tuple[tuple, ...] | None = None) -> float:
+        """The step's time (see the class docstring); ``counts``: per MoE layer (in program
+        order) its expert loads as ``setup.moe.counts`` gives them (default: the plan's at
+        position 0)."""
+        rows = len(decode_contexts) + sum(chunk for chunk, _ in prefill)
+        logits = len(decode_contexts) + len(prefill)
+        body, tail = self._body.get(rows), self._tail.get(logits)
+        if body is None or tail is None:
+            self.learn(rows, logits)
+            body, tail = self._body[rows], self._tail[logits]
+        total = self._fixed + body + tail + self.attention_ns(decode_contexts, prefill)
+        if self._moe:
+            total += self.moe_ns(rows, counts)
+        return total
+
+    def attention_ns(self, decode_contexts: tuple[int, ...], prefill: tuple[tuple[int, int], ...] = ()) -> float:
+        """All the attention ops of a step (every layer), without its other ops."""
+        if not self._kinds:
+            self.learn(1, 1)
+        cost, graphs, total = self.costs.cost_once, self.graphs, 0.0
+        prefill_ns = cost(graphs.prefill_attention(prefill).work).total_ns if prefill else 0.0
+        for layer, n in self._kinds:
+            if decode_contexts:
+                total += n * cost(graphs.attention(decode_contexts, layer).work).total_ns
+            total += n * prefill_ns
+        return total
+
+    def moe_ns(self, rows: int, counts: tuple[tuple, ...] | None = None) -> float:
+        """The MoE blocks of a step of ``rows`` token rows, each layer at its ``counts``."""
+        blocks, total = self._blocks, 0.0
+        if counts is None:
+            counts = tuple(self.setup.moe.counts(0, layer) for layer, _stage in self._moe)
+        for (layer, stage), n in zip(self._moe, counts, strict=True):
+            key = (stage, rows, n)
+            t = blocks.get(key)
+            if t is None:
+                if len(blocks) >= MOE_BLOCK_TIMES:
+                    blocks.clear()
+                block = self.graphs.block(stage, layer, rows, 0, n)
+                t = blocks[key] = sum([self.costs.cost(asked.work).total_ns for asked in block.asked])
+            total += t
+        return total
+
+    def parts_ns(self, rows: int) -> tuple[float, float, float]:
+        """(fixed, body, tail) of a step of ``rows`` token rows that all produce logits."""
+        if rows not in self._body or rows not in self._tail:
+            self.learn(rows, rows)
+        return self._fixed, self._body[rows], self._tail[rows]
+
+    def learn(self, rows: int, logits: int) -> None:
+        """Body of ``rows`` and tail of ``logits`` token rows from lowerings of that many
+        decodes (at context 1, step position 0) and their analysis; the first also gives the
+        fixed part, the attention kinds and the MoE layers. Raises ``SimulationError`` where
+        the analysed time is not the sum of the parts (not one chain)."""
+        self.learned += 1
+        for n in dict.fromkeys((rows, logits)):
+            if n in self._body and n in self._tail:
+                continue
+            graph = lower_step(self.setup, (1,) * n)
+            if len(graph.lanes) != graph.stages:
+                raise SimulationError(f"{self.setup.model.name}'s step has {len(graph.lanes)} streams on "
+                                      f"{graph.stages} stage(s): it is not one chain of ops")
+            by_work: dict[int, OpCost] = {}
+            op_costs = [by_work.get(id(op.work)) or by_work.setdefault(id(op.work), self.costs.cost(op.work))
+                        for op in graph.ops]
+            outcome = analyse(graph, op_costs, self.costs.host, self.setup.graph, moments=False)
+            if self._fixed is None:
+                self._first(graph)
+            body, tail, attention, moe = self._parts(graph, op_costs, n)
+            fixed = outcome.time_ns - (body + tail + attention + moe)
+            if self._fixed is None:
+                self._fixed = fixed
+            elif not _close(fixed, self._fixed):
+                raise SimulationError(f"{self.setup.model.name}'s step is not one chain of ops: its time is not "
+                                      "the sum of its ops' times")
+            self._body[n], self._tail[n] = body, tail
+
+    def _first(self, graph: OpGraph) -> None:
+        """The attention kinds (a layer of each, its op count) and MoE layers of ``graph``."""
+        self._kinds = tuple((kind.layer, len(kind.places)) for kind in attention_kinds(graph, self.setup.model.window))
+        stage_of = self.graphs.moe_stages
+        self._moe = tuple(sorted(stage_of.items(), key=lambda item: (item[1], item[0])))
+
+    def _parts(self, graph: OpGraph, op_costs: list[OpCost], rows: int) -> tuple[float, float, float, float]:
+        """(body, tail, attention, MoE blocks) of a lowered decode step of ``rows`` rows."""
+        moe_ops = {(layer, name) for layer, stage in self._moe
+                   for name in self.graphs.block(stage, layer, rows, 0).names}
+        body = tail = attention = moe = 0.0
+        for op, cost in zip(graph.ops, op_costs, strict=True):
+            t = cost.total_ns
+            if op.name in ATTENTION_OPS:
+                attention += t
+            elif op.layer == -1 and op.name in TAIL_OPS:
+                tail += t
+            elif (op.layer, op.name) in moe_ops:
+                moe += t
+            else:
+                body += t
+        return body, tail, attention, moe
+
+
+MOE_BLOCK_TIMES = 1 << 16  # MoE block times kept per ChainSteps
+
+
+def _not_a_chain(setup: RunSetup) -> str | None:
+    """Why a step of ``setup`` is not one chain of ops under the analytic model (None: it is)."""
+    if not setup.graph:
+        return "eager launch: the host's issue times, not only the ops, decide the step time"
+    if setup.spec.microbatches > 1:
+        return "micro-batches: the step is several chains of ops"
+    if plan_of(setup).staged:
+        return "weights staged into SRAM on a second stream: the step is not one chain of ops"
+    return None
+
+
+def _close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=CHAIN_TOLERANCE, abs_tol=CHAIN_TOLERANCE * max(abs(a), abs(b), 1.0))
 
 
 def _advance(state: _Step | None, graph, costs: CostModel, changed) -> _Step:

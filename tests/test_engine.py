@@ -248,9 +248,9 @@ def test_reused_steps_time_as_lowered_afresh(monkeypatch):
     reused = simulate(**kw)
     lower = GraphCache.lower
 
-    def afresh(self, contexts, step=0, position=0):
-        self._lowered = None
-        return lower(self, contexts, step, position)
+    def afresh(self, contexts, step=0, position=0, prefill=(), counts=None):
+        self._bases.clear()
+        return lower(self, contexts, step, position, prefill, counts)
 
     monkeypatch.setattr(GraphCache, "lower", afresh)
     full = simulate(**kw)

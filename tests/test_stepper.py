@@ -6,9 +6,12 @@ paths count in a different order)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from sim.lowering.decode import _signature
+from sim.moe.live import LiveRouting, fixed_plan
 from sim.results import Ledger
 from sim.run import RunSpec, Stepper, resolve
 
@@ -55,3 +58,36 @@ def test_incremental_steps_equal_full_lowering(case, engine):
         assert a[:-1] == b[:-1], f"step {position} differs"
         assert a[-1] == pytest.approx(b[-1], rel=1e-12, abs=1e-9), f"step {position}'s breakdown differs"
     assert len({step[2] for step in full}) > 1  # the steps differ from one another
+
+
+SERVING_STEPS = [  # (decode contexts, prompt chunks): shapes recur, as a serving replay's do
+    ((700, 30, 1200), ()),
+    ((701, 31, 1201), ((64, 0),)),
+    ((702, 32, 1202), ()),
+    ((40, 703, 33, 1203), ((16, 64), (8, 0))),
+    ((703, 33, 1203), ()),
+    ((41, 704, 34, 1204), ((16, 80), (8, 8))),
+]
+
+
+@pytest.mark.parametrize("case", ["dense", "mixtral", "deepseek-v3-ep", "spatial-staged-experts"])
+def test_serving_steps_with_live_expert_loads_equal_full_lowering(case):
+    """Steps of changing shape, with prompt chunks and expert loads from a live routing model,
+    equal lowering each in full under a plan that holds those loads."""
+    setup = resolve(RunSpec(context=700, steps=1, engine="analytic", **{**CASES[case], "batch": 64}))
+    live = None
+    if setup.moe is not None:
+        moe = setup.model.moe
+        live = LiveRouting(moe.experts, moe.top_k, len(setup.moe.moe_index), seed=5, ranks=setup.moe.ep)
+    stepper = Stepper(setup)
+    for index, (contexts, prefill) in enumerate(SERVING_STEPS):
+        rows = len(contexts) + sum(chunk for chunk, _ in prefill)
+        counts = live.step(rows).counts if live else None
+        graph, state, outcome = stepper.step(contexts, index, 0, prefill, counts)
+        fixed = setup if live is None else dataclasses.replace(setup, moe=fixed_plan(setup.moe, counts))
+        ref_graph, ref_state, ref_outcome = Stepper(fixed, incremental=False).step(contexts, index, 0, prefill)
+        assert [_signature(op, 0) + (op.layer,) for op in graph.ops] == \
+            [_signature(op, 0) + (op.layer,) for op in ref_graph.ops], f"step {index}'s ops differ"
+        assert list(state.costs) == list(ref_state.costs) and outcome.time_ns == ref_outcome.time_ns
+    assert stepper.graphs.reused >= 2  # shapes seen before re-lowered only what changed (but where a staging
+    # copy of experts appears or vanishes with the loads: such a step is lowered afresh)

@@ -19,6 +19,7 @@ it belongs to one run; the lowering functions themselves stay pure.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import NamedTuple
 
 from sim.lowering.decode import lower_step
@@ -26,8 +27,10 @@ from sim.lowering.graph import LazyOps, Op, OpGraph, Program, Work, live, make_w
 from sim.lowering.moe import lower_moe
 from sim.lowering.ops import Ask, attention_ask, builder, op_expander, prefill_attention_ask
 from sim.lowering.placement import place_ops
+from sim.moe.live import fixed_plan
 from sim.setup import RunSetup
 
+BASES_LIMIT = 64  # step shapes whose full lowering a cache keeps
 BLOCKS_LIMIT = 4096  # MoE blocks kept per cache (distinct (stage, batch, counts)); a long run's memory stays bounded
 
 
@@ -84,11 +87,12 @@ class _Kind(NamedTuple):
     layer: int
     rows: tuple[str, str]
     places: tuple[int, ...]
+    prefill: bool = False  # the attention of the step's prompt chunks
 
 
 def attention_kinds(graph: OpGraph, window) -> tuple[_Kind, ...]:
-    """The graph's attention ops grouped by kind (``window``: a layer -> its attention window;
-    with the breakdown rows), each kind's indices in program order and the kinds in the order
+    """The graph's attention ops grouped by kind (decode or prompt-chunk attention; ``window``:
+    a layer -> its attention window; with the breakdown rows), each kind's indices in program order and the kinds in the order
     they first appear. The copies of a run (``Repeat``) ask the very Work of the span op they
     copy, so they are of its kind: their indices are counted from the span without reading
     the copies."""
@@ -96,7 +100,7 @@ def attention_kinds(graph: OpGraph, window) -> tuple[_Kind, ...]:
     found: dict[tuple, list] = {}  # kind -> [its first layer, its indices]
 
     def note(op: Op, places) -> None:
-        entry = found.get(key := (window(op.layer), op.row, op.compute_row))
+        entry = found.get(key := (op.name, window(op.layer), op.row, op.compute_row))
         if entry is None:
             found[key] = [op.layer, list(places)]
         else:
@@ -115,8 +119,8 @@ def attention_kinds(graph: OpGraph, window) -> tuple[_Kind, ...]:
                 note(op, range(op.idx + repeat.length, repeat.end, repeat.length))
         at = repeat.end
     # indices are noted in program order but for a span with two ops of one kind (each's copies in turn)
-    return tuple(_Kind(layer, (row, compute_row), tuple(sorted(places)))
-                 for (_window, row, compute_row), (layer, places) in found.items())
+    return tuple(_Kind(layer, (row, compute_row), tuple(sorted(places)), name == "attention_prefill")
+                 for (name, _window, row, compute_row), (layer, places) in found.items())
 
 
 class MoEBlock(NamedTuple):
@@ -139,67 +143,94 @@ class _Layer(NamedTuple):
     rows: tuple[tuple[str, str], ...]
 
 
+class _Base(NamedTuple):
+    """A graph lowered in full and what re-lowering it needs: the step position it was lowered
+    at, its attention kinds, and (once mapped) its MoE layers; ``works``: per attention kind,
+    and ``moe_works`` per MoE layer, the works of the last graph returned from it."""
+
+    graph: OpGraph
+    position: int
+    counts: tuple[tuple, ...] | None  # the expert loads it was lowered with (None: the plan's at ``position``)
+    kinds: tuple[_Kind, ...]
+    works: list[Work]
+    moe: list  # [tuple of _Layer] once mapped, [] before
+    moe_works: list[tuple[Work, ...]]
+    holders: dict[tuple, dict[int, None]]  # (work, row, compute_row) -> the MoE places that ask it
+
+
 class GraphCache:
-    """Lowers the steps of one run, reusing the last lowered graph where only attention and the
-    MoE blocks changed (``incremental=False``: every step lowered in full, the reference)."""
+    """Lowers the steps of one run, reusing a lowered graph of the step's shape (decode rows,
+    token rows, logit rows, prompt chunks or not; the last ``BASES_LIMIT`` shapes) where only
+    attention and the MoE blocks change (``incremental=False``: every step lowered in full,
+    the reference)."""
 
     def __init__(self, setup: RunSetup, incremental: bool = True):
         self.setup = setup
         self.incremental = incremental and setup.spec.microbatches == 1
         self._expand = op_expander(setup)
-        self._lowered: OpGraph | None = None  # the last graph lowered in full
-        self._position = 0  # the step position it was lowered at
-        self._kinds: tuple[_Kind, ...] = ()  # its attention ops by kind
-        self._works: list[Work] = []  # per kind: the work of the last graph returned
-        self._moe: tuple[_Layer, ...] | None = None  # its MoE layers (None: not mapped yet)
-        self._moe_works: list[tuple[Work, ...]] = []  # per MoE layer: its block's works in the last graph returned
+        self._bases: dict[tuple, _Base] = {}  # step shape -> its graph lowered in full
+        self._current: _Base | None = None  # the base of the last graph returned
         self._blocks: dict[tuple, MoEBlock] = {}  # (stage, batch, counts) -> the block
-        self._holders: dict[tuple, dict[int, None]] = {}  # (work, row, compute_row) -> the MoE places that ask it
         self._interned: dict[Work, Work] = {}  # each distinct block work, by value (equal works are one object)
         self._stage_of = {layer: stage for stage in range(setup.pp) for layer, part in setup.stage_units(stage)
                           if part == "ffn" and layer >= 0 and setup.is_moe_layer(layer)} if setup.moe else {}
         self.reused = 0
         self.changed: tuple[Change, ...] | None = None  # how the last graph differs from the one before (None: afresh)
 
-    def lower(self, contexts: tuple[int, ...], step: int = 0, position: int = 0) -> OpGraph:
-        contexts = tuple(contexts)
-        lowered = self._lowered
-        if self.incremental and lowered is not None and lowered.batch == len(contexts) and (self._kinds or self._stage_of):
-            blocks = self._moe_blocks(position, len(contexts)) if self._stage_of else ()
+    def lower(self, contexts: tuple[int, ...], step: int = 0, position: int = 0,
+              prefill: tuple[tuple[int, int], ...] = (), counts: tuple[tuple, ...] | None = None) -> OpGraph:
+        """The graph of a step (as ``lower_step``): ``counts``, per MoE layer in program order,
+        its expert loads where the caller has them (a serving replay's live routing; by default
+        the plan's at ``position``)."""
+        contexts, prefill = tuple(contexts), tuple(prefill)
+        rows = len(contexts) + sum(chunk for chunk, _ in prefill)
+        shape = (len(contexts), rows, len(contexts) + len(prefill), bool(prefill))
+        base = self._bases.get(shape) if self.incremental else None
+        if base is not None:
+            blocks = self._moe_blocks(base, position, rows, counts)
             if blocks is not None:
                 self.reused += 1
-                return self._relower(lowered, contexts, step, blocks)
-        graph = self._lowered = lower_step(self.setup, contexts, step, position)
-        self._position = position
-        self.changed = None
-        self._kinds = attention_kinds(graph, self.setup.model.window)
-        self._works = [graph.ops[kind.places[0]].work for kind in self._kinds]
-        self._moe = None
+                graph = self._relower(base, contexts, prefill, step, blocks)
+                if base is not self._current:  # the step before came from another base: cost afresh
+                    self.changed, self._current = None, base
+                return graph
+        if counts is None:
+            graph = lower_step(self.setup, contexts, step, position, prefill)
+        else:  # lowered under a plan that holds the step's loads
+            graph = lower_step(replace(self.setup, moe=fixed_plan(self.setup.moe, counts)), contexts, step, 0, prefill)
+        kinds = attention_kinds(graph, self.setup.model.window)
+        base = _Base(graph, position, counts, kinds, [graph.ops[kind.places[0]].work for kind in kinds], [], [], {})
+        self.changed, self._current = None, base
+        if self.incremental and (kinds or self._stage_of):
+            if len(self._bases) >= BASES_LIMIT:
+                self._bases.pop(next(iter(self._bases)))
+            self._bases[shape] = base
         return graph
 
-    def _relower(self, lowered: OpGraph, contexts: tuple[int, ...], step: int,
+    def _relower(self, base: _Base, contexts: tuple[int, ...], prefill: tuple[tuple[int, int], ...], step: int,
                  blocks: tuple[MoEBlock, ...]) -> OpGraph:
         changes, changed = [], {}
-        fresh: dict[int | None, Asked] = {}  # window -> the attention over these contexts
+        fresh: dict[tuple, Asked] = {}  # (prompt chunks?, window) -> the attention over these contexts
         window = self.setup.model.window
-        for i, kind in enumerate(self._kinds):
-            key = window(kind.layer)
+        for i, kind in enumerate(base.kinds):
+            key = (kind.prefill, window(kind.layer))
             asked = fresh.get(key)
             if asked is None:
-                asked = fresh[key] = self.attention(contexts, kind.layer)
-            changes.append(Change(kind.rows, kind.places, self._works[i], asked.work))
-            self._works[i] = asked.work
+                asked = fresh[key] = (self.prefill_attention(prefill) if kind.prefill
+                                      else self.attention(contexts, kind.layer))
+            changes.append(Change(kind.rows, kind.places, base.works[i], asked.work))
+            base.works[i] = asked.work
             changed.update(dict.fromkeys(kind.places, asked))
-        moved, holders = [], self._holders
+        moved, holders = [], base.holders
         for i, block in enumerate(blocks):
-            layer, before = self._moe[i], self._moe_works[i]
+            layer, before = base.moe[0][i], base.moe_works[i]
             for idx, rows, old, asked in zip(layer.places, layer.rows, before, block.asked, strict=True):
                 changed[idx] = asked
                 if asked.work is not old:
                     moved.append((rows, idx, old, asked.work))
                     holders[(old, *rows)].pop(idx)
                     holders.setdefault((asked.work, *rows), {})[idx] = None
-            self._moe_works[i] = tuple([asked.work for asked in block.asked])
+            base.moe_works[i] = tuple([asked.work for asked in block.asked])
         for rows, idx, old, work in moved:
             left = holders.get(key := (old, *rows))
             if left is not None and not left:
@@ -207,44 +238,56 @@ class GraphCache:
                 left = None
             changes.append(Change(rows, (idx,), old, work, True, next(iter(left)) if left else None))
         self.changed = tuple(changes)
-        return lowered.with_ops(ReworkedOps(lowered.ops, changed), step=step, contexts=contexts)
+        return base.graph.with_ops(ReworkedOps(base.graph.ops, changed), step=step, contexts=contexts)
 
     # -- MoE blocks ------------------------------------------------------------------------------
-    def _moe_blocks(self, position: int, batch: int) -> tuple[MoEBlock, ...] | None:
-        """Each MoE layer's block at ``position``, in program order; None where one's ops differ
-        in name from the lowered graph's (the step is lowered afresh) or the graph's MoE ops are
-        not what a block lowered alone gives (then never again: every step is lowered afresh)."""
-        if self._moe is None and not self._map_moe(batch):
+    def _moe_blocks(self, base: _Base, position: int, batch: int,
+                    counts: tuple[tuple, ...] | None = None) -> tuple[MoEBlock, ...] | None:
+        """Each MoE layer's block at ``position`` (or at ``counts``), in program order; None where
+        one's ops differ in name from the base graph's (the step is lowered afresh) or the
+        graph's MoE ops are not what a block lowered alone gives (then never again: every step
+        is lowered afresh)."""
+        if not self._stage_of:
+            return ()
+        if not base.moe and not self._map_moe(base, batch):
             return None
-        blocks = tuple(self.block(layer.stage, layer.layer, batch, position) for layer in self._moe)
-        if any(block.names != layer.names for block, layer in zip(blocks, self._moe, strict=True)):
+        layers = base.moe[0]
+        if counts is None:
+            blocks = tuple(self.block(m.stage, m.layer, batch, position) for m in layers)
+        else:
+            blocks = tuple(self.block(m.stage, m.layer, batch, position, n) for m, n in zip(layers, counts, strict=True))
+        if any(block.names != m.names for block, m in zip(blocks, layers, strict=True)):
             return None
         return blocks
 
-    def block(self, stage: int, layer: int, batch: int, position: int) -> MoEBlock:
+    def block(self, stage: int, layer: int, batch: int, position: int, counts: tuple | None = None) -> MoEBlock:
         """The count-dependent ops of MoE ``layer`` (on ``stage``) at step ``position`` over
-        ``batch`` token rows, lowered and placed alone the first time their counts appear."""
-        key = (stage, batch, self.setup.moe.counts(position, layer))
+        ``batch`` token rows, lowered and placed alone the first time their counts appear
+        (``counts``: the layer's expert loads where the caller has them, as ``setup.moe.counts``
+        gives them; by default the plan's at ``position``)."""
+        if counts is None:
+            counts = self.setup.moe.counts(position, layer)
+        key = (stage, batch, counts)
         block = self._blocks.get(key)
         if block is None:
             if len(self._blocks) >= BLOCKS_LIMIT:
                 self._blocks.clear()
             b = builder(self.setup, Program(), stage, expand=self._expand)
-            lower_moe(self.setup, b, layer, batch, position)
+            lower_moe(self.setup, b, layer, batch, position, counts)
             ops = [op for op in place_ops(self.setup, list(b.ops)) if op.name != "stage_weights"]
             intern = self._interned.setdefault
             block = self._blocks[key] = MoEBlock(tuple(op.name for op in ops),
                                                  tuple(Asked(intern(op.work, op.work), op.tags) for op in ops))
         return block
 
-    def _map_moe(self, batch: int) -> bool:
-        """Find each MoE layer's block ops in the lowered graph (lowered at ``self._position``)
-        and check that they ask what its block asks; False (and no reuse from then on) if not."""
-        graph, position = self._lowered, self._position
+    def _map_moe(self, base: _Base, batch: int) -> bool:
+        """Find each MoE layer's block ops in ``base``'s graph and check that they ask what its
+        block asks; False (and no reuse from then on) if not."""
+        graph, position = base.graph, base.position
         wanted: dict[tuple[int, str], int | None] = {}
         blocks = {}
-        for layer, stage in self._stage_of.items():
-            blocks[layer] = self.block(stage, layer, batch, position)
+        for i, (layer, stage) in enumerate(self._stage_of.items()):
+            blocks[layer] = self.block(stage, layer, batch, position, None if base.counts is None else base.counts[i])
             wanted.update(dict.fromkeys(((layer, name) for name in blocks[layer].names), None))
         ops = graph.ops
         for op in ops:
@@ -259,12 +302,12 @@ class GraphCache:
                 return False
             mapped.append(_Layer(layer, self._stage_of[layer], block.names, places,
                                  tuple((ops[idx].row, ops[idx].compute_row) for idx in places)))
-        self._moe = tuple(sorted(mapped, key=lambda m: m.places[0]))
-        self._moe_works = [tuple([asked.work for asked in blocks[m.layer].asked]) for m in self._moe]  # equal to the graph's
-        self._holders = {}
-        for m, works in zip(self._moe, self._moe_works, strict=True):
+        layers = tuple(sorted(mapped, key=lambda m: m.places[0]))
+        base.moe.append(layers)
+        base.moe_works[:] = [tuple([asked.work for asked in blocks[m.layer].asked]) for m in layers]  # equal to the graph's
+        for m, works in zip(layers, base.moe_works, strict=True):
             for idx, rows, work in zip(m.places, m.rows, works, strict=True):
-                self._holders.setdefault((work, *rows), {})[idx] = None
+                base.holders.setdefault((work, *rows), {})[idx] = None
         return True
 
     def attention(self, contexts: tuple[int, ...], layer: int = 0) -> Asked:

@@ -171,12 +171,11 @@ def lower_one(setup: RunSetup, contexts: tuple[int, ...], step: int = 0, positio
     chunk)`` of ``prefill``. The projections, norms and FFN run over all token rows (decode
     rows plus chunk tokens); decode attention reads each cache once per sequence; prefill
     attention is its own op (causal over the chunk and the cache before it); the LM head runs
-    one row per sequence. ``position`` is the step's place in the run (the MoE routing row)."""
+    one row per sequence. ``position`` is the step's place in the run (the MoE routing row; its
+    expert loads stand for all the step's token rows, prompt-chunk tokens included: a caller
+    with the step's own loads re-lowers the MoE blocks, sim.lowering.cache.GraphCache)."""
     contexts = tuple(contexts)
     prefill = tuple(prefill)
-    if prefill and setup.moe is not None:
-        raise SimulationError("prefill steps of Mixture-of-Experts models are not modelled (the routing "
-                              "trace covers decode rows only)")
     m = setup.model
     batch = len(contexts) + sum(chunk for chunk, _ in prefill)  # token rows
     logits = len(contexts) + len(prefill)
