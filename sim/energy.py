@@ -239,8 +239,12 @@ class MeteredStepModel:
         return t
 
     def dynamic_J(self, decode_contexts, prefill) -> float:
-        """The ops' dynamic energy of one step on all its chips (J)."""
-        graph = lower_step(self.setup, decode_contexts, prefill=prefill)
+        """The ops' dynamic energy of one step on all its chips (J): the graph of the step just
+        timed where the inner model gives it (``graph``: a MoE step's own expert loads), else a
+        full lowering."""
+        made = getattr(self.inner, "graph", None)
+        graph = made(decode_contexts, prefill) if made is not None else lower_step(self.setup, decode_contexts,
+                                                                                  prefill=prefill)
         pj = 0.0
         for op in graph.ops:
             _rows, parts = self.model._op_pj(op, self.costs.cost_once(op.work))

@@ -316,7 +316,8 @@ class ChainSteps:
         self._body: dict[int, float] = {}
         self._tail: dict[int, float] = {}
         self._kinds: tuple[tuple[int, int], ...] = ()  # per attention kind: (a layer of it, its op count)
-        self._moe: tuple[tuple[int, int], ...] = ()  # MoE layers in program order: (layer, stage)
+        # MoE layers in program order: (layer, stage)
+        self._moe = tuple(sorted(self.graphs.moe_stages.items(), key=lambda item: (item[1], item[0])))
         self._blocks: dict[tuple, float] = {}  # (stage, rows, counts) -> the block's time
         self.learned = 0
 
@@ -399,10 +400,8 @@ class ChainSteps:
             self._body[n], self._tail[n] = body, tail
 
     def _first(self, graph: OpGraph) -> None:
-        """The attention kinds (a layer of each, its op count) and MoE layers of ``graph``."""
+        """The attention kinds of ``graph``: a layer of each and its op count."""
         self._kinds = tuple((kind.layer, len(kind.places)) for kind in attention_kinds(graph, self.setup.model.window))
-        stage_of = self.graphs.moe_stages
-        self._moe = tuple(sorted(stage_of.items(), key=lambda item: (item[1], item[0])))
 
     def _parts(self, graph: OpGraph, op_costs: list[OpCost], rows: int) -> tuple[float, float, float, float]:
         """(body, tail, attention, MoE blocks) of a lowered decode step of ``rows`` rows."""

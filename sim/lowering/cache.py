@@ -260,6 +260,11 @@ class GraphCache:
             return None
         return blocks
 
+    @property
+    def moe_stages(self) -> dict[int, int]:
+        """The MoE layers and the pipeline stage of each (their FFN's)."""
+        return dict(self._stage_of)
+
     def block(self, stage: int, layer: int, batch: int, position: int, counts: tuple | None = None) -> MoEBlock:
         """The count-dependent ops of MoE ``layer`` (on ``stage``) at step ``position`` over
         ``batch`` token rows, lowered and placed alone the first time their counts appear

@@ -49,7 +49,6 @@ from sim.moe.routing import KINDS, RoutingTrace
 
 POOL_DRAWS = 32  # draws of each power-of-two token count kept
 EXACT_TOKENS = 64  # up to this many tokens a pool's draws route every token; above, sums of two halves
-SERVING_PLACEMENTS = ("all-hbm", "spread")  # placements a serving replay models (no state between steps)
 
 
 class StepLoads(NamedTuple):
@@ -70,6 +69,9 @@ class LiveRouting:
         self.experts, self.top_k, self.layers, self.ranks = experts, top_k, layers, ranks
         self.locality = locality
         self.trace = trace
+        self.description = (f"trace {trace.description}" if trace is not None else kind
+                            + (f" s={skew:g}" if kind == "zipf" else "")
+                            + (f" locality={locality:g}" if locality else "")) + f", seed {seed}"
         self._seed = seed
         self._rng = np.random.default_rng([seed, 1])  # the per-step choices
         popularity = np.ones((layers, experts))
@@ -204,4 +206,4 @@ def _counts(active: list[int], pairs: list[int]) -> tuple[tuple[int, int, int, i
     return tuple([(a, 0, 0, n, 0) for a, n in zip(active, pairs)])
 
 
-__all__ = ["LiveRouting", "StepLoads", "fixed_plan", "POOL_DRAWS", "EXACT_TOKENS", "SERVING_PLACEMENTS"]
+__all__ = ["LiveRouting", "StepLoads", "fixed_plan", "POOL_DRAWS", "EXACT_TOKENS"]

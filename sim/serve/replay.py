@@ -227,6 +227,9 @@ def serve(spec: ServeSpec | ServeSetup, out_dir: str | Path | None = None, *, st
     summary = {**setup.describe(), **figures, "wall_s": time.perf_counter() - wall}
     if isinstance(model, SimulatorStepModel):
         summary["step_model"] = {**model.stats, "exact": model.exact, "fallback_reason": model.fallback_reason}
+        moe = model.moe_figures(s_to_ns(figures["simulated_s"]))
+        if moe is not None:
+            summary["moe"] = moe
     return summary
 
 
