@@ -195,8 +195,10 @@ def _per_rank(loads: np.ndarray, ranks: int) -> StepLoads:
     best = np.argmax(active * (int(pairs.max(initial=0)) + 1) + pairs, axis=1)
     rows = np.arange(layers)
     hot_active, hot_pairs = active[rows, best].tolist(), pairs[rows, best].tolist()
-    mean_active = ((2 * active.sum(axis=1) + ranks) // (2 * ranks)).tolist()  # rounded half up
-    mean_pairs = ((2 * pairs.sum(axis=1) + ranks) // (2 * ranks)).tolist()
+    mean_pairs = (2 * pairs.sum(axis=1) + ranks) // (2 * ranks)  # rounded half up
+    # a rank with pairs to compute touches at least one expert
+    mean_active = np.maximum((2 * active.sum(axis=1) + ranks) // (2 * ranks), mean_pairs > 0).tolist()
+    mean_pairs = mean_pairs.tolist()
     return StepLoads(_counts(hot_active, hot_pairs), _counts(mean_active, mean_pairs), pairs)
 
 

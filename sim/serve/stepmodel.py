@@ -127,8 +127,8 @@ class SimulatorStepModel:
         loads = self.live.step(rows)
         self._last_counts = loads.counts
         self._rank_pairs += loads.rank_pairs.sum(axis=0)
+        self._moe_ns[0] += self.chain.moe_ns(rows, loads.counts)
         if self.live.ranks > 1:
-            self._moe_ns[0] += self.chain.moe_ns(rows, loads.counts)
             self._moe_ns[1] += self.chain.moe_ns(rows, loads.mean_counts)
         return loads.counts
 

@@ -356,8 +356,22 @@ def render(s: dict) -> str:
         lines.append(f"  energy: {s['J_per_output_token']:.3f} J per output token (chips alone "
                      f"{s['chip_J_per_output_token']:.3f} J), average {s['energy_avg_W']:.0f} W; dynamic part from "
                      f"{s['energy_sampled_steps']} exactly evaluated steps")
+    if s.get("moe"):
+        lines.append(_moe_line(s["moe"]))
     lines.append(f"  replayed in {s['wall_s']:.1f} s wall")
     return "\n".join(lines)
+
+
+def _moe_line(moe: dict) -> str:
+    """The replay's expert load per expert-parallel rank and the straggler's share of the time."""
+    pairs = moe["expert_pairs_per_rank"]
+    line = f"  experts: {moe['routing']} routing, {moe['expert_parallel']} expert-parallel rank(s)"
+    if len(pairs) > 1:
+        line += (f"; token-expert pairs per rank {min(pairs):,}-{max(pairs):,} (hottest {moe['hottest_rank_over_mean']:.3f}"
+                 f" x the mean); the step's most loaded rank adds {100 * moe['straggler_share']:.1f}% of the time")
+    if moe.get("moe_blocks_share"):
+        line += f"; MoE blocks {100 * moe['moe_blocks_share']:.0f}% of the time"
+    return line
 
 
 def _offered(rate_per_s: float) -> str:
