@@ -40,12 +40,9 @@ def load_space(path: str | Path | None = None, changes: dict | None = None) -> S
     spec, file = load_spec(path, changes)
     if spec.model is not None:
         try:
-            model = load_model(spec.model)
+            load_model(spec.model)
         except ConfigError as err:
             raise ConfigError(file, "model", err.expected, spec.model) from None
-        if model.moe is not None:
-            raise ConfigError(file, "model", f"{model.name} is a Mixture-of-Experts model; the search confirms its "
-                              "front with the serving replay, which models dense models only for now", spec.model)
     return build_space(spec, file, _profile_chips, _known)
 
 

@@ -33,8 +33,9 @@ and the scheduler's ``max_batch`` (vLLM ``max_num_seqs``) and ``max_tokens_per_s
 Axes (``AXES``) left out take ``DEFAULTS``; ``chips`` defaults to every power of two up to a
 profile's own chip count, ``tp`` and ``pp`` to every split with ``tp x pp = chips`` (one
 stage per layer at most). A combination whose split does not multiply out is no deployment
-and is not counted. ``ep`` (expert parallelism) is accepted only as ``[1]``: the serving
-replay that confirms the front models dense models only (sim.serve.stepmodel).
+and is not counted. ``ep`` (expert parallelism) is accepted only as ``[1]``: a
+Mixture-of-Experts model's experts are searched tensor-parallel (the serving replay draws each
+step's expert loads, sim.moe.live); expert-parallel layouts are not a search axis yet.
 
 Everything is checked before anything is simulated: unknown axes, wrong types, unknown
 hardware, format or stack names, and ``exclude`` rules that name no swept value are one
@@ -211,8 +212,8 @@ def build_space(spec: SearchSpec, file: str, profile_chips, known_names) -> Spac
             continue
         axes[axis] = _check_values(axis, values, file, where, known_names)
     if axes["ep"] != [1]:
-        raise ConfigError(file, "space.grid.ep", "only [1]: expert parallelism needs a Mixture-of-Experts model, "
-                          "and the serving replay that confirms the front models dense models only", axes["ep"])
+        raise ConfigError(file, "space.grid.ep", "only [1]: a Mixture-of-Experts model's experts are searched "
+                          "tensor-parallel (ep 1); expert-parallel layouts are not a search axis yet", axes["ep"])
     _check_excludes(spec.space.exclude, axes, profile_chips, file)
     size = 1
     for values in axes.values():
