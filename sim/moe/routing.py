@@ -103,11 +103,18 @@ GENERATE_CELLS = 1 << 22  # expert scores drawn at once by ``generate``
 
 
 def _top_k(scores: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarray]:
-    """The ``top_k`` highest of ``scores`` along the last axis, best first: (indices, scores)."""
-    top = np.argpartition(-scores, top_k - 1, axis=-1)[..., :top_k]
-    chosen = np.take_along_axis(scores, top, axis=-1)
-    order = np.argsort(-chosen, axis=-1)
-    return np.take_along_axis(top, order, axis=-1), np.take_along_axis(chosen, order, axis=-1)
+    """The ``top_k`` highest of ``scores`` along the last axis, best first: (indices, scores).
+    Picked one at a time (the highest left, then set to -inf), which is the order a sort of the
+    top k gives (scores drawn from a continuous distribution do not tie). ``scores`` is used
+    up (each pick is overwritten)."""
+    top = np.empty(scores.shape[:-1] + (top_k,), dtype=np.intp)
+    chosen = np.empty(scores.shape[:-1] + (top_k,), dtype=scores.dtype)
+    for j in range(top_k):
+        best = scores.argmax(axis=-1)[..., None]
+        top[..., j:j + 1] = best
+        chosen[..., j:j + 1] = np.take_along_axis(scores, best, axis=-1)
+        np.put_along_axis(scores, best, -np.inf, axis=-1)
+    return top, chosen
 
 
 def generate(experts: int, top_k: int, layers: int, steps: int, tokens: int, *, kind: str = "uniform",
@@ -133,8 +140,10 @@ def generate(experts: int, top_k: int, layers: int, steps: int, tokens: int, *, 
     if locality == 0:  # no step reads the one before: many at once (the same draws, in the same order)
         per = max(1, GENERATE_CELLS // max(1, layers * tokens * experts))
         for lo in range(0, steps, per):
-            top, chosen = _top_k(log_pop[None, :, None, :] + rng.gumbel(size=(min(per, steps - lo), layers, tokens,
-                                                                               experts)), top_k)
+            scores = rng.gumbel(size=(min(per, steps - lo), layers, tokens, experts))
+            if s:  # uniform: every log popularity is -0.0, which adds nothing
+                scores += log_pop[None, :, None, :]
+            top, chosen = _top_k(scores, top_k)
             ids[lo:lo + per] = top
             weights = np.exp(chosen - chosen.max(axis=3, keepdims=True))
             gates[lo:lo + per] = weights / weights.sum(axis=3, keepdims=True)
