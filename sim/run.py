@@ -40,7 +40,8 @@ from sim.results import Ledger, bound_of, op_key, percentile
 from sim.setup import RunSetup, resolve
 from sim.units import GB, MB, MS_PER_S, ns_to_ms
 
-__all__ = ["RunSpec", "RunResult", "RUN_FIELDS", "simulate", "Stepper", "Timed", "ChainSteps", "resolve", "capacity", "kv_bytes", "kv_layer_bytes",
+__all__ = ["RunSpec", "RunResult", "RUN_FIELDS", "simulate", "Stepper", "Timed", "ChainSteps", "chain_close",
+           "resolve", "capacity", "kv_bytes", "kv_layer_bytes",
            "kv_pool_bytes", "apply_run_overrides"]
 
 
@@ -283,7 +284,7 @@ class Stepper:
 
 TAIL_OPS = frozenset({"final_norm", "lm_head", "logit_softcap", "argmax", "gather_tokens"})  # ops at M = logit rows
 ATTENTION_OPS = frozenset({"attention", "attention_prefill"})
-CHAIN_TOLERANCE = 1e-9  # relative: a chain's parts against its analysed time
+CHAIN_TOLERANCE = 1e-9  # relative: a chain's parts (or the fast path) against its analysed time
 
 
 class ChainSteps:
@@ -394,7 +395,7 @@ class ChainSteps:
             fixed = outcome.time_ns - (body + tail + attention + moe)
             if self._fixed is None:
                 self._fixed = fixed
-            elif not _close(fixed, self._fixed):
+            elif not chain_close(fixed, self._fixed):
                 raise SimulationError(f"{self.setup.model.name}'s step is not one chain of ops: its time is not "
                                       "the sum of its ops' times")
             self._body[n], self._tail[n] = body, tail
@@ -435,7 +436,8 @@ def _not_a_chain(setup: RunSetup) -> str | None:
     return None
 
 
-def _close(a: float, b: float) -> bool:
+def chain_close(a: float, b: float) -> bool:
+    """Whether two step times agree within ``CHAIN_TOLERANCE`` (float rounding of a sum's order)."""
     return math.isclose(a, b, rel_tol=CHAIN_TOLERANCE, abs_tol=CHAIN_TOLERANCE * max(abs(a), abs(b), 1.0))
 
 
@@ -452,7 +454,8 @@ def _advance(state: _Step | None, graph, costs: CostModel, changed) -> _Step:
     holder: dict[tuple, int] = {}  # op key -> an op of the new graph that has it
     left: set[int] = set()  # ops changed one at a time (an MoE block's: others of their kind may stay)
     for change in changed:
-        # unchanged work keeps its cost; a new one is memoised only if it recurs (an MoE block's, not a step's attention)
+        # unchanged work keeps its cost; a new one is memoised only if it recurs (an MoE block's, not a
+        # step's attention)
         if change.work == change.before:
             cost = op_costs[change.places[0]]
         else:

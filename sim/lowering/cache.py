@@ -92,7 +92,8 @@ class _Kind(NamedTuple):
 
 def attention_kinds(graph: OpGraph, window) -> tuple[_Kind, ...]:
     """The graph's attention ops grouped by kind (decode or prompt-chunk attention; ``window``:
-    a layer -> its attention window; with the breakdown rows), each kind's indices in program order and the kinds in the order
+    a layer -> its attention window; with the breakdown rows), each kind's indices in program
+    order and the kinds in the order
     they first appear. The copies of a run (``Repeat``) ask the very Work of the span op they
     copy, so they are of its kind: their indices are counted from the span without reading
     the copies."""
@@ -255,7 +256,8 @@ class GraphCache:
         if counts is None:
             blocks = tuple(self.block(m.stage, m.layer, batch, position) for m in layers)
         else:
-            blocks = tuple(self.block(m.stage, m.layer, batch, position, n) for m, n in zip(layers, counts, strict=True))
+            blocks = tuple(self.block(m.stage, m.layer, batch, position, n)
+                           for m, n in zip(layers, counts, strict=True))
         if any(block.names != m.names for block, m in zip(blocks, layers, strict=True)):
             return None
         return blocks
@@ -309,7 +311,8 @@ class GraphCache:
                                  tuple((ops[idx].row, ops[idx].compute_row) for idx in places)))
         layers = tuple(sorted(mapped, key=lambda m: m.places[0]))
         base.moe.append(layers)
-        base.moe_works[:] = [tuple([asked.work for asked in blocks[m.layer].asked]) for m in layers]  # equal to the graph's
+        # the blocks' works (equal to the graph's)
+        base.moe_works[:] = [tuple([asked.work for asked in blocks[m.layer].asked]) for m in layers]
         for m, works in zip(layers, base.moe_works, strict=True):
             for idx, rows, work in zip(m.places, m.rows, works, strict=True):
                 base.holders.setdefault((work, *rows), {})[idx] = None

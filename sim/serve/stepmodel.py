@@ -23,7 +23,6 @@ lru, lfu) are ``run``'s, not modelled per live step.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Protocol
 
 import numpy as np
@@ -35,10 +34,9 @@ from sim.lowering.cache import GraphCache
 from sim.moe.live import LiveRouting, fixed_plan
 from sim.moe.plan import read_routing
 from sim.moe.routing import KINDS
-from sim.run import ChainSteps, Stepper
+from sim.run import ChainSteps, Stepper, chain_close
 from sim.setup import RunSetup, resolve
 
-REL_TOLERANCE = 1e-9  # fast path against exact evaluation
 SERVING_PLACEMENTS = ("all-hbm", "static", "spread")  # placements whose live steps are modelled (see the docstring)
 
 
@@ -99,7 +97,7 @@ class SimulatorStepModel:
         if self.stats["steps"] % self.check_every == 0:
             self.stats["checks"] += 1
             exact = self.exact_ns(decode_contexts, prefill, counts)
-            if not _close(fast, exact):
+            if not chain_close(fast, exact):
                 self._fall_back(f"fast step time {fast:.3f} ns differs from the step graph's {exact:.3f} ns")
                 return exact
         return fast
@@ -143,7 +141,8 @@ class SimulatorStepModel:
         mean = float(pairs.mean()) if len(pairs) else 0.0
         extra = self._moe_ns[0] - self._moe_ns[1]
         return {"routing": self.live.description, "expert_parallel": self.live.ranks,
-                "expert_pairs_per_rank": pairs.tolist(), "hottest_rank_over_mean": float(pairs.max()) / mean if mean else None,
+                "expert_pairs_per_rank": pairs.tolist(),
+                "hottest_rank_over_mean": float(pairs.max()) / mean if mean else None,
                 "straggler_share": extra / simulated_ns if simulated_ns and self.live.ranks > 1 else None,
                 "moe_blocks_share": self._moe_ns[0] / simulated_ns if simulated_ns and self._moe_ns[0] else None}
 
@@ -175,13 +174,9 @@ def _live_routing(setup: RunSetup) -> LiveRouting | None:
         return None
     spec, moe = setup.spec, setup.model.moe
     trace = None if spec.routing in KINDS else read_routing(spec, setup.model, [1])
-    return LiveRouting(moe.experts, moe.top_k, len(setup.moe.moe_index), kind=spec.routing if trace is None else "uniform",
-                       skew=spec.routing_skew, locality=spec.routing_locality, seed=spec.seed, ranks=setup.moe.ep,
+    return LiveRouting(moe.experts, moe.top_k, len(setup.moe.moe_index),
+                       kind=spec.routing if trace is None else "uniform", skew=spec.routing_skew, locality=spec.routing_locality, seed=spec.seed, ranks=setup.moe.ep,
                        trace=trace)
-
-
-def _close(a: float, b: float) -> bool:
-    return math.isclose(a, b, rel_tol=REL_TOLERANCE, abs_tol=REL_TOLERANCE * max(abs(a), abs(b), 1.0))
 
 
 __all__ = ["StepModel", "SimulatorStepModel", "serve_resolved", "SERVING_PLACEMENTS"]

@@ -367,8 +367,8 @@ def _moe_line(moe: dict) -> str:
     pairs = moe["expert_pairs_per_rank"]
     line = f"  experts: {moe['routing']} routing, {moe['expert_parallel']} expert-parallel rank(s)"
     if len(pairs) > 1:
-        line += (f"; token-expert pairs per rank {min(pairs):,}-{max(pairs):,} (hottest {moe['hottest_rank_over_mean']:.3f}"
-                 f" x the mean); the step's most loaded rank adds {100 * moe['straggler_share']:.1f}% of the time")
+        line += (f"; token-expert pairs per rank {min(pairs):,}-{max(pairs):,} "
+                 f"(hottest {moe['hottest_rank_over_mean']:.3f} x the mean); the step's most loaded rank adds {100 * moe['straggler_share']:.1f}% of the time")
     if moe.get("moe_blocks_share"):
         line += f"; MoE blocks {100 * moe['moe_blocks_share']:.0f}% of the time"
     return line
