@@ -11,7 +11,9 @@ It counts
 * a new configuration: ``simulate(steps=1)`` of llama-3-8b at batches no run of the process used,
   per extra configuration (after a warm-up sweep over batch 1..32);
 
-and states the step and the configuration in bare SimPy events (instructions / instructions per
+(``--moe``: instead of the last two, issue 40's MoE DES steps, mixtral-8x7b bf16 and deepseek-v3
+fp8 at batch 32, context 1024, per extra step, the run's routing generation included) and
+states the step and the configuration in bare SimPy events (instructions / instructions per
 event). An instruction is not a nanosecond: the simulator's Python touches more memory per
 instruction than bare SimPy's loop, so its wall-time ratios (bench/bench_speed.py) are lower.
 Compare two trees with ``PYTHONPATH=<tree> python bench/bench_instructions.py``.
@@ -44,6 +46,11 @@ elif kind == "step":
     from sim.run import simulate
 
     simulate(model="llama-3-8b", weights="bf16", batch=16, context=1024, steps=n, check_capacity=False)
+elif kind in ("mixtral", "deepseek"):
+    from sim.run import simulate
+
+    model, weights = {"mixtral": ("mixtral-8x7b", "bf16"), "deepseek": ("deepseek-v3", "fp8")}[kind]
+    simulate(model=model, weights=weights, batch=32, context=1024, steps=n, check_capacity=False)
 else:
     from sim.run import simulate
 
@@ -53,7 +60,9 @@ else:
         simulate(steps=1, batch=batch, model="llama-3-8b", weights="bf16")
 '''
 
-SIZES = {"bare": (10_000, 110_000), "step": (20, 220), "config": (8, 72)}
+SIZES = {"bare": (10_000, 110_000), "step": (20, 220), "config": (8, 72), "mixtral": (20, 220), "deepseek": (4, 24)}
+# issue 40's aims as bare SimPy events per step (1.46 M events/s / the aim's steps/s; bench_speed.py's MOE_AIMS)
+MOE_AIMS_EVENTS = {"mixtral": 1.46e6 / 2000, "deepseek": 1.46e6 / 500}
 OPS_PER_STEP = 292  # llama-3-8b's ops per step (bench/bench_speed.py prints them)
 
 
@@ -77,11 +86,25 @@ def per_unit(script: str, kind: str, tree: str | None = None) -> float:
 
 
 def main() -> None:
-    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--moe", action="store_true", help="bare SimPy and issue 40's MoE DES steps (mixtral-8x7b "
+                        "bf16 and deepseek-v3 fp8 at batch 32, routing included) only")
+    args = parser.parse_args()
     if shutil.which("valgrind") is None:
         raise SystemExit("bench_instructions: valgrind is not installed (Debian: apt-get install valgrind)")
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
         f.write(WORK)
+    if args.moe:
+        try:
+            bare, *moe = (per_unit(f.name, kind) for kind in ("bare", "mixtral", "deepseek"))
+        finally:
+            os.unlink(f.name)
+        print(f"bare SimPy: {bare:,.0f} instructions per event")
+        for kind, step in zip(("mixtral", "deepseek"), moe, strict=True):
+            aim = MOE_AIMS_EVENTS[kind]
+            print(f"{kind} DES step (batch 32): {step:,.0f} instructions = {step / bare:,.0f} bare SimPy events "
+                  f"(issue 40's aim: <= {aim:,.0f}, {'met' if step / bare <= aim else 'not met'})")
+        return
     try:
         bare, step, config = (per_unit(f.name, kind) for kind in ("bare", "step", "config"))
     finally:
