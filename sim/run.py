@@ -452,14 +452,9 @@ def _advance(state: _Step | None, graph, costs: CostModel, changed) -> _Step:
     op_costs, durations, keys = state.costs, state.durations, state.keys
     net: dict[tuple, int] = {}  # op key -> change in its count
     holder: dict[tuple, int] = {}  # op key -> an op of the new graph that has it
-    left: set[int] = set()  # ops changed one at a time (an MoE block's: others of their kind may stay)
     for change in changed:
-        # unchanged work keeps its cost; a new one is memoised only if it recurs (an MoE block's, not a
-        # step's attention)
-        if change.work == change.before:
-            cost = op_costs[change.places[0]]
-        else:
-            cost = costs.cost(change.work) if change.recurs else costs.cost_once(change.work)
+        # unchanged work keeps its cost; a new one (a step's attention) is not memoised
+        cost = op_costs[change.places[0]] if change.work == change.before else costs.cost_once(change.work)
         total = cost.total_ns
         for idx in change.places:
             op_costs[idx] = cost
@@ -468,30 +463,10 @@ def _advance(state: _Step | None, graph, costs: CostModel, changed) -> _Step:
         net[old_key] = net.get(old_key, 0) - len(change.places)
         net[new_key] = net.get(new_key, 0) + len(change.places)
         holder[new_key] = change.places[-1]
-        if change.kept is not None:
-            holder.setdefault(old_key, change.kept)
-        if len(change.places) == 1:
-            left.add(change.places[0])
     for key, delta in net.items():
         if delta:
             _count(keys, key, ops, delta, holder.get(key))
-    if left:  # an op some of whose kind changed stands for those left
-        _keep_holders(keys, net, left, holder, ops)
     return _Step(graph, op_costs, durations, keys)
-
-
-def _keep_holders(keys: dict, net: dict, left: set, holder: dict, ops) -> None:
-    """Where a key lost some of its ops (and maybe gained others), make sure its entry's op
-    (whose index the sums read its cost at) is not one that changed (``left``): another that
-    still has it (``holder``: from the change records, else found in ``ops``)."""
-    for key in net:
-        entry = keys.get(key)
-        if entry is None or entry[1].idx not in left:
-            continue
-        idx = holder.get(key)
-        if idx is None:
-            idx = next(op.idx for op in ops if op_key(op) == key)
-        keys[key] = [entry[0], ops[idx]]  # a new list: the sums resume only over unchanged entries
 
 
 _TOTAL_NS = attrgetter("total_ns")

@@ -36,17 +36,12 @@ BLOCKS_LIMIT = 4096  # MoE blocks kept per cache (distinct (stage, batch, counts
 
 class Change(NamedTuple):
     """Ops of a re-lowered step that ask ``work`` instead of ``before``: at ``places``, all
-    with the breakdown rows ``rows`` (row, compute_row). ``recurs``: the work is likely asked
-    again (an MoE block's, memoized by its counts), so its cost is worth keeping. ``kept``: a
-    re-lowered op that still asks ``before`` with these rows once the step's changes are made
-    (None: none of them; other ops than those at ``places`` may still ask it)."""
+    with the breakdown rows ``rows`` (row, compute_row)."""
 
     rows: tuple[str, str]
     places: tuple[int, ...]
     before: Work
     work: Work
-    recurs: bool = False
-    kept: int | None = None
 
 
 class ReworkedOps(LazyOps):
@@ -156,7 +151,6 @@ class _Base(NamedTuple):
     works: list[Work]
     moe: list  # [tuple of _Layer] once mapped, [] before
     moe_works: list[tuple[Work, ...]]
-    holders: dict[tuple, dict[int, None]]  # (work, row, compute_row) -> the MoE places that ask it
 
 
 class GraphCache:
@@ -200,7 +194,7 @@ class GraphCache:
         else:  # lowered under a plan that holds the step's loads
             graph = lower_step(replace(self.setup, moe=fixed_plan(self.setup.moe, counts)), contexts, step, 0, prefill)
         kinds = attention_kinds(graph, self.setup.model.window)
-        base = _Base(graph, position, counts, kinds, [graph.ops[kind.places[0]].work for kind in kinds], [], [], {})
+        base = _Base(graph, position, counts, kinds, [graph.ops[kind.places[0]].work for kind in kinds], [], [])
         self.changed, self._current = None, base
         if self.incremental and (kinds or self._stage_of):
             if len(self._bases) >= BASES_LIMIT:
@@ -222,23 +216,16 @@ class GraphCache:
             changes.append(Change(kind.rows, kind.places, base.works[i], asked.work))
             base.works[i] = asked.work
             changed.update(dict.fromkeys(kind.places, asked))
-        moved, holders = [], base.holders
+        moved = False  # an MoE block asks other work than the step before
         for i, block in enumerate(blocks):
-            layer, before = base.moe[0][i], base.moe_works[i]
-            for idx, rows, old, asked in zip(layer.places, layer.rows, before, block.asked, strict=True):
-                changed[idx] = asked
-                if asked.work is not old:
-                    moved.append((rows, idx, old, asked.work))
-                    holders[(old, *rows)].pop(idx)
-                    holders.setdefault((asked.work, *rows), {})[idx] = None
-            base.moe_works[i] = tuple([asked.work for asked in block.asked])
-        for rows, idx, old, work in moved:
-            left = holders.get(key := (old, *rows))
-            if left is not None and not left:
-                del holders[key]
-                left = None
-            changes.append(Change(rows, (idx,), old, work, True, next(iter(left)) if left else None))
-        self.changed = tuple(changes)
+            layer, works = base.moe[0][i], tuple([asked.work for asked in block.asked])
+            changed.update(zip(layer.places, block.asked, strict=True))
+            if works != base.moe_works[i]:
+                moved = True
+                base.moe_works[i] = works
+        # a changed MoE block: the step is costed afresh (the costs come from the memo), so that its
+        # sums add its distinct ops in program order, as a full lowering's do (bit-identical)
+        self.changed = None if moved else tuple(changes)
         return base.graph.with_ops(ReworkedOps(base.graph.ops, changed), step=step, contexts=contexts)
 
     # -- MoE blocks ------------------------------------------------------------------------------
@@ -313,9 +300,6 @@ class GraphCache:
         base.moe.append(layers)
         # the blocks' works (equal to the graph's)
         base.moe_works[:] = [tuple([asked.work for asked in blocks[m.layer].asked]) for m in layers]
-        for m, works in zip(layers, base.moe_works, strict=True):
-            for idx, rows, work in zip(m.places, m.rows, works, strict=True):
-                base.holders.setdefault((work, *rows), {})[idx] = None
         return True
 
     def attention(self, contexts: tuple[int, ...], layer: int = 0) -> Asked:
