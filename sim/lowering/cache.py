@@ -1,20 +1,25 @@
-"""Graph reuse between consecutive steps, owned by the runner.
+"""Graph reuse between steps, owned by the runner.
 
 Only attention depends on the sequences' contexts, and only the MoE blocks on the step's
-expert loads: a step with the same batch as the previous one has the same ops except those.
-``GraphCache`` keeps the last fully lowered graph and re-lowers only the attention work, once
-per kind of attention layer (a sliding-window layer reads less than a global one) that every
-layer of that kind shares, and each MoE layer's count-dependent ops (``MoEBlock``: the ops
-``lower_moe`` makes, placed, with their staging copies), memoized by what they depend on: the
-layer's stage, the batch and what ``setup.moe.counts(position, layer)`` returns (an opaque
-tuple). A block whose ops differ in name from those of the lowered graph (an experts op that
-vanishes when no token is routed, a staging copy that no longer fits) lowers the step afresh.
-Tests check both equal a full lowering step by step. The re-lowered graph's ops are a
-view of the lowered ones (``ReworkedOps``) that builds an attention op only when something
-reads it, and ``changed`` says what differs from the step before (``Change`` records), so the
-runner updates its costs and counts without reading the ops. The serving step model
-(sim.serve.stepmodel) lowers its steps' attention through the same cache. It holds state, so
-it belongs to one run; the lowering functions themselves stay pure.
+expert loads: a step of the same shape (decode rows, token rows, logit rows, prompt chunks or
+not) as one lowered before has the same ops except those. ``GraphCache`` keeps a fully lowered
+graph per shape (the last ``BASES_LIMIT``) and re-lowers only the attention work, once per kind
+of attention layer (decode or prompt-chunk attention; a sliding-window layer reads less than a
+global one) that every layer of that kind shares, and each MoE layer's count-dependent ops
+(``MoEBlock``: the ops ``lower_moe`` makes, placed, with their staging copies), memoized by
+what they depend on: the layer's stage, the token rows and what ``setup.moe.counts(position,
+layer)`` returns (an opaque tuple) or the caller gives (a serving replay's live routing). A
+block whose ops differ in name from those of the lowered graph (an experts op that vanishes
+when no token is routed, a staging copy that no longer fits) lowers the step afresh.
+
+The re-lowered graph's ops are a view of the lowered ones (``ReworkedOps``) that builds a
+changed op only when something reads it, and ``changed`` says what differs from the step
+before (``Change`` records), so the runner updates its costs and counts without reading the
+ops. The steps of a model with MoE layers report ``changed`` None: the runner costs them
+afresh (every cost from the cost model's memo) so that a step's sums add its distinct ops in
+program order, bit-identical to a full lowering. Tests check all of this equals a full
+lowering step by step. It holds state, so it belongs to one run; the lowering functions
+themselves stay pure.
 """
 
 from __future__ import annotations
@@ -129,20 +134,19 @@ class MoEBlock(NamedTuple):
 
 
 class _Layer(NamedTuple):
-    """An MoE layer of the lowered graph: its stage, its block's op names, their indices and
-    breakdown rows in the graph."""
+    """An MoE layer of the lowered graph: its stage, its block's op names and their indices in
+    the graph."""
 
     layer: int
     stage: int
     names: tuple[str, ...]
     places: tuple[int, ...]
-    rows: tuple[tuple[str, str], ...]
 
 
 class _Base(NamedTuple):
     """A graph lowered in full and what re-lowering it needs: the step position it was lowered
     at, its attention kinds, and (once mapped) its MoE layers; ``works``: per attention kind,
-    and ``moe_works`` per MoE layer, the works of the last graph returned from it."""
+    the work of the last graph returned from it."""
 
     graph: OpGraph
     position: int
@@ -150,7 +154,6 @@ class _Base(NamedTuple):
     kinds: tuple[_Kind, ...]
     works: list[Work]
     moe: list  # [tuple of _Layer] once mapped, [] before
-    moe_works: list[tuple[Work, ...]]
 
 
 class GraphCache:
@@ -194,7 +197,7 @@ class GraphCache:
         else:  # lowered under a plan that holds the step's loads
             graph = lower_step(replace(self.setup, moe=fixed_plan(self.setup.moe, counts)), contexts, step, 0, prefill)
         kinds = attention_kinds(graph, self.setup.model.window)
-        base = _Base(graph, position, counts, kinds, [graph.ops[kind.places[0]].work for kind in kinds], [], [])
+        base = _Base(graph, position, counts, kinds, [graph.ops[kind.places[0]].work for kind in kinds], [])
         self.changed, self._current = None, base
         if self.incremental and (kinds or self._stage_of):
             if len(self._bases) >= BASES_LIMIT:
@@ -216,16 +219,11 @@ class GraphCache:
             changes.append(Change(kind.rows, kind.places, base.works[i], asked.work))
             base.works[i] = asked.work
             changed.update(dict.fromkeys(kind.places, asked))
-        moved = False  # an MoE block asks other work than the step before
-        for i, block in enumerate(blocks):
-            layer, works = base.moe[0][i], tuple([asked.work for asked in block.asked])
+        for layer, block in zip(base.moe[0] if blocks else (), blocks, strict=True):
             changed.update(zip(layer.places, block.asked, strict=True))
-            if works != base.moe_works[i]:
-                moved = True
-                base.moe_works[i] = works
-        # a changed MoE block: the step is costed afresh (the costs come from the memo), so that its
+        # a model with MoE layers: every step costed afresh (its costs from the memo), so that its
         # sums add its distinct ops in program order, as a full lowering's do (bit-identical)
-        self.changed = None if moved else tuple(changes)
+        self.changed = None if self._stage_of else tuple(changes)
         return base.graph.with_ops(ReworkedOps(base.graph.ops, changed), step=step, contexts=contexts)
 
     # -- MoE blocks ------------------------------------------------------------------------------
@@ -294,12 +292,8 @@ class GraphCache:
                                      for idx, asked in zip(places, block.asked, strict=True)):
                 self.incremental = False
                 return False
-            mapped.append(_Layer(layer, self._stage_of[layer], block.names, places,
-                                 tuple((ops[idx].row, ops[idx].compute_row) for idx in places)))
-        layers = tuple(sorted(mapped, key=lambda m: m.places[0]))
-        base.moe.append(layers)
-        # the blocks' works (equal to the graph's)
-        base.moe_works[:] = [tuple([asked.work for asked in blocks[m.layer].asked]) for m in layers]
+            mapped.append(_Layer(layer, self._stage_of[layer], block.names, places))
+        base.moe.append(tuple(sorted(mapped, key=lambda m: m.places[0])))
         return True
 
     def attention(self, contexts: tuple[int, ...], layer: int = 0) -> Asked:
