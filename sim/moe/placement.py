@@ -14,26 +14,35 @@ Policies:
 * ``lru`` / ``lfu``: an SRAM cache of ``slots`` experts shared by all layers; a miss reads
   the expert from HBM and writes it into SRAM (the fetch is paid, the eviction is free);
   LFU evicts the least used so far (ties: least recent);
-* ``spread``: expert parallelism over ``chips`` chips, expert e on chip e mod chips; each
-  chip pins the hottest experts of its own shard up to ``slots``.
+* ``spread``: expert parallelism over ``chips`` chips (EP ranks), expert e on chip e mod chips;
+  with ``redundant`` extra replicas per layer (DeepSeek's EPLB) the hottest experts of each
+  layer over the run get a second replica and the instances are packed to even the ranks'
+  loads (``layout``); a replicated expert's tokens split evenly over its replicas. Each chip
+  pins the hottest instances of its own shard up to ``slots``.
 
 With expert parallelism the step waits for the most loaded chip, so the recorded figures
 are those of the chip with the most distinct experts in that layer (ties: the most
-pairs). The SRAM hit rate is over all chips: experts read from SRAM / experts read.
-What is ignored: replication of hot experts (DeepSeek's EPLB), prefetch ahead of use,
-partial residency of one expert.
+pairs); every rank's figures are kept too (``rank_active``, ``rank_pairs``, ...: [steps,
+layers, chips]), for the balanced rank the analytic model times and the load per rank a run
+reports. The SRAM hit rate is over all chips: experts read from SRAM / experts read.
+What is ignored: prefetch ahead of use, partial residency of one expert, EPLB's re-packing
+during a run (the layout is fixed from the whole run's loads, as a periodic rebalance would
+give).
 """
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
+from sim.config.defaults import PLACEMENTS
 from sim.moe.routing import RoutingTrace
 
-POLICIES = ("all-hbm", "static", "lru", "lfu", "spread")
+POLICIES = PLACEMENTS  # declared once in sim.config.defaults
 
 
 @dataclass(frozen=True)
@@ -48,67 +57,132 @@ class Placement:
     resident_pairs: np.ndarray
     hits: int  # over all chips and the whole run
     reads: int
+    # per EP rank: [steps, layers, chips] distinct experts (instances) touched, token-expert pairs,
+    # and of those read from SRAM (one rank without expert parallelism)
+    rank_active: np.ndarray | None = None
+    rank_pairs: np.ndarray | None = None
+    rank_resident: np.ndarray | None = None
+    rank_resident_pairs: np.ndarray | None = None
+    redundant: int = 0  # extra expert replicas per layer (EPLB)
 
     @property
     def hit_rate(self) -> float:
         return self.hits / self.reads if self.reads else 0.0
 
 
-def place(trace: RoutingTrace, policy: str, slots: int, batches: list[int], chips: int = 1) -> Placement:
+class Layout(NamedTuple):
+    """Where each expert instance of each MoE layer lives: ``expert[layer, i]`` is the expert that
+    instance i holds, ``rank[layer, i]`` its EP rank, ``replica[layer, i]`` which of the expert's
+    ``copies[layer, expert]`` replicas it is."""
+
+    expert: np.ndarray
+    rank: np.ndarray
+    replica: np.ndarray
+    copies: np.ndarray
+
+
+def layout(load: np.ndarray, chips: int, redundant: int = 0) -> Layout:
+    """Expert instances over ``chips`` EP ranks from the expected load per (layer, expert)
+    (``load``). Without redundant experts expert e sits on rank e mod chips. With ``redundant``
+    extra replicas per layer (DeepSeek's EPLB: replicate the heaviest experts, then pack so that
+    ranks carry even loads): the ``redundant`` most loaded experts of each layer get a second
+    replica (each replica takes half its tokens), and instances go, heaviest first, to the least
+    loaded rank that has room (``ceil((E + redundant) / chips)`` instances a rank) and does not
+    hold that expert yet."""
+    layers, e = load.shape
+    if redundant <= 0:
+        expert = np.broadcast_to(np.arange(e), (layers, e)).copy()
+        return Layout(expert, expert % chips, np.zeros((layers, e), dtype=np.int64),
+                      np.ones((layers, e), dtype=np.int64))
+    room = math.ceil((e + redundant) / chips)
+    expert, rank, replica = (np.zeros((layers, e + redundant), dtype=np.int64) for _ in range(3))
+    copies = np.ones((layers, e), dtype=np.int64)
+    for layer in range(layers):
+        hot = np.lexsort((np.arange(e), -load[layer]))[:redundant]
+        copies[layer, hot] += 1
+        inst = [(load[layer, x] / copies[layer, x], x, j) for x in range(e) for j in range(copies[layer, x])]
+        inst.sort(key=lambda t: (-t[0], t[1], t[2]))
+        carried, held = np.zeros(chips), [set() for _ in range(chips)]
+        for i, (share, x, j) in enumerate(inst):
+            free = [c for c in range(chips) if len(held[c]) < room and x not in held[c]]
+            c = min(free, key=lambda c: (carried[c], c))
+            carried[c] += share
+            held[c].add(x)
+            expert[layer, i], rank[layer, i], replica[layer, i] = x, c, j
+    return Layout(expert, rank, replica, copies)
+
+
+def place(trace: RoutingTrace, policy: str, slots: int, batches: list[int], chips: int = 1,
+          redundant: int = 0) -> Placement:
     """Run ``policy`` over the routing of decode steps with ``batches[i]`` tokens at step i
-    (step i uses routing step i, wrapping around)."""
+    (step i uses routing step i, wrapping around). Under ``spread`` a replicated expert's tokens
+    are split evenly over its replicas."""
     if policy not in POLICIES:
         raise ValueError(f"unknown placement {policy!r}; expected one of {', '.join(POLICIES)}")
-    chips = chips if policy == "spread" else 1
+    spread = policy == "spread"
+    chips = chips if spread else 1
+    redundant = redundant if spread and chips > 1 else 0
     slots = 0 if policy == "all-hbm" else max(0, slots)
     steps, layers, e = len(batches), trace.layers, trace.num_experts
     shape = (steps, layers)
     active, resident, fetched, pairs, rpairs = (np.zeros(shape, dtype=np.int64) for _ in range(5))
-    owner = np.arange(e) % chips
-    pinned = _pinned(trace, policy, slots, batches, chips, owner) if policy in ("static", "spread") else None
+    per_rank = [np.zeros((steps, layers, chips), dtype=np.int64) for _ in range(4)]
+    load = expert_loads(trace, batches) if policy in ("static", "spread") else None
+    lay = layout(load if load is not None else np.zeros((layers, e)), chips, redundant)
+    pinned = _pinned(load, lay, slots, chips) if load is not None else None
     cache = _Cache(slots, policy) if policy in ("lru", "lfu") else None
     hits = reads = 0
     for s, batch in enumerate(batches):
         for layer in range(layers):
-            ids = trace.at(s, layer, batch)
-            per_expert = np.bincount(ids.ravel(), minlength=e)
-            touched = np.flatnonzero(per_expert)
+            n = np.bincount(trace.at(s, layer, batch).ravel(), minlength=e)
+            inst_expert, ranks = lay.expert[layer], lay.rank[layer]
+            reps = lay.copies[layer][inst_expert]
+            tokens = n[inst_expert] // reps + (lay.replica[layer] < n[inst_expert] % reps)
+            touched = tokens > 0
             if cache is not None:
-                hit = np.array([cache.access((layer, int(x))) for x in touched], dtype=bool)
+                hit = np.zeros(len(tokens), dtype=bool)
+                hit[touched] = [cache.access((layer, int(x))) for x in np.flatnonzero(touched)]
             elif pinned is not None:
-                hit = pinned[layer, touched]
+                hit = pinned[layer] & touched
             else:
-                hit = np.zeros(len(touched), dtype=bool)
+                hit = np.zeros(len(tokens), dtype=bool)
             hits += int(hit.sum())
-            reads += len(touched)
-            best = None
-            for chip in range(chips):
-                mine = owner[touched] == chip
-                a, n = int(mine.sum()), int(per_expert[touched[mine]].sum())
-                if best is None or (a, n) > best[:2]:
-                    r = int((hit & mine).sum())
-                    rp = int(per_expert[touched[hit & mine]].sum())
-                    best = (a, n, r, rp)
-            a, n, r, rp = best
-            active[s, layer], pairs[s, layer], resident[s, layer], rpairs[s, layer] = a, n, r, rp
-            fetched[s, layer] = (a - r) if cache is not None and slots > 0 else 0
-    return Placement(policy, chips, slots, active, resident, fetched, pairs, rpairs, hits, reads)
+            reads += int(touched.sum())
+            a = np.bincount(ranks[touched], minlength=chips)
+            p = np.bincount(ranks, weights=tokens, minlength=chips).astype(np.int64)
+            r = np.bincount(ranks[hit], minlength=chips)
+            rp = np.bincount(ranks[hit], weights=tokens[hit], minlength=chips).astype(np.int64)
+            for out, row in zip(per_rank, (a, p, r, rp)):
+                out[s, layer] = row
+            c = int(np.argmax(a * (int(p.sum()) + 1) + p))  # the most experts, then the most pairs; first of ties
+            active[s, layer], pairs[s, layer], resident[s, layer], rpairs[s, layer] = a[c], p[c], r[c], rp[c]
+            fetched[s, layer] = (a[c] - r[c]) if cache is not None and slots > 0 else 0
+    return Placement(policy, chips, slots, active, resident, fetched, pairs, rpairs, hits, reads, *per_rank,
+                     redundant=redundant)
 
 
-def _pinned(trace, policy, slots, batches, chips, owner) -> np.ndarray:
-    """[layers, experts] True where static pinning puts the expert in SRAM: the most used
-    (layer, expert) pairs over the run, per chip, up to ``slots`` per chip."""
+def expert_loads(trace, batches) -> np.ndarray:
+    """[layers, experts] how often each expert is picked over the run's steps."""
     counts = np.zeros((trace.layers, trace.num_experts), dtype=np.int64)
     for s, batch in enumerate(batches):
         for layer in range(trace.layers):
             counts[layer] += np.bincount(trace.at(s, layer, batch).ravel(), minlength=trace.num_experts)
-    pinned = np.zeros(counts.shape, dtype=bool)
+    return counts
+
+
+def _pinned(counts, lay: Layout, slots, chips) -> np.ndarray:
+    """[layers, instances] True where static pinning puts the expert instance in SRAM: the most
+    used (layer, instance) pairs over the run (a replica's share of its expert's uses), per chip,
+    up to ``slots`` per chip."""
+    uses = counts[np.arange(counts.shape[0])[:, None], lay.expert] / lay.copies[
+        np.arange(counts.shape[0])[:, None], lay.expert]
+    pinned = np.zeros(lay.expert.shape, dtype=bool)
     if slots <= 0:
         return pinned
     for chip in range(chips):
-        layer_idx, expert_idx = np.nonzero(np.broadcast_to(owner == chip, counts.shape))
-        order = np.lexsort((expert_idx, layer_idx, -counts[layer_idx, expert_idx]))[:slots]
-        pinned[layer_idx[order], expert_idx[order]] = True
+        layer_idx, inst_idx = np.nonzero(lay.rank == chip)
+        order = np.lexsort((inst_idx, layer_idx, -uses[layer_idx, inst_idx]))[:slots]
+        pinned[layer_idx[order], inst_idx[order]] = True
     return pinned
 
 

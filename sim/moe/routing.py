@@ -40,10 +40,11 @@ from pathlib import Path
 
 import numpy as np
 
+from sim.config.defaults import ROUTING_KINDS
 from sim.errors import ConfigError
 from sim.io import read_jsonl, write_atomic
 
-KINDS = ("uniform", "zipf")
+KINDS = ROUTING_KINDS  # declared once in sim.config.defaults
 
 
 @dataclass(frozen=True)
