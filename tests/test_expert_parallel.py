@@ -149,3 +149,36 @@ def test_moe_names_are_declared_once():
     assert typing.get_args(RunSpec.model_fields["placement"].annotation) == defaults.PLACEMENTS
     kinds = {typing.get_args(m.model_fields["kind"].annotation)[0] for m in typing.get_args(typing.get_args(Level)[0])}
     assert kinds == set(defaults.MEMORY_KINDS) == set(_UNION_TAGS)
+
+
+def _space(model: str, grid: dict, moe: bool):
+    from sim.search.space import SearchSpec, build_space
+
+    spec = SearchSpec.model_validate({"model": model, "slo": {"ttft_ms": 2000, "tpot_ms": 100},
+                                      "space": {"grid": {"hardware": ["h200-sxm-x8"], "weights": ["fp8"],
+                                                         "kv": ["fp16"], "max_batch": [64],
+                                                         "max_tokens_per_step": [2048], **grid}}})
+    return build_space(spec, "search.yaml", lambda name: 8, lambda axis, value: None, moe=moe)
+
+
+def test_search_space_spans_expert_parallel_layouts_of_moe_models():
+    space = _space("deepseek-v3", {"chips": [8], "attention_dp": [1, 2, 8]}, moe=True)
+    layouts = {(d.tp, d.pp, d.attention_dp, d.ep) for d in space.deployments}
+    # ep is 1 or tp x attention_dp; tp x pp x attention_dp = 8
+    assert (8, 1, 1, 8) in layouts and (1, 1, 8, 8) in layouts and (4, 1, 2, 8) in layouts
+    assert all(ep in (1, tp * dp) and tp * pp * dp == 8 for tp, pp, dp, ep in layouts)
+    d = next(d for d in space.deployments if (d.tp, d.attention_dp, d.ep) == (4, 2, 8))
+    assert d.run_fields() == {"placement": "spread", "attention_dp": 2} and "dp2 ep8" in d.label
+    from sim.search.screen import run_spec
+
+    res = resolve(run_spec(d, "mixtral-8x7b", (), batch=8, context=64, weights="bf16"))
+    assert (res.tp, res.attention_dp, res.moe.ep) == (4, 2, 8)
+
+
+def test_search_space_keeps_dense_models_without_expert_parallelism():
+    from sim.errors import ConfigError
+
+    assert {d.ep for d in _space("llama-3-8b", {"chips": [8]}, moe=False).deployments} == {1}
+    for axis in ("ep", "attention_dp"):
+        with pytest.raises(ConfigError, match=f"space.grid.{axis}"):
+            _space("llama-3-8b", {axis: [1, 8]}, moe=False)
