@@ -165,11 +165,9 @@ def resolve(spec: RunSpec) -> RunSetup:
         steps = traces.fixed(spec.batch, spec.context, spec.steps)
     check_context(spec, model, steps)
     deployment_batches = tuple(step.batch for step in steps)
+    spec = _stack_microbatches(spec, model, stack, steps)
     if spec.attention_dp > 1:
         steps = [group_share(step, spec.attention_dp) for step in steps]
-    if spec.microbatches > 1 and model.moe is not None:
-        raise ConfigError(None, "microbatches", "micro-batches of a Mixture-of-Experts model are not "
-                          "modelled (the routing trace gives one step's expert counts); use 1", spec.microbatches)
     shared = hardware.shared_sram
     store = hardware.store.name
     if hardware.system.partition == "balanced":
@@ -195,6 +193,18 @@ def resolve(spec: RunSpec) -> RunSetup:
         vocab=math.ceil(model.vocab / tp), layers_per_stage=layers_per_stage,
         store=store, act_level=shared.name if shared is not None else store, partition=partition,
         attention_dp=spec.attention_dp, deployment_batches=deployment_batches)
+
+
+def _stack_microbatches(spec: RunSpec, model: ModelSpec, stack: SoftwareStack, steps) -> RunSpec:
+    """``spec`` with the stack's micro-batches for a MoE model (``moe_microbatches``: its
+    two-batch overlap) where the run names none and every step (each attention group's share)
+    has a sequence for each."""
+    m = stack.moe_microbatches
+    if model.moe is None or m == 1 or "microbatches" in spec.model_fields_set:
+        return spec
+    if min(step.batch for step in steps) < m * spec.attention_dp:
+        return spec
+    return spec.model_copy(update={"microbatches": m})
 
 
 def group_share(step: traces.Step, groups: int) -> traces.Step:

@@ -63,6 +63,7 @@ def test_des_exceeds_analytic_by_the_hottest_ranks_extra_expert(tmp_path):
     dict(routing="uniform", batch=5, chips=2),
     dict(routing="zipf", batch=16, chips=4, redundant_experts=4),
     dict(routing="zipf", batch=16, chips=4, attention_dp=2),
+    dict(routing="zipf", batch=16, chips=4, microbatches=2),
 ])
 def test_des_is_never_faster_than_the_balanced_analytic_step(kw):
     runs = {e: simulate(model=TINY, hardware=NONE, placement="spread", steps=3, context=256, engine=e, **kw)
@@ -182,3 +183,30 @@ def test_search_space_keeps_dense_models_without_expert_parallelism():
     for axis in ("ep", "attention_dp"):
         with pytest.raises(ConfigError, match=f"space.grid.{axis}"):
             _space("llama-3-8b", {axis: [1, 8]}, moe=False)
+
+
+def test_two_batch_overlap_routes_each_micro_batch_and_overlaps_its_all_to_all():
+    """With two micro-batches (DeepEP/SGLang's two-batch overlap) each routes its own half of
+    the tokens, and one's all-to-alls run while the other computes."""
+    kw = dict(model=TINY, hardware=NONE, placement="spread", chips=4, batch=15, steps=2, context=256, microbatches=2)
+    res = resolve(RunSpec(**kw))
+    pairs = res.moe.placement.rank_pairs.sum(axis=2)  # rows: step x 2 + micro-batch
+    assert pairs.shape[0] == 4 and (pairs[0::2] == 7 * 2).all() and (pairs[1::2] == 8 * 2).all()
+    ops = simulate(**kw, keep_ops=True).ops
+    a2a = [(o["t_start_ns"], o["t_end_ns"]) for o in ops if o["name"].endswith("all_to_all") and o["stream"] == "mb1"]
+    busy = [(o["t_start_ns"], o["t_end_ns"]) for o in ops if o["stream"] == "main" and o["kind"] == "matmul"]
+    assert any(a < d and c < b for a, b in a2a for c, d in busy)
+
+
+def test_a_stack_that_says_two_batch_overlap_runs_moe_steps_as_two_micro_batches(tmp_path):
+    import yaml
+
+    raw = yaml.safe_load(open("workloads/software/fused.yaml"))
+    raw.update(name="fused-tbo", moe_microbatches=2)
+    stack = tmp_path / "fused-tbo.yaml"
+    stack.write_text(yaml.safe_dump(raw))
+    kw = dict(model=TINY, hardware=NONE, placement="spread", chips=4, batch=8, steps=1, context=256,
+              software=str(stack))
+    assert resolve(RunSpec(**kw)).spec.microbatches == 2
+    assert resolve(RunSpec(**kw, microbatches=1)).spec.microbatches == 1  # the run's own wins
+    assert resolve(RunSpec(**{**kw, "model": "llama-3-8b", "hardware": "h200-sxm"})).spec.microbatches == 1

@@ -8,6 +8,9 @@ and the distinct experts; the DES times the hottest rank, the analytic model the
 balanced rank's (each summed over the MoE layers), both costed by the run's cost model, and the
 load of each rank (tokens, experts, expert weight bytes) averaged over the run.
 
+With micro-batches (the two-batch overlap) each micro-batch's straggler is counted and the
+loads are a step's micro-batches together (each reads its own experts).
+
 The straggler share is the straggler over the step of the hottest rank (the DES's step; for the
 analytic engine, whose step is the balanced one, its step plus the straggler). The all-to-alls'
 own imbalance (the hottest rank receives more rows) is in the DES's step, not in this figure.
@@ -28,17 +31,18 @@ def ep_load(setup: RunSetup, costs: CostModel, step_times_ns: list[float]) -> di
     plan = setup.moe
     if plan is None or plan.ep <= 1:
         return {}
-    pl = plan.placement
+    pl, m = plan.placement, plan.microbatches
     steps = len(step_times_ns)
+    rows = steps * m  # the placement's rows: micro-batch g of step s is row s x m + g
     memo: dict = {}  # (hottest, balanced) counts -> straggler ns, shared by every step and layer
-    straggler = [sum(_layer_straggler_ns(setup, costs, position, layer, memo) for layer in plan.moe_index)
-                 for position in range(steps)]
+    straggler = [sum(_layer_straggler_ns(setup, costs, position * m + g, layer, memo)
+                     for g in range(m) for layer in plan.moe_index) for position in range(steps)]
     unit = expert_bytes(setup.model, setup.weights, setup.tp, plan.ep)
     cells = steps * pl.rank_pairs.shape[1]
-    tokens = pl.rank_pairs[:steps].sum(axis=(0, 1)) / cells
-    experts = pl.rank_active[:steps].sum(axis=(0, 1)) / cells
-    rank_bytes = pl.rank_active[:steps].sum(axis=(0, 1)) * unit / steps
-    hottest = [float(t) for t in pl.pairs[:steps].mean(axis=1)]
+    tokens = pl.rank_pairs[:rows].sum(axis=(0, 1)) / cells  # a step's micro-batches together
+    experts = pl.rank_active[:rows].sum(axis=(0, 1)) / cells
+    rank_bytes = pl.rank_active[:rows].sum(axis=(0, 1)) * unit / steps
+    hottest = [float(t) for t in pl.pairs[:rows].reshape(steps, m, -1).sum(axis=1).mean(axis=1)]
     mean = float(tokens.mean())
     analytic = setup.spec.engine == "analytic"
     total_step = sum(step_times_ns) + (sum(straggler) if analytic else 0.0)

@@ -113,10 +113,11 @@ def layout(load: np.ndarray, chips: int, redundant: int = 0) -> Layout:
 
 
 def place(trace: RoutingTrace, policy: str, slots: int, batches: list[int], chips: int = 1,
-          redundant: int = 0) -> Placement:
+          redundant: int = 0, rows: list[tuple[int, int]] | None = None) -> Placement:
     """Run ``policy`` over the routing of decode steps with ``batches[i]`` tokens at step i
-    (step i uses routing step i, wrapping around). Under ``spread`` a replicated expert's tokens
-    are split evenly over its replicas."""
+    (step i uses routing step i, wrapping around; ``rows[i]``: (routing step, first token slot)
+    instead, for micro-batches). Under ``spread`` a replicated expert's tokens are split evenly
+    over its replicas."""
     if policy not in POLICIES:
         raise ValueError(f"unknown placement {policy!r}; expected one of {', '.join(POLICIES)}")
     spread = policy == "spread"
@@ -127,25 +128,20 @@ def place(trace: RoutingTrace, policy: str, slots: int, batches: list[int], chip
     shape = (steps, layers)
     active, resident, fetched, pairs, rpairs = (np.zeros(shape, dtype=np.int64) for _ in range(5))
     per_rank = [np.zeros((steps, layers, chips), dtype=np.int64) for _ in range(4)]
-    load = expert_loads(trace, batches) if policy in ("static", "spread") else None
+    rows = rows if rows is not None else [(s, 0) for s in range(len(batches))]
+    load = expert_loads(trace, batches, rows) if policy in ("static", "spread") else None
     lay = layout(load if load is not None else np.zeros((layers, e)), chips, redundant)
     pinned = _pinned(load, lay, slots, chips) if load is not None else None
     cache = _Cache(slots, policy) if policy in ("lru", "lfu") else None
     hits = reads = 0
-    for s, batch in enumerate(batches):
+    for s, ((step, start), batch) in enumerate(zip(rows, batches, strict=True)):
         for layer in range(layers):
-            n = np.bincount(trace.at(s, layer, batch).ravel(), minlength=e)
+            n = np.bincount(trace.at(step, layer, batch, start).ravel(), minlength=e)
             inst_expert, ranks = lay.expert[layer], lay.rank[layer]
             reps = lay.copies[layer][inst_expert]
             tokens = n[inst_expert] // reps + (lay.replica[layer] < n[inst_expert] % reps)
             touched = tokens > 0
-            if cache is not None:
-                hit = np.zeros(len(tokens), dtype=bool)
-                hit[touched] = [cache.access((layer, int(x))) for x in np.flatnonzero(touched)]
-            elif pinned is not None:
-                hit = pinned[layer] & touched
-            else:
-                hit = np.zeros(len(tokens), dtype=bool)
+            hit = _hits(touched, layer, cache, pinned)
             hits += int(hit.sum())
             reads += int(touched.sum())
             a = np.bincount(ranks[touched], minlength=chips)
@@ -161,12 +157,26 @@ def place(trace: RoutingTrace, policy: str, slots: int, batches: list[int], chip
                      redundant=redundant)
 
 
-def expert_loads(trace, batches) -> np.ndarray:
-    """[layers, experts] how often each expert is picked over the run's steps."""
+def _hits(touched: np.ndarray, layer: int, cache, pinned) -> np.ndarray:
+    """Which touched expert instances of ``layer`` are read from SRAM: an SRAM cache's hits
+    (each access updates it), the statically pinned ones, or none."""
+    if cache is not None:
+        hit = np.zeros(len(touched), dtype=bool)
+        hit[touched] = [cache.access((layer, int(x))) for x in np.flatnonzero(touched)]
+        return hit
+    if pinned is not None:
+        return pinned[layer] & touched
+    return np.zeros(len(touched), dtype=bool)
+
+
+def expert_loads(trace, batches, rows: list[tuple[int, int]] | None = None) -> np.ndarray:
+    """[layers, experts] how often each expert is picked over the run's steps (``rows``: as
+    ``place`` reads them)."""
+    rows = rows if rows is not None else [(s, 0) for s in range(len(batches))]
     counts = np.zeros((trace.layers, trace.num_experts), dtype=np.int64)
-    for s, batch in enumerate(batches):
+    for (s, start), batch in zip(rows, batches, strict=True):
         for layer in range(trace.layers):
-            counts[layer] += np.bincount(trace.at(s, layer, batch).ravel(), minlength=trace.num_experts)
+            counts[layer] += np.bincount(trace.at(s, layer, batch, start).ravel(), minlength=trace.num_experts)
     return counts
 
 

@@ -75,6 +75,7 @@ class MoEPlan:
     route: Callable[[], tuple[RoutingTrace, Placement]] = field(repr=False, compare=False)
     pinned_bytes: int = 0  # bytes of the experts pinned in ``sram_level`` on one chip (all its MoE layers)
     redundant: int = 0  # extra expert replicas per MoE layer over the EP ranks (EPLB)
+    microbatches: int = 1  # routing rows per step (``counts(position x M + g, layer)``: micro-batch g)
 
     @cached_property
     def _routed(self) -> tuple[RoutingTrace, Placement]:
@@ -155,13 +156,7 @@ def build(spec, model: ModelSpec, hardware: HardwareProfile, weights, tp: int, b
     moe = model.moe
     read = None if spec.routing in routing.KINDS else read_routing(spec, model, batches)
     ep = ep_degree(spec, tp)
-    redundant = spec.redundant_experts if ep > 1 else 0
-    if spec.redundant_experts and ep == 1:
-        raise ConfigError(None, "redundant_experts", "replicas of hot experts need expert parallelism "
-                          "(placement spread over more than one chip); use 0", spec.redundant_experts)
-    if redundant > moe.experts:
-        raise ConfigError(None, "redundant_experts", f"at most one extra replica per expert: at most "
-                          f"{moe.experts} for {model.name}", redundant)
+    redundant = _redundant(spec, model, ep)
     level, budget = sram_budget(hardware)
     unit = expert_bytes(model, weights, tp, ep)
     on_chip = experts_per_chip(model, ep, redundant) * moe_layers(model)
@@ -179,12 +174,40 @@ def build(spec, model: ModelSpec, hardware: HardwareProfile, weights, tp: int, b
         slots = on_chip if math.isinf(budget) else int(budget // unit) if unit else 0
     slots = min(slots, on_chip)
     batches = list(batches)
+    parts, rows = micro_rows(batches, spec.microbatches)
 
     def route() -> tuple[RoutingTrace, Placement]:
         trace = read if read is not None else routing_trace(spec, model, batches)
-        return trace, place(trace, spec.placement, slots, batches, chips=ep, redundant=redundant)
+        return trace, place(trace, spec.placement, slots, parts, chips=ep, redundant=redundant, rows=rows)
 
     layers = [layer for layer in range(model.layers) if not moe.is_dense(layer)]
     return MoEPlan(spec.dispatch, ep, level if slots else None, graph, {layer: i for i, layer in enumerate(layers)},
                    route, pinned_bytes=slots * unit if level is not None and level != hardware.store.name else 0,
-                   redundant=redundant)
+                   redundant=redundant, microbatches=spec.microbatches)
+
+
+def _redundant(spec, model: ModelSpec, ep: int) -> int:
+    """The run's extra expert replicas per MoE layer (checked against its expert parallelism)."""
+    if spec.redundant_experts and ep == 1:
+        raise ConfigError(None, "redundant_experts", "replicas of hot experts need expert parallelism "
+                          "(placement spread over more than one chip); use 0", spec.redundant_experts)
+    if spec.redundant_experts > model.moe.experts:
+        raise ConfigError(None, "redundant_experts", f"at most one extra replica per expert: at most "
+                          f"{model.moe.experts} for {model.name}", spec.redundant_experts)
+    return spec.redundant_experts
+
+
+def micro_rows(batches: list[int], m: int) -> tuple[list[int], list[tuple[int, int]] | None]:
+    """The placement's rows when each step runs as ``m`` micro-batches: row ``s x m + g`` is
+    micro-batch g of step s, the contiguous token slots the lowering gives it
+    (sim.lowering.decode.lower_step), as (tokens, (routing step, first slot)); ``m`` = 1: the
+    steps themselves."""
+    if m == 1:
+        return batches, None
+    parts, rows = [], []
+    for s, batch in enumerate(batches):
+        for g in range(m):
+            lo, hi = g * batch // m, (g + 1) * batch // m
+            parts.append(hi - lo)
+            rows.append((s, lo))
+    return parts, rows

@@ -65,7 +65,9 @@ def add_run_options(p: argparse.ArgumentParser, *, formats: bool = True) -> None
     p.add_argument("--chips", type=int, default=None, help="chip count (overrides the profile's system.chips)")
     p.add_argument("--microbatches", type=int, default=1, metavar="M",
                    help="split each step's sequences into M micro-batches in flight, each on its own streams: "
-                        "pipeline stages overlap, and one micro-batch's links overlap another's compute (default 1)")
+                        "pipeline stages overlap, and one micro-batch's links overlap another's compute; for a MoE "
+                        "model each routes its own tokens (two-batch overlap at M = 2) (default 1, or the stack's "
+                        "moe_microbatches)")
     moe = p.add_argument_group("Mixture-of-Experts (models with a moe: section)")
     moe.add_argument("--dispatch", choices=DISPATCHES, default=d.dispatch,
                      help="expert dispatch path (default device)")
