@@ -449,8 +449,8 @@ def _asked_parallelism(spec: RunSpec, chips: int, where: tuple[str, str], dp: in
     tp = spec.tp or max(1, chips // spec.pp)
     pp = spec.pp or max(1, chips // tp)
     if tp * pp != chips:
-        whose = f"of each of {dp} attention data-parallel groups " if dp > 1 else ""
-        raise ConfigError(*where, f"tp x pp must equal the chip count {whose}{chips}", f"{tp} x {pp}")
+        whose = f" of each of the {dp} attention data-parallel groups" if dp > 1 else ""
+        raise ConfigError(*where, f"tp x pp must equal the chip count{whose}, {chips}", f"{tp} x {pp}")
     return tp, pp
 
 

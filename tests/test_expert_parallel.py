@@ -118,6 +118,9 @@ def test_attention_data_parallel_groups_share_the_batch_and_spread_the_experts()
     s = simulate(model=TINY, hardware=NONE, placement="spread", chips=4, attention_dp=2, batch=9, steps=2,
                  context=256).summary
     assert s["deployment_batch"] == 9 and s["batch"] == 5
+    # a chip holds the KV of its group's 5 sequences, as one group of 2 chips alone would
+    alone = simulate(model=TINY, hardware=NONE, chips=2, batch=5, steps=2, context=256).summary
+    assert s["capacity"]["kv_bytes"] == alone["capacity"]["kv_bytes"] > 0
     assert s["throughput_tokens_per_s"] == pytest.approx(9 * 1e3 / s["per_token_ms_mean"], rel=1e-6)
 
 
