@@ -449,8 +449,9 @@ def _asked_parallelism(spec: RunSpec, chips: int, where: tuple[str, str], dp: in
     tp = spec.tp or max(1, chips // spec.pp)
     pp = spec.pp or max(1, chips // tp)
     if tp * pp != chips:
-        whose = f" of each of the {dp} attention data-parallel groups" if dp > 1 else ""
-        raise ConfigError(*where, f"tp x pp must equal the chip count{whose}, {chips}", f"{tp} x {pp}")
+        what = (f"the chips of each of the {dp} attention data-parallel groups ({chips})" if dp > 1
+                else f"the chip count {chips}")
+        raise ConfigError(*where, f"tp x pp must equal {what}", f"{tp} x {pp}")
     return tp, pp
 
 

@@ -113,6 +113,7 @@ def lower_moe(setup: RunSetup, b: Builder, layer: int, batch: int, position: int
     # rank (even load: the contention-free bound, so that the difference is the straggler)
     balanced = plan.ep > 1 and setup.spec.engine == "analytic"
     active, resident, fetched, pairs, rpairs = counts.balanced() if balanced else counts.hottest()
+    received = pairs  # the token rows this rank's experts get (routed pairs, whatever the execution)
     if setup.stack.moe == "dense_all":  # every expert runs densely; routing only weights the outputs
         active, resident, fetched = setup.model.moe.experts, 0, 0
         pairs, rpairs = batch * setup.model.moe.experts, 0
@@ -156,7 +157,7 @@ def lower_moe(setup: RunSetup, b: Builder, layer: int, batch: int, position: int
         parallelism=max(1, local * k), noc_hops=1 if noc_rows else 0, row="dispatch")
     # a rank sends its tokens' k rows and receives the rows of its experts' pairs: the larger
     # of the two crosses its links (the hottest rank receives more than it sends)
-    a2a_size = max(local * k, pairs) * row
+    a2a_size = max(local * k, received) * row
     links, collective = all_to_all_links(setup, a2a_size, ep)
     if ep > 1:
         # the rows this chip receives land in its experts' input buffers (the store), or,
