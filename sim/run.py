@@ -27,6 +27,7 @@ from sim.config.hardware import kernel_costs_origin
 from sim.config.loader import validate
 from sim.config.spec import RUN_FIELDS, RunSpec, apply_run_overrides
 from sim.costs import CostModel, OpCost, cost_model
+from sim.costs.straggler import ep_load
 from sim.decode_trace import length_counts
 from sim.energy import EnergyModel, summarize
 from sim.engine.records import LOG_COLUMNS, Span
@@ -232,6 +233,8 @@ def simulate(spec: RunSpec | dict | None = None, *, keep_ops: bool = False, keep
         if keep_log:
             log.extend(outcome.log)
     base.update(_summary(setup, step_rows, events, time.perf_counter() - wall))
+    if setup.moe is not None and setup.moe.ep > 1:  # expert load per EP rank and the straggler
+        base["moe"].update(ep_load(setup, costs, [r["time_ns"] for r in step_rows]))
     if joules is not None:
         base["energy"] = summarize(step_joules, joules.power_limit_W)
     return RunResult(base, step_rows, op_rows, log, setup)
@@ -562,8 +565,16 @@ def _identity(setup: RunSetup, cap: dict) -> dict:
         "tp": setup.tp, "pp": setup.pp, "chips": setup.hardware.chips, "software": spec.software if "software" in spec.model_fields_set else setup.software,
         "target_ms": spec.target_ms, "capacity": cap, "kernel_costs": kernel_costs_origin(setup.hardware),
         "placement": {what: dict(_dumped(setup.hardware.place(what))) for what in ("weights", "experts", "kv")},
-        **_software_note(setup), **_moe_note(setup),
+        **_software_note(setup), **_moe_note(setup), **_deployment(setup),
     }
+
+
+def _deployment(setup: RunSetup) -> dict:
+    """Attention data-parallel groups, where there are several: the deployment's batch beside the
+    fullest group's (the ``batch`` the steps and the capacity are of)."""
+    if setup.attention_dp == 1:
+        return {}
+    return {"attention_dp": setup.attention_dp, "deployment_batch": max(setup.deployment_batches)}
 
 
 @lru_cache(maxsize=64)
@@ -617,6 +628,8 @@ def _summary(setup: RunSetup, rows: list[dict], events: int, wall_s: float) -> d
     breakdown = {k[3:]: sum([r.get(k, 0.0) for r in rows]) / len(rows) for k in keys}
     mean_time = sum(times) / len(times)
     tokens = sum([r["batch"] for r in rows])
+    if setup.attention_dp > 1:  # the rows are the fullest attention data-parallel group's; every group decodes
+        tokens = sum(setup.deployment_batches[:len(rows)])
     store_bytes = sum([r["store_bytes"] for r in rows])
     peak = setup.hardware.store.peak_GBps
     achieved = store_bytes / (sum([r["time_ns"] for r in rows]))  # bytes/ns == GB/s

@@ -59,6 +59,10 @@ class RunSetup:
     act_level: str  # where activations live between ops
     # per stage, its units: (layer, "attn" | "ffn"), with (-1, "embed") and (-1, "head") at the ends
     partition: tuple[tuple[tuple[int, str], ...], ...] = ()
+    # attention data-parallel groups (``steps`` are then the fullest group's share of each step) and
+    # every group's sequences per step together (the deployment's batch; the MoE routing's tokens)
+    attention_dp: int = 1
+    deployment_batches: tuple[int, ...] = ()
 
     def stage_units(self, stage: int) -> tuple[tuple[int, str], ...]:
         return self.partition[stage]
@@ -160,9 +164,10 @@ def resolve(spec: RunSpec) -> RunSetup:
     else:
         steps = traces.fixed(spec.batch, spec.context, spec.steps)
     check_context(spec, model, steps)
-    if spec.microbatches > 1 and model.moe is not None:
-        raise ConfigError(None, "microbatches", "micro-batches of a Mixture-of-Experts model are not "
-                          "modelled (the routing trace gives one step's expert counts); use 1", spec.microbatches)
+    deployment_batches = tuple(step.batch for step in steps)
+    spec = _stack_microbatches(spec, model, stack, steps)
+    if spec.attention_dp > 1:
+        steps = [group_share(step, spec.attention_dp) for step in steps]
     shared = hardware.shared_sram
     store = hardware.store.name
     if hardware.system.partition == "balanced":
@@ -177,7 +182,7 @@ def resolve(spec: RunSpec) -> RunSetup:
     if model.moe is not None:
         from sim.moe.plan import build  # numpy and the placement: only for MoE models (start-up time)
 
-        moe = build(spec, model, hardware, weights, tp, [step.batch for step in steps],
+        moe = build(spec, model, hardware, weights, tp, list(deployment_batches),
                     graph=stack.launch == "graph" if spec.graph is None else spec.graph)
     layers_per_stage = _most_attention_units(partition)
     return RunSetup(
@@ -186,7 +191,26 @@ def resolve(spec: RunSpec) -> RunSetup:
         steps=tuple(steps), hardware_file=hw_path, model_file=model_path, moe=moe,
         heads=heads, kv_heads=kv_heads, q_width=q_width, k_width=k_width, v_width=v_width,
         vocab=math.ceil(model.vocab / tp), layers_per_stage=layers_per_stage,
-        store=store, act_level=shared.name if shared is not None else store, partition=partition)
+        store=store, act_level=shared.name if shared is not None else store, partition=partition,
+        attention_dp=spec.attention_dp, deployment_batches=deployment_batches)
+
+
+def _stack_microbatches(spec: RunSpec, model: ModelSpec, stack: SoftwareStack, steps) -> RunSpec:
+    """``spec`` with the stack's micro-batches for a MoE model (``moe_microbatches``: its
+    two-batch overlap) where the run names none and every step (each attention group's share)
+    has a sequence for each."""
+    m = stack.moe_microbatches
+    if model.moe is None or m == 1 or "microbatches" in spec.model_fields_set:
+        return spec
+    if min(step.batch for step in steps) < m * spec.attention_dp:
+        return spec
+    return spec.model_copy(update={"microbatches": m})
+
+
+def group_share(step: traces.Step, groups: int) -> traces.Step:
+    """The sequences of ``step`` that the first (the fullest) of ``groups`` attention data-parallel
+    groups decodes: every ``groups``-th one, as a scheduler deals them out."""
+    return traces.Step(step.index, step.seq_ids[::groups], step.contexts[::groups])
 
 
 def _machine(spec: RunSpec, hw_path: str, model_path: str) -> _Machine:
@@ -196,7 +220,7 @@ def _machine(spec: RunSpec, hw_path: str, model_path: str) -> _Machine:
     is resolved afresh."""
     hw_version, model_version = _version(hw_path), _version(model_path)
     key = (hw_version, model_version, spec.chips, spec.overrides, "software" in spec.model_fields_set,
-           spec.software, spec.weights, spec.kv, spec.tp, spec.pp)
+           spec.software, spec.weights, spec.kv, spec.tp, spec.pp, spec.attention_dp)
     try:
         machine = _MACHINES.get(key)
     except TypeError:
@@ -401,12 +425,16 @@ def parallelism(spec: RunSpec, hardware: HardwareProfile, model: ModelSpec, hw_f
     or min(chips, 8); where that leaves more stages
     than units, the smallest larger divisor of the chip count that fits (one that divides the
     heads when there is one)."""
-    chips = hardware.chips
+    dp = spec.attention_dp
+    if hardware.chips % dp:
+        raise ConfigError(None, "attention_dp", f"attention data-parallel groups must divide the chip count "
+                          f"{hardware.chips} ({hardware.name})", dp)
+    chips = hardware.chips // dp  # each group's
     balanced = hardware.system.partition == "balanced"
     units = 2 * model.layers + 2 if balanced else model.layers
     asked = bool(spec.tp or spec.pp)
     where = (None, "tp" if spec.tp else "pp") if asked else (hw_file, "system.chips.value")
-    tp, pp = _asked_parallelism(spec, chips, where) if asked else _chosen_parallelism(hardware, model, units)
+    tp, pp = _asked_parallelism(spec, chips, where, dp) if asked else _chosen_parallelism(hardware, model, units, chips)
     if pp > units:
         what = "half-layer units (attention or FFN, plus the embedding and the LM head)" if balanced else "layers"
         hint = "" if balanced else "; a profile with system.partition: balanced splits layers in half"
@@ -415,18 +443,21 @@ def parallelism(spec: RunSpec, hardware: HardwareProfile, model: ModelSpec, hw_f
     return tp, pp
 
 
-def _asked_parallelism(spec: RunSpec, chips: int, where: tuple[str, str]) -> tuple[int, int]:
-    """(tp, pp) from --tp and/or --pp, the missing one filling the chip count."""
+def _asked_parallelism(spec: RunSpec, chips: int, where: tuple[str, str], dp: int = 1) -> tuple[int, int]:
+    """(tp, pp) from --tp and/or --pp, the missing one filling the chip count (of one of ``dp``
+    attention data-parallel groups)."""
     tp = spec.tp or max(1, chips // spec.pp)
     pp = spec.pp or max(1, chips // tp)
     if tp * pp != chips:
-        raise ConfigError(*where, f"tp x pp must equal the chip count {chips}", f"{tp} x {pp}")
+        what = (f"the chips of each of the {dp} attention data-parallel groups ({chips})" if dp > 1
+                else f"the chip count {chips}")
+        raise ConfigError(*where, f"tp x pp must equal {what}", f"{tp} x {pp}")
     return tp, pp
 
 
-def _chosen_parallelism(hardware: HardwareProfile, model: ModelSpec, units: int) -> tuple[int, int]:
-    """(tp, pp) from the profile's default tensor-parallel degree (see ``parallelism``)."""
-    chips = hardware.chips
+def _chosen_parallelism(hardware: HardwareProfile, model: ModelSpec, units: int, chips: int) -> tuple[int, int]:
+    """(tp, pp) over ``chips`` (an attention data-parallel group's) from the profile's default
+    tensor-parallel degree (see ``parallelism``)."""
     scaleout = hardware.system.scaleout
     base = min(chips, scaleout.chips_per_group.value if scaleout is not None else 8)
     if hardware.system.tensor_parallel is not None:

@@ -22,3 +22,10 @@ RUN_DEFAULTS = {
     "placement": "static",
     "routing": "uniform",
 }
+
+# Names declared once; the spec's literals, the command line's choices, the lowering, the
+# placement and the explorer read them from here.
+DISPATCHES = ("host_sync", "device", "sram_zero_copy")  # MoE dispatch paths (sim.lowering.moe)
+PLACEMENTS = ("all-hbm", "static", "lru", "lfu", "spread")  # MoE expert placements (sim.moe.placement)
+ROUTING_KINDS = ("uniform", "zipf")  # generated routing (sim.moe.routing); anything else names a routing file
+MEMORY_KINDS = ("hbm", "ddr", "sram")  # memory-tier kinds of a hardware profile (sim.config.hardware)

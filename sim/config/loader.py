@@ -28,6 +28,7 @@ from yaml.composer import Composer
 from yaml.constructor import SafeConstructor
 from yaml.resolver import Resolver
 
+from sim.config.defaults import MEMORY_KINDS
 from sim.errors import ConfigError
 
 MAX_BYTES = 4_000_000  # a configuration file larger than this is not one
@@ -211,7 +212,7 @@ def _is_union_tag(part) -> bool:
     return isinstance(part, str) and (part.startswith("function-") or part in _UNION_TAGS)
 
 
-_UNION_TAGS = {"hbm", "sram"}
+_UNION_TAGS = frozenset(MEMORY_KINDS)  # the memory levels' kind tags (sim.config.hardware)
 
 
 def _field_model(annotation):

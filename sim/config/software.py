@@ -255,6 +255,9 @@ class SoftwareStack(Strict):
     attention: dict[str, AttentionImpl] = Field(default_factory=dict)
     moe: Literal["loop", "grouped", "grouped_mm", "dense_all"] = "grouped"  # how routed experts execute
     moe_host: MoEHost | None = None
+    # micro-batches a Mixture-of-Experts step runs as, one's all-to-alls under the other's compute
+    # (2: DeepEP / SGLang's two-batch overlap); a run's own --microbatches wins
+    moe_microbatches: int = Field(default=1, ge=1, le=8)
     # by matmul dtype (fp8: quantize x): a list of kernels, or the choices and the one used
     matrix_prologue: dict[str, tuple[Kernel, ...] | PrologueChoices] = Field(default_factory=dict)
     kv_formats: dict[str, dict[str, OpKernels]] = Field(default_factory=dict)  # by KV format, op -> kernels

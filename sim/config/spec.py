@@ -20,6 +20,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, field_validator, model_validator
 
+from sim.config.defaults import DISPATCHES, PLACEMENTS
 from sim.config.defaults import RUN_DEFAULTS as D
 from sim.config.loader import apply_override, parse_assignment, validate
 from sim.config.model import MAX_CONTEXT
@@ -72,14 +73,19 @@ class RunSpec(Strict):
     seed: whole(0, 2**63 - 1, strict=False) = 0
     allow_long_context: bool = False  # simulate contexts beyond the model's max_context
     # Mixture-of-Experts (used when the model has a `moe:` section; see sim.lowering.moe)
-    dispatch: Literal["host_sync", "device", "sram_zero_copy"] = D["dispatch"]
-    placement: Literal["all-hbm", "static", "lru", "lfu", "spread"] = D["placement"]
+    dispatch: Literal[DISPATCHES] = D["dispatch"]
+    placement: Literal[PLACEMENTS] = D["placement"]
     routing: Name = D["routing"]  # uniform | zipf | a routing file (sim.moe.routing)
     routing_skew: real(0, 100) = 1.0
     routing_locality: real(0, 1) = 0.0
     sram_experts: whole(0, MAX_COUNT, strict=False) | None = None  # experts to pin per chip (default: as many as fit)
     chips: whole(1, MAX_CHIPS, strict=False) | None = None  # overrides hardware.system.chips
     microbatches: whole(1, 64, strict=False) = 1  # micro-batches in flight per step, each on its own streams
+    # expert-parallel deployments (sim.moe.plan): extra replicas of hot experts per MoE layer
+    # over the EP ranks (DeepSeek's EPLB), and attention data-parallel groups (each holds
+    # ``batch / attention_dp`` of the sequences; experts spread over every chip of every group)
+    redundant_experts: whole(0, MAX_COUNT, strict=False) = 0
+    attention_dp: whole(1, MAX_CHIPS, strict=False) = 1
 
     @field_validator("overrides", mode="before")
     @classmethod

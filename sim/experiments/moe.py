@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sim.config.defaults import PLACEMENTS
 from sim.lowering.moe import DISPATCHES, HOST_DISPATCH_NS
 from sim.moe.sizes import expert_bytes, experts_per_chip, sram_budget
 from sim.paths import bundled
@@ -119,7 +120,7 @@ def policy_table() -> list[dict]:
     base = dict(hardware=str(hypothetical_profile()), model="qwen3-30b-a3b", chips=HYPO_CHIPS, overrides=(HYPO_SET,))
     fit = _fit(base)
     for routing, skew in (("uniform", 1.0), ("zipf", 1.2)):
-        for placement in ("all-hbm", "static", "lru", "lfu", "spread"):
+        for placement in PLACEMENTS:
             s = simulate(RunSpec(batch=HYPO_BATCH, steps=HYPO_STEPS, context=CONTEXT, dispatch="sram_zero_copy",
                                  placement=placement, routing=routing, routing_skew=skew, **base)).summary
             rows.append({"routing": routing + (f" s={skew:g}" if routing == "zipf" else ""), "placement": placement,

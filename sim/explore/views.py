@@ -26,7 +26,7 @@ import shlex
 from functools import lru_cache
 from pathlib import Path
 
-from sim.config.defaults import RUN_DEFAULTS
+from sim.config.defaults import DISPATCHES, PLACEMENTS, ROUTING_KINDS, RUN_DEFAULTS
 from sim.config.loader import validate
 from sim.config.software import software_dir
 from sim.config.spec import apply_run_overrides
@@ -83,6 +83,11 @@ def _parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
 # -- the bundled lists ---------------------------------------------------------------------------
 
 
+def _default_first(names: tuple[str, ...], field: str) -> list[str]:
+    """``names`` with the run's default for ``field`` first (a menu opens on it)."""
+    return [RUN_DEFAULTS[field], *(n for n in names if n != RUN_DEFAULTS[field])]
+
+
 @lru_cache(maxsize=1)
 def options() -> dict:
     """What the page's menus offer: the bundled names of each list, and the CLI's defaults."""
@@ -94,9 +99,9 @@ def options() -> dict:
         "hardware": stems(hardware_dir()), "model": stems(models_dir()), "formats": formats,
         "weights": [f.name for f in list_formats("weights")], "kv": [f.name for f in list_formats("kv")],
         "software": stems(software_dir()),
-        "routing": ["uniform", "zipf"] + sorted(p.stem for p in bundled("workloads", "routing").glob("*.jsonl")),
-        "dispatch": ["device", "host_sync", "sram_zero_copy"],
-        "placement": ["static", "all-hbm", "lru", "lfu", "spread"], "engine": ["des", "analytic"],
+        "routing": list(ROUTING_KINDS) + sorted(p.stem for p in bundled("workloads", "routing").glob("*.jsonl")),
+        "dispatch": _default_first(DISPATCHES, "dispatch"),
+        "placement": _default_first(PLACEMENTS, "placement"), "engine": ["des", "analytic"],
         "graph": ["", "graph", "eager"], "requests": list(SERVE_REQUESTS),
         "defaults": {**RUN_DEFAULTS, "requests": "synthetic", "duration_s": 30, "rates": "2, 4, 8, 16"},
         "limits": {"steps": MAX_STEPS, "duration_s": MAX_SERVE_DURATION_S, "rates": MAX_RATES},

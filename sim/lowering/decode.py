@@ -117,18 +117,22 @@ def lower_step(setup: RunSetup, contexts: tuple[int, ...], step: int = 0, positi
     (``main``, ``mb1``, ...), interleaved unit by unit in program order: on a pipeline the
     stages overlap (micro-batch 1 on stage 0 while micro-batch 0 is on stage 1), and on one
     chip one micro-batch's collectives overlap another's compute; where they share a chip
-    they share its memory, links and tiles (each reads the weights itself)."""
+    they share its memory, links and tiles (each reads the weights itself). For a MoE model
+    each micro-batch routes its own tokens, and one micro-batch's all-to-alls overlap the
+    other's attention and experts: the two-batch overlap of DeepEP and SGLang at M = 2."""
     m = setup.spec.microbatches
     contexts = tuple(contexts)
     if m == 1:
         return lower_one(setup, contexts, step, position, prefill)
-    if setup.moe is not None or prefill:
-        raise SimulationError("micro-batches of Mixture-of-Experts models or of chunked-prefill steps are not "
-                              "modelled (the routing trace gives one step's expert counts)")
+    if prefill:
+        raise SimulationError("micro-batches of chunked-prefill steps are not modelled")
     if m > len(contexts):
         raise SimulationError(f"{m} micro-batches need at least {m} sequences in a step, got {len(contexts)}")
     groups = [contexts[g * len(contexts) // m:(g + 1) * len(contexts) // m] for g in range(m)]
-    graphs = [lower_one(setup, group, step, position) for group in groups]
+    # a MoE micro-batch routes its own tokens: the plan's routing row of (step, micro-batch) is
+    # position x M + g (sim.moe.plan: the two-batch overlap of DeepEP / SGLang when M = 2)
+    moe = setup.moe is not None
+    graphs = [lower_one(setup, group, step, position * m + g if moe else position) for g, group in enumerate(groups)]
     return make_graph(interleave([list(g.ops) for g in graphs]), step=step, contexts=contexts, stages=setup.pp)
 
 

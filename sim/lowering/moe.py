@@ -24,13 +24,18 @@ Expert weights: resident experts are read from the SRAM level that holds them, t
 from the backing store (category ``expert``); cache policies (lru, lfu) also write each
 missed expert into SRAM. Without expert parallelism every chip holds a 1/tp shard of every
 expert (tensor parallel, like the dense FFN) and the existing all-reduce combines them.
-With ``placement: spread`` (expert parallelism over the tp chips) whole experts live on
-one chip each: the tokens a chip owns (batch / tp) go out in an all-to-all before the
-experts and come back in a second one after; the engine simulates one representative chip,
-so the expert op is that of the most loaded chip (the step waits for it). The dense
-lowering's all-reduce after the FFN stays: it restores the replicated activations that
-tensor-parallel attention needs (an all-gather would do, so links are slightly
-overstated under EP).
+With ``placement: spread`` (expert parallelism over the tp chips, times ``attention_dp``
+groups: sim.moe.plan.ep_degree) whole experts live on one chip each: the tokens a chip owns
+(its group's batch / tp) go out in an all-to-all before the experts and come back in a
+second one after. The engine simulates one representative chip: under the DES the hottest EP
+rank (the step waits for it: its expert op, and all-to-alls that move the larger of the rows it
+sends and the rows it receives), under the analytic model the balanced rank (each rank's
+counts summed, over ep, rounded up), the contention-free bound, so DES - analytic is the
+straggler (sim.costs.straggler). Ranks that span groups of chips (nodes) send the rows for
+their own group over the chip links and the rest over the scale-out links
+(``all_to_all_links``). The dense lowering's all-reduce after the FFN stays: it restores the
+replicated activations that tensor-parallel attention needs (an all-gather would do, so links
+are slightly overstated under EP).
 
 Under expert parallelism with ``sram_zero_copy``, rows received for resident experts go
 from the link to the experts' tiles over the on-chip network.
@@ -54,12 +59,15 @@ from __future__ import annotations
 
 import math
 
-from sim.lowering.graph import Builder, read, write
-from sim.lowering.ops import VEC_OPS
+from sim.config.defaults import DISPATCHES as DISPATCH_PATHS
+from sim.lowering.graph import Builder, Work, read, write
+from sim.lowering.ops import VEC_OPS, builder
+from sim.lowering.placement import placed_op, plan_of
+from sim.moe.plan import MoECounts
 from sim.moe.sizes import expert_bytes, expert_ffn_per_chip, experts_per_chip
 from sim.setup import ACT_BYTES, RunSetup
 
-DISPATCHES = ("host_sync", "device", "sram_zero_copy")
+DISPATCHES = DISPATCH_PATHS  # declared once in sim.config.defaults
 
 # Host work to read back the routing and bucket tokens by expert (sort, bincount, index
 # lists) before launching the experts. estimate: a few microseconds of framework code on
@@ -90,7 +98,7 @@ def shared_ffn(setup: RunSetup) -> int:
 def moe_weight_bytes_per_chip(setup: RunSetup) -> int:
     """Weights of one MoE layer on one chip: router, its experts (or shards), shared experts."""
     m, w, ep = setup.model, setup.weights, setup.moe.ep
-    total = router_bytes(setup) + experts_per_chip(m, ep) * expert_bytes(m, w, setup.tp, ep)
+    total = router_bytes(setup) + experts_per_chip(m, ep, setup.moe.redundant) * expert_bytes(m, w, setup.tp, ep)
     shared = shared_ffn(setup)
     if shared:
         total += w.weight_bytes((m.ffn_matrices - 1) * shared, m.hidden) + w.weight_bytes(m.hidden, shared)
@@ -103,7 +111,14 @@ def lower_moe(setup: RunSetup, b: Builder, layer: int, batch: int, position: int
     expert loads as ``plan.counts`` gives them, when the caller has them from elsewhere (a
     serving replay's live routing); by default the plan's at ``position``."""
     plan = setup.moe
-    active, resident, fetched, pairs, rpairs = plan.counts(position, layer) if counts is None else counts
+    counts = plan.counts(position, layer) if counts is None else counts
+    if isinstance(counts, MoECounts):
+        # the DES times the hottest EP rank (the step waits for it); the analytic model the balanced
+        # rank (even load: the contention-free bound, so that the difference is the straggler)
+        balanced = plan.ep > 1 and setup.spec.engine == "analytic"
+        counts = counts.balanced() if balanced else counts.hottest()
+    active, resident, fetched, pairs, rpairs = counts  # a live routing's rank gives the five alone
+    received = pairs  # the token rows this rank's experts get (routed pairs, whatever the execution)
     if setup.stack.moe == "dense_all":  # every expert runs densely; routing only weights the outputs
         active, resident, fetched = setup.model.moe.experts, 0, 0
         pairs, rpairs = batch * setup.model.moe.experts, 0
@@ -136,7 +151,7 @@ def lower_moe(setup: RunSetup, b: Builder, layer: int, batch: int, position: int
               host_launches=active if plan.graph_mode else 0,
               pcie_messages=1, row="dispatch")
     # dispatch: scatter each token's row to its experts' input buffers
-    local = math.ceil(batch / ep) if ep > 1 else batch  # tokens this chip dispatches
+    local = math.ceil(batch / setup.tp) if ep > 1 else batch  # tokens this chip dispatches (of its group's)
     noc_rows = noc_pairs if ep == 1 else 0
     b.add("dispatch", layer, "vector", [
         read(act, local * row, "act", "x"),
@@ -145,21 +160,24 @@ def lower_moe(setup: RunSetup, b: Builder, layer: int, batch: int, position: int
         read("noc", noc_rows * row, "act", "noc"),
     ], vector_ops=local * k * h + (batch * k * INDEX_OPS if plan.dispatch == "host_sync" else 0),
         parallelism=max(1, local * k), noc_hops=1 if noc_rows else 0, row="dispatch")
-    a2a_size = local * k * row
+    # a rank sends its tokens' k rows and receives the rows of its experts' pairs: the larger
+    # of the two crosses its links (the hottest rank receives more than it sends)
+    a2a_size = max(local * k, received) * row
+    links, collective = all_to_all_links(setup, a2a_size, ep)
     if ep > 1:
         # the rows this chip receives land in its experts' input buffers (the store), or,
         # with zero-copy, in the tiles of its resident experts
         b.add("dispatch_all_to_all", layer, "collective", [
-            read("link", a2a_size, "link", "link"),
+            *links,
             write(store, store_pairs * row, "act", "y"),
             read("noc", noc_pairs * row, "act", "noc"),
-        ], collective=("alltoall", a2a_size, ep), parallelism=ep, noc_hops=1 if noc_pairs else 0)
+        ], collective=collective, parallelism=ep, noc_hops=1 if noc_pairs else 0)
     _experts(setup, b, layer, active, resident, fetched, pairs, noc_pairs)
     if ep > 1:
         b.add("combine_all_to_all", layer, "collective", [
-            read("link", a2a_size, "link", "link"),
+            *links,
             write(store, local * k * row, "act", "y"),  # each token's k outputs, for the combine
-        ], collective=("alltoall", a2a_size, ep), parallelism=ep)
+        ], collective=collective, parallelism=ep)
     # combine: gate-weighted sum of each token's k expert outputs, plus the residual
     combine_store = store_pairs if ep == 1 else local * k
     combine_act = noc_pairs if ep == 1 else 0
@@ -170,6 +188,22 @@ def lower_moe(setup: RunSetup, b: Builder, layer: int, batch: int, position: int
         read(act, local * k * ROUTING_BYTES_PER_PAIR, "act", "idx"),
         write(act, local * row, "act", "y"),
     ], vector_ops=2 * local * k * h + local * h, parallelism=max(1, local), row="combine")
+
+
+def all_to_all_links(setup: RunSetup, size: int, ep: int) -> tuple[list, tuple]:
+    """The link accesses and the collective of an all-to-all of ``size`` bytes per rank over the
+    ``ep`` EP ranks. Inside one group of chips (a node) it is one ``alltoall`` over the chip
+    links. Where the ranks span groups (``system.scaleout``, ``chips_per_group`` g a group), a
+    rank's rows for the g - 1 peers of its own group cross the chip links (NVLink) and those for
+    the ep - g ranks of other groups the scale-out links (RDMA), both at once:
+    ``alltoall_by_link``, whose accesses carry their wire bytes per link."""
+    scaleout = setup.hardware.system.scaleout
+    group = scaleout.chips_per_group.value if scaleout is not None else ep
+    if ep <= group:
+        return [read("link", size, "link", "link")], ("alltoall", size, ep)
+    inside, outside = math.ceil((group - 1) * size / ep), math.ceil((ep - group) * size / ep)
+    return ([read("link", inside, "link", "link"), read("scaleout", outside, "link", "link")],
+            ("alltoall_by_link", size, ep))
 
 
 def _experts(setup: RunSetup, b: Builder, layer: int, active: int, resident: int, fetched: int, pairs: int,
@@ -203,6 +237,20 @@ def _experts(setup: RunSetup, b: Builder, layer: int, active: int, resident: int
           parallelism=active * _work_units(up_rows + ffn, h),
           noc_hops=1 if noc_pairs else 0, active=active,
           compute_row="expert_compute", tags=(("active_experts", active), ("resident_experts", resident)))
+
+
+def expert_work(setup: RunSetup, layer: int, counts: tuple[int, int, int, int, int]) -> Work | None:
+    """The ``experts`` op's Work of ``layer`` for one rank's (active, resident, fetched, pairs,
+    resident_pairs), placed on the tiers as a step's are: what the hottest and the balanced
+    rank's expert op cost is compared on (sim.costs.straggler). None where no expert runs, or
+    every expert runs densely (``dense_all``: every rank the same)."""
+    if setup.stack.moe == "dense_all" or counts[3] == 0:
+        return None
+    active, resident, fetched, pairs, rpairs = counts
+    b = builder(setup)
+    _experts(setup, b, layer, active, resident, fetched, pairs,
+             rpairs if setup.moe.dispatch == "sram_zero_copy" else 0)
+    return placed_op(b.ops[-1], plan_of(setup)).work
 
 
 def _shared_expert(setup: RunSetup, b: Builder, layer: int, batch: int) -> None:

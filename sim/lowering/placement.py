@@ -90,6 +90,12 @@ def place_ops(setup: RunSetup, ops: list[Op]) -> list[Op]:
     return _with_staging(placed, ops, staged, plan.store, plan.limit)
 
 
+def placed_op(op: Op, plan: Plan) -> Op:
+    """``op`` alone with its accesses moved by ``plan`` as ``place_ops`` moves a step's (no
+    staging ops added)."""
+    return _placed_op(op, plan, _through(op, plan))
+
+
 def _through(op: Op, plan: Plan) -> tuple[str, ...]:
     """The staged categories whose bytes ``op`` reads are too many to stage whole: they stream
     through from their tier as the op runs."""

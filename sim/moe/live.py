@@ -177,7 +177,8 @@ def fixed_plan(plan: MoEPlan, counts: tuple[tuple, ...]) -> MoEPlan:
     experts = int(arrays[0].max(initial=1))
     stub = RoutingTrace(np.zeros((1, layers, 1, 1), dtype=np.int32), np.ones((1, layers, 1, 1), dtype=np.float32),
                         max(1, experts), "live routing")
-    placement = Placement("live", plan.ep, 0, *arrays, hits=0, reads=int(arrays[0].sum()))
+    # one rank's figures (the live routing's critical rank): the replay times the balanced rank itself
+    placement = Placement("live", 1, 0, *arrays, hits=0, reads=int(arrays[0].sum()))
     return dataclasses.replace(plan, route=lambda: (stub, placement))
 
 

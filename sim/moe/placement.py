@@ -14,26 +14,35 @@ Policies:
 * ``lru`` / ``lfu``: an SRAM cache of ``slots`` experts shared by all layers; a miss reads
   the expert from HBM and writes it into SRAM (the fetch is paid, the eviction is free);
   LFU evicts the least used so far (ties: least recent);
-* ``spread``: expert parallelism over ``chips`` chips, expert e on chip e mod chips; each
-  chip pins the hottest experts of its own shard up to ``slots``.
+* ``spread``: expert parallelism over ``chips`` chips (EP ranks), expert e on chip e mod chips;
+  with ``redundant`` extra replicas per layer (DeepSeek's EPLB) the hottest experts of each
+  layer over the run get a second replica and the instances are packed to even the ranks'
+  loads (``layout``); a replicated expert's tokens split evenly over its replicas. Each chip
+  pins the hottest instances of its own shard up to ``slots``.
 
 With expert parallelism the step waits for the most loaded chip, so the recorded figures
 are those of the chip with the most distinct experts in that layer (ties: the most
-pairs). The SRAM hit rate is over all chips: experts read from SRAM / experts read.
-What is ignored: replication of hot experts (DeepSeek's EPLB), prefetch ahead of use,
-partial residency of one expert.
+pairs); every rank's figures are kept too (``rank_active``, ``rank_pairs``, ...: [steps,
+layers, chips]), for the balanced rank the analytic model times and the load per rank a run
+reports. The SRAM hit rate is over all chips: experts read from SRAM / experts read.
+What is ignored: prefetch ahead of use, partial residency of one expert, EPLB's re-packing
+during a run (the layout is fixed from the whole run's loads, as a periodic rebalance would
+give).
 """
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
+from sim.config.defaults import PLACEMENTS
 from sim.moe.routing import RoutingTrace
 
-POLICIES = ("all-hbm", "static", "lru", "lfu", "spread")
+POLICIES = PLACEMENTS  # declared once in sim.config.defaults
 
 
 @dataclass(frozen=True)
@@ -48,129 +57,143 @@ class Placement:
     resident_pairs: np.ndarray
     hits: int  # over all chips and the whole run
     reads: int
+    # per EP rank: [steps, layers, chips] distinct experts (instances) touched, token-expert pairs,
+    # and of those read from SRAM (one rank without expert parallelism)
+    rank_active: np.ndarray | None = None
+    rank_pairs: np.ndarray | None = None
+    rank_resident: np.ndarray | None = None
+    rank_resident_pairs: np.ndarray | None = None
+    redundant: int = 0  # extra expert replicas per layer (EPLB)
 
     @property
     def hit_rate(self) -> float:
         return self.hits / self.reads if self.reads else 0.0
 
 
-def place(trace: RoutingTrace, policy: str, slots: int, batches: list[int], chips: int = 1) -> Placement:
+class Layout(NamedTuple):
+    """Where each expert instance of each MoE layer lives: ``expert[layer, i]`` is the expert that
+    instance i holds, ``rank[layer, i]`` its EP rank, ``replica[layer, i]`` which of the expert's
+    ``copies[layer, expert]`` replicas it is."""
+
+    expert: np.ndarray
+    rank: np.ndarray
+    replica: np.ndarray
+    copies: np.ndarray
+
+
+def layout(load: np.ndarray, chips: int, redundant: int = 0) -> Layout:
+    """Expert instances over ``chips`` EP ranks from the expected load per (layer, expert)
+    (``load``). Without redundant experts expert e sits on rank e mod chips. With ``redundant``
+    extra replicas per layer (DeepSeek's EPLB: replicate the heaviest experts, then pack so that
+    ranks carry even loads): the ``redundant`` most loaded experts of each layer get a second
+    replica (each replica takes half its tokens), and instances go, heaviest first, to the least
+    loaded rank that has room (``ceil((E + redundant) / chips)`` instances a rank) and does not
+    hold that expert yet."""
+    layers, e = load.shape
+    if redundant <= 0:
+        expert = np.broadcast_to(np.arange(e), (layers, e)).copy()
+        return Layout(expert, expert % chips, np.zeros((layers, e), dtype=np.int64),
+                      np.ones((layers, e), dtype=np.int64))
+    room = math.ceil((e + redundant) / chips)
+    expert, rank, replica = (np.zeros((layers, e + redundant), dtype=np.int64) for _ in range(3))
+    copies = np.ones((layers, e), dtype=np.int64)
+    for layer in range(layers):
+        hot = np.lexsort((np.arange(e), -load[layer]))[:redundant]
+        copies[layer, hot] += 1
+        inst = [(load[layer, x] / copies[layer, x], x, j) for x in range(e) for j in range(copies[layer, x])]
+        inst.sort(key=lambda t: (-t[0], t[1], t[2]))
+        carried, held = np.zeros(chips), [set() for _ in range(chips)]
+        for i, (share, x, j) in enumerate(inst):
+            free = [c for c in range(chips) if len(held[c]) < room and x not in held[c]]
+            c = min(free, key=lambda c: (carried[c], c))
+            carried[c] += share
+            held[c].add(x)
+            expert[layer, i], rank[layer, i], replica[layer, i] = x, c, j
+    return Layout(expert, rank, replica, copies)
+
+
+def place(trace: RoutingTrace, policy: str, slots: int, batches: list[int], chips: int = 1,
+          redundant: int = 0, rows: list[tuple[int, int]] | None = None) -> Placement:
     """Run ``policy`` over the routing of decode steps with ``batches[i]`` tokens at step i
-    (step i uses routing step i, wrapping around)."""
+    (step i uses routing step i, wrapping around; ``rows[i]``: (routing step, first token slot)
+    instead, for micro-batches). Under ``spread`` a replicated expert's tokens are split evenly
+    over its replicas."""
     if policy not in POLICIES:
         raise ValueError(f"unknown placement {policy!r}; expected one of {', '.join(POLICIES)}")
-    chips = chips if policy == "spread" else 1
+    spread = policy == "spread"
+    chips = chips if spread else 1
+    redundant = redundant if spread and chips > 1 else 0
     slots = 0 if policy == "all-hbm" else max(0, slots)
-    if policy not in ("lru", "lfu"):  # no state carried from step to step: all steps at once
-        return _place_stateless(trace, policy, slots, batches, chips)
     steps, layers, e = len(batches), trace.layers, trace.num_experts
     shape = (steps, layers)
     active, resident, fetched, pairs, rpairs = (np.zeros(shape, dtype=np.int64) for _ in range(5))
-    owner = np.arange(e) % chips
-    pinned = _pinned(trace, policy, slots, batches, chips, owner) if policy in ("static", "spread") else None
+    per_rank = [np.zeros((steps, layers, chips), dtype=np.int64) for _ in range(4)]
+    rows = rows if rows is not None else [(s, 0) for s in range(len(batches))]
+    load = expert_loads(trace, batches, rows) if policy in ("static", "spread") else None
+    lay = layout(load if load is not None else np.zeros((layers, e)), chips, redundant)
+    pinned = _pinned(load, lay, slots, chips) if load is not None else None
     cache = _Cache(slots, policy) if policy in ("lru", "lfu") else None
     hits = reads = 0
-    for s, batch in enumerate(batches):
+    for s, ((step, start), batch) in enumerate(zip(rows, batches, strict=True)):
         for layer in range(layers):
-            ids = trace.at(s, layer, batch)
-            per_expert = np.bincount(ids.ravel(), minlength=e)
-            touched = np.flatnonzero(per_expert)
-            if cache is not None:
-                hit = np.array([cache.access((layer, int(x))) for x in touched], dtype=bool)
-            elif pinned is not None:
-                hit = pinned[layer, touched]
-            else:
-                hit = np.zeros(len(touched), dtype=bool)
+            n = np.bincount(trace.at(step, layer, batch, start).ravel(), minlength=e)
+            inst_expert, ranks = lay.expert[layer], lay.rank[layer]
+            reps = lay.copies[layer][inst_expert]
+            tokens = n[inst_expert] // reps + (lay.replica[layer] < n[inst_expert] % reps)
+            touched = tokens > 0
+            hit = _hits(touched, layer, cache, pinned)
             hits += int(hit.sum())
-            reads += len(touched)
-            best = None
-            for chip in range(chips):
-                mine = owner[touched] == chip
-                a, n = int(mine.sum()), int(per_expert[touched[mine]].sum())
-                if best is None or (a, n) > best[:2]:
-                    r = int((hit & mine).sum())
-                    rp = int(per_expert[touched[hit & mine]].sum())
-                    best = (a, n, r, rp)
-            a, n, r, rp = best
-            active[s, layer], pairs[s, layer], resident[s, layer], rpairs[s, layer] = a, n, r, rp
-            fetched[s, layer] = (a - r) if cache is not None and slots > 0 else 0
-    return Placement(policy, chips, slots, active, resident, fetched, pairs, rpairs, hits, reads)
+            reads += int(touched.sum())
+            a = np.bincount(ranks[touched], minlength=chips)
+            p = np.bincount(ranks, weights=tokens, minlength=chips).astype(np.int64)
+            r = np.bincount(ranks[hit], minlength=chips)
+            rp = np.bincount(ranks[hit], weights=tokens[hit], minlength=chips).astype(np.int64)
+            for out, row in zip(per_rank, (a, p, r, rp)):
+                out[s, layer] = row
+            c = int(np.argmax(a * (int(p.sum()) + 1) + p))  # the most experts, then the most pairs; first of ties
+            active[s, layer], pairs[s, layer], resident[s, layer], rpairs[s, layer] = a[c], p[c], r[c], rp[c]
+            fetched[s, layer] = (a[c] - r[c]) if cache is not None and slots > 0 else 0
+    return Placement(policy, chips, slots, active, resident, fetched, pairs, rpairs, hits, reads, *per_rank,
+                     redundant=redundant)
 
 
-STATELESS_CELLS = 1 << 22  # (step, layer, token, pick) cells gathered at once by ``_place_stateless``
+def _hits(touched: np.ndarray, layer: int, cache, pinned) -> np.ndarray:
+    """Which touched expert instances of ``layer`` are read from SRAM: an SRAM cache's hits
+    (each access updates it), the statically pinned ones, or none."""
+    if cache is not None:
+        hit = np.zeros(len(touched), dtype=bool)
+        hit[touched] = [cache.access((layer, int(x))) for x in np.flatnonzero(touched)]
+        return hit
+    if pinned is not None:
+        return pinned[layer] & touched
+    return np.zeros(len(touched), dtype=bool)
 
 
-def _place_stateless(trace: RoutingTrace, policy: str, slots: int, batches: list[int], chips: int) -> Placement:
-    """``place`` for the policies without a cache (all-hbm, static, spread), vectorized over
-    steps and layers (the same figures as the step-by-step loop: the critical chip is the
-    first with the most (distinct experts, pairs))."""
-    e, layers = trace.num_experts, trace.layers
-    steps = len(batches)
-    if steps and max(batches) > trace.tokens:
-        trace.at(0, 0, max(batches))  # raises: too few token slots
-    chunk = max(1, STATELESS_CELLS // max(1, layers * max(batches, default=1) * trace.top_k))
-    counts = [_expert_counts(trace, batches[lo:lo + chunk], lo) for lo in range(0, steps, chunk)]
-    pinned = np.zeros((layers, e), dtype=bool)
-    if policy in ("static", "spread") and slots > 0:
-        pinned = _pinned_from(sum(c.sum(axis=0) for c in counts), slots, chips, np.arange(e) % chips)
-    out = [_critical_chip(c, pinned, chips) for c in counts]
-    if not out:
-        empty = np.zeros((0, layers), dtype=np.int64)
-        return Placement(policy, chips, slots, empty, empty, empty, empty, empty, 0, 0)
-    active, pairs, resident, rpairs = (np.concatenate([o[i] for o in out]) for i in range(4))
-    hits, reads = sum(o[4] for o in out), sum(o[5] for o in out)
-    return Placement(policy, chips, slots, active, resident, np.zeros_like(active), pairs, rpairs, hits, reads)
-
-
-def _expert_counts(trace: RoutingTrace, batches: list[int], first: int) -> np.ndarray:
-    """[steps, layers, experts] tokens routed to each expert at steps ``first ..`` (batch
-    ``batches[i]`` at step ``first + i``, routing steps wrapping around)."""
-    e, layers, n = trace.num_experts, trace.layers, len(batches)
-    width = max(batches)
-    rows = (first + np.arange(n)) % trace.steps
-    ids = trace.experts[rows][:, :, :width].astype(np.int64)  # [n, layers, width, k]
-    valid = np.arange(width)[None, :] < np.asarray(batches)[:, None]  # [n, width]
-    cell = (np.arange(n)[:, None] * layers + np.arange(layers)[None, :]) * e  # [n, layers]
-    flat = (ids + cell[:, :, None, None])[np.broadcast_to(valid[:, None, :, None], ids.shape)]
-    return np.bincount(flat, minlength=n * layers * e).reshape(n, layers, e)
-
-
-def _critical_chip(counts: np.ndarray, pinned: np.ndarray, chips: int) -> tuple:
-    """(active, pairs, resident, resident pairs) [steps, layers] of the critical chip, and the
-    hits and reads over all chips, from ``counts`` [steps, layers, experts]."""
-    touched = counts > 0
-    hit = touched & pinned[None]
-    e = counts.shape[2]
-    owner = np.arange(e) % chips
-
-    def per_chip(values: np.ndarray) -> np.ndarray:  # [chips, steps, layers]
-        return np.stack([values[:, :, owner == chip].sum(axis=2) for chip in range(chips)])
-
-    a, n = per_chip(touched.astype(np.int64)), per_chip(counts)
-    r, rp = per_chip(hit.astype(np.int64)), per_chip(np.where(hit, counts, 0))
-    best = np.argmax(a * (int(n.max(initial=0)) + 1) + n, axis=0)[None]  # the first chip with the most (a, n)
-    pick = [np.take_along_axis(v, best, axis=0)[0] for v in (a, n, r, rp)]
-    return (*pick, int(hit.sum()), int(touched.sum()))
-
-
-def _pinned_from(counts: np.ndarray, slots: int, chips: int, owner: np.ndarray) -> np.ndarray:
-    """``_pinned``'s choice from the run's [layers, experts] counts."""
-    pinned = np.zeros(counts.shape, dtype=bool)
-    for chip in range(chips):
-        layer_idx, expert_idx = np.nonzero(np.broadcast_to(owner == chip, counts.shape))
-        order = np.lexsort((expert_idx, layer_idx, -counts[layer_idx, expert_idx]))[:slots]
-        pinned[layer_idx[order], expert_idx[order]] = True
-    return pinned
-
-
-def _pinned(trace, policy, slots, batches, chips, owner) -> np.ndarray:
-    """[layers, experts] True where static pinning puts the expert in SRAM: the most used
-    (layer, expert) pairs over the run, per chip, up to ``slots`` per chip."""
+def expert_loads(trace, batches, rows: list[tuple[int, int]] | None = None) -> np.ndarray:
+    """[layers, experts] how often each expert is picked over the run's steps (``rows``: as
+    ``place`` reads them)."""
+    rows = rows if rows is not None else [(s, 0) for s in range(len(batches))]
     counts = np.zeros((trace.layers, trace.num_experts), dtype=np.int64)
-    for s, batch in enumerate(batches):
+    for (s, start), batch in zip(rows, batches, strict=True):
         for layer in range(trace.layers):
-            counts[layer] += np.bincount(trace.at(s, layer, batch).ravel(), minlength=trace.num_experts)
-    return _pinned_from(counts, slots, chips, owner) if slots > 0 else np.zeros(counts.shape, dtype=bool)
+            counts[layer] += np.bincount(trace.at(s, layer, batch, start).ravel(), minlength=trace.num_experts)
+    return counts
+
+
+def _pinned(counts, lay: Layout, slots, chips) -> np.ndarray:
+    """[layers, instances] True where static pinning puts the expert instance in SRAM: the most
+    used (layer, instance) pairs over the run (a replica's share of its expert's uses), per chip,
+    up to ``slots`` per chip."""
+    uses = counts[np.arange(counts.shape[0])[:, None], lay.expert] / lay.copies[
+        np.arange(counts.shape[0])[:, None], lay.expert]
+    pinned = np.zeros(lay.expert.shape, dtype=bool)
+    if slots <= 0:
+        return pinned
+    for chip in range(chips):
+        layer_idx, inst_idx = np.nonzero(lay.rank == chip)
+        order = np.lexsort((inst_idx, layer_idx, -uses[layer_idx, inst_idx]))[:slots]
+        pinned[layer_idx[order], inst_idx[order]] = True
+    return pinned
 
 
 class _Cache:

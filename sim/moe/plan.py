@@ -21,6 +21,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import NamedTuple
 
 from sim.config.hardware import HardwareProfile
 from sim.config.model import ModelSpec
@@ -36,6 +37,32 @@ from sim.units import MB
 MAX_ROUTING_DRAWS = 500_000_000  # ~40 s of drawing; expert scores drawn for generated routing (steps x MoE layers x tokens x experts)
 
 
+class MoECounts(NamedTuple):
+    """What one MoE layer does at one step on the hottest EP rank (the one with the most distinct
+    experts, then the most token-expert pairs: the step waits for it) and on the balanced rank
+    (each count summed over the ranks, over ``ep``, rounded up: what every rank would do were the
+    load even). Without expert parallelism the two are the same chip."""
+
+    active: int
+    resident: int
+    fetched: int
+    pairs: int
+    resident_pairs: int
+    balanced_active: int
+    balanced_resident: int
+    balanced_fetched: int
+    balanced_pairs: int
+    balanced_resident_pairs: int
+
+    def hottest(self) -> tuple[int, int, int, int, int]:
+        """(active, resident, fetched, pairs, resident_pairs) on the hottest rank."""
+        return self[:5]
+
+    def balanced(self) -> tuple[int, int, int, int, int]:
+        """(active, resident, fetched, pairs, resident_pairs) on the balanced rank."""
+        return self[5:]
+
+
 @dataclass(frozen=True)
 class MoEPlan:
     """Everything the MoE lowering needs that does not change from step to step."""
@@ -47,6 +74,8 @@ class MoEPlan:
     moe_index: dict[int, int]  # model layer -> MoE layer index
     route: Callable[[], tuple[RoutingTrace, Placement]] = field(repr=False, compare=False)
     pinned_bytes: int = 0  # bytes of the experts pinned in ``sram_level`` on one chip (all its MoE layers)
+    redundant: int = 0  # extra expert replicas per MoE layer over the EP ranks (EPLB)
+    microbatches: int = 1  # routing rows per step (``counts(position x M + g, layer)``: micro-batch g)
 
     @cached_property
     def _routed(self) -> tuple[RoutingTrace, Placement]:
@@ -62,14 +91,22 @@ class MoEPlan:
         """The placement's per-(step, MoE layer) counts (computed on first use)."""
         return self._routed[1]
 
-    def counts(self, position: int, layer: int) -> tuple[int, int, int, int, int]:
-        """(active, resident, fetched, pairs, resident_pairs) of ``layer`` at step ``position``."""
+    def counts(self, position: int, layer: int) -> MoECounts:
+        """The hottest and the balanced EP rank's (active, resident, fetched, pairs,
+        resident_pairs) of ``layer`` at step ``position`` (``MoECounts``)."""
         pl = self.placement
         if position >= pl.active.shape[0]:
             raise SimulationError(f"the MoE placement covers {pl.active.shape[0]} steps; step {position} asked for")
         i = self.moe_index[layer]
-        return (int(pl.active[position, i]), int(pl.resident[position, i]), int(pl.fetched[position, i]),
-                int(pl.pairs[position, i]), int(pl.resident_pairs[position, i]))
+        hot = (int(pl.active[position, i]), int(pl.resident[position, i]), int(pl.fetched[position, i]),
+               int(pl.pairs[position, i]), int(pl.resident_pairs[position, i]))
+        if pl.chips == 1:
+            return MoECounts(*hot, *hot)
+        ranks = pl.chips
+        even = (-(-int(pl.rank_active[position, i].sum()) // ranks), -(-int(pl.rank_resident[position, i].sum()) // ranks),
+                0, -(-int(pl.rank_pairs[position, i].sum()) // ranks),
+                -(-int(pl.rank_resident_pairs[position, i].sum()) // ranks))
+        return MoECounts(*hot, *even)
 
 
 def routing_trace(spec, model: ModelSpec, batches: list[int]) -> RoutingTrace:
@@ -99,6 +136,13 @@ def read_routing(spec, model: ModelSpec, batches: list[int]) -> RoutingTrace:
     return trace
 
 
+def ep_degree(spec, tp: int) -> int:
+    """Chips the experts are spread over: every chip of every attention data-parallel group under
+    ``placement: spread`` (tp x attention_dp), else 1 (each chip holds a 1/tp shard of each)."""
+    chips = tp * spec.attention_dp
+    return chips if spec.placement == "spread" and chips > 1 else 1
+
+
 def moe_layers(model: ModelSpec) -> int:
     """The model's layers with a Mixture-of-Experts FFN."""
     return sum(1 for layer in range(model.layers) if not model.moe.is_dense(layer))
@@ -111,10 +155,11 @@ def build(spec, model: ModelSpec, hardware: HardwareProfile, weights, tp: int, b
     first use (a routing file is read and checked now)."""
     moe = model.moe
     read = None if spec.routing in routing.KINDS else read_routing(spec, model, batches)
-    ep = tp if spec.placement == "spread" and tp > 1 else 1
+    ep = ep_degree(spec, tp)
+    redundant = _redundant(spec, model, ep)
     level, budget = sram_budget(hardware)
     unit = expert_bytes(model, weights, tp, ep)
-    on_chip = experts_per_chip(model, ep) * moe_layers(model)
+    on_chip = experts_per_chip(model, ep, redundant) * moe_layers(model)
     if spec.sram_experts is not None:
         if spec.placement == "all-hbm" and spec.sram_experts:
             raise SimulationError("placement all-hbm pins no experts; drop sram_experts or pick another policy")
@@ -129,11 +174,40 @@ def build(spec, model: ModelSpec, hardware: HardwareProfile, weights, tp: int, b
         slots = on_chip if math.isinf(budget) else int(budget // unit) if unit else 0
     slots = min(slots, on_chip)
     batches = list(batches)
+    parts, rows = micro_rows(batches, spec.microbatches)
 
     def route() -> tuple[RoutingTrace, Placement]:
         trace = read if read is not None else routing_trace(spec, model, batches)
-        return trace, place(trace, spec.placement, slots, batches, chips=ep)
+        return trace, place(trace, spec.placement, slots, parts, chips=ep, redundant=redundant, rows=rows)
 
     layers = [layer for layer in range(model.layers) if not moe.is_dense(layer)]
     return MoEPlan(spec.dispatch, ep, level if slots else None, graph, {layer: i for i, layer in enumerate(layers)},
-                   route, pinned_bytes=slots * unit if level is not None and level != hardware.store.name else 0)
+                   route, pinned_bytes=slots * unit if level is not None and level != hardware.store.name else 0,
+                   redundant=redundant, microbatches=spec.microbatches)
+
+
+def _redundant(spec, model: ModelSpec, ep: int) -> int:
+    """The run's extra expert replicas per MoE layer (checked against its expert parallelism)."""
+    if spec.redundant_experts and ep == 1:
+        raise ConfigError(None, "redundant_experts", "replicas of hot experts need expert parallelism "
+                          "(placement spread over more than one chip); use 0", spec.redundant_experts)
+    if spec.redundant_experts > model.moe.experts:
+        raise ConfigError(None, "redundant_experts", f"at most one extra replica per expert: at most "
+                          f"{model.moe.experts} for {model.name}", spec.redundant_experts)
+    return spec.redundant_experts
+
+
+def micro_rows(batches: list[int], m: int) -> tuple[list[int], list[tuple[int, int]] | None]:
+    """The placement's rows when each step runs as ``m`` micro-batches: row ``s x m + g`` is
+    micro-batch g of step s, the contiguous token slots the lowering gives it
+    (sim.lowering.decode.lower_step), as (tokens, (routing step, first slot)); ``m`` = 1: the
+    steps themselves."""
+    if m == 1:
+        return batches, None
+    parts, rows = [], []
+    for s, batch in enumerate(batches):
+        for g in range(m):
+            lo, hi = g * batch // m, (g + 1) * batch // m
+            parts.append(hi - lo)
+            rows.append((s, lo))
+    return parts, rows

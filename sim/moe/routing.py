@@ -40,10 +40,11 @@ from pathlib import Path
 
 import numpy as np
 
+from sim.config.defaults import ROUTING_KINDS
 from sim.errors import ConfigError
 from sim.io import read_jsonl, write_atomic
 
-KINDS = ("uniform", "zipf")
+KINDS = ROUTING_KINDS  # declared once in sim.config.defaults
 
 
 @dataclass(frozen=True)
@@ -69,12 +70,13 @@ class RoutingTrace:
     def top_k(self) -> int:
         return self.experts.shape[3]
 
-    def at(self, step: int, layer: int, batch: int) -> np.ndarray:
-        """[batch, k] expert ids of ``layer`` at ``step`` (steps wrap around the trace)."""
-        if batch > self.tokens:
+    def at(self, step: int, layer: int, batch: int, start: int = 0) -> np.ndarray:
+        """[batch, k] expert ids of ``layer`` at ``step`` of the token slots from ``start`` (steps
+        wrap around the trace)."""
+        if start + batch > self.tokens:
             raise ConfigError("routing", "tokens", f"the routing trace has {self.tokens} token slots; "
-                              f"a step of batch {batch} needs that many", self.tokens)
-        return self.experts[step % self.steps, layer % self.layers, :batch]
+                              f"a step of batch {start + batch} needs that many", self.tokens)
+        return self.experts[step % self.steps, layer % self.layers, start:start + batch]
 
     def distinct(self, batch: int | None = None) -> np.ndarray:
         """[steps, layers] number of distinct experts touched by the first ``batch`` tokens."""

@@ -25,8 +25,10 @@ def expert_bytes(model: ModelSpec, weights, tp: int, ep: int) -> int:
     return weights.weight_bytes((model.ffn_matrices - 1) * ffn, model.hidden) + weights.weight_bytes(model.hidden, ffn)
 
 
-def experts_per_chip(model: ModelSpec, ep: int) -> int:
-    return math.ceil(model.moe.experts / ep)
+def experts_per_chip(model: ModelSpec, ep: int, redundant: int = 0) -> int:
+    """Experts (or expert shards) one chip holds per MoE layer: its share of the experts and of
+    the ``redundant`` extra replicas (EPLB) under expert parallelism."""
+    return math.ceil((model.moe.experts + (redundant if ep > 1 else 0)) / ep)
 
 
 def sram_budget(hardware: HardwareProfile) -> tuple[str | None, float]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from sim.config.defaults import RUN_DEFAULTS
+from sim.config.defaults import DISPATCHES, PLACEMENTS, RUN_DEFAULTS
 from sim.errors import COMMAND_LINE
 from sim.io import output_problem
 
@@ -65,22 +65,31 @@ def add_run_options(p: argparse.ArgumentParser, *, formats: bool = True) -> None
     p.add_argument("--chips", type=int, default=None, help="chip count (overrides the profile's system.chips)")
     p.add_argument("--microbatches", type=int, default=1, metavar="M",
                    help="split each step's sequences into M micro-batches in flight, each on its own streams: "
-                        "pipeline stages overlap, and one micro-batch's links overlap another's compute (default 1)")
+                        "pipeline stages overlap, and one micro-batch's links overlap another's compute; for a MoE "
+                        "model each routes its own tokens (two-batch overlap at M = 2) (default 1, or the stack's "
+                        "moe_microbatches)")
     moe = p.add_argument_group("Mixture-of-Experts (models with a moe: section)")
-    moe.add_argument("--dispatch", choices=["host_sync", "device", "sram_zero_copy"], default=d.dispatch,
+    moe.add_argument("--dispatch", choices=DISPATCHES, default=d.dispatch,
                      help="expert dispatch path (default device)")
-    moe.add_argument("--placement", choices=["all-hbm", "static", "lru", "lfu", "spread"], default=d.placement,
+    moe.add_argument("--placement", choices=PLACEMENTS, default=d.placement,
                      help="where expert weights live: all in HBM, hottest pinned in SRAM (static), an SRAM "
                           "cache (lru, lfu), or spread over the chips (expert parallelism) (default static)")
     moe.add_argument("--routing", default=d.routing,
                      help="uniform, zipf (see --set routing_skew=S, routing_locality=P) or a routing file (JSONL)")
+    moe.add_argument("--attention-dp", dest="attention_dp", type=int, default=1, metavar="G",
+                     help="attention data-parallel groups: each of G groups of chips/G holds every attention weight "
+                          "(tp inside the group) and decodes batch/G of the sequences; with --placement spread the "
+                          "experts spread over all chips (DeepSeek's layout) (default 1)")
+    moe.add_argument("--redundant-experts", dest="redundant_experts", type=int, default=0, metavar="R",
+                     help="with --placement spread: R extra replicas of each MoE layer's hottest experts, packed "
+                          "to even the EP ranks' loads (DeepSeek's EPLB) (default 0)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="DOTTED.PATH=VALUE",
                    help="override any profile, model or run field, e.g. hardware.hbm.channel_bandwidth_GBps=30")
 
 
 SPEC_ARGS = ("hardware", "model", "batch", "context", "trace", "weights", "kv", "steps", "target_ms", "engine",
              "graph", "tp", "pp", "software", "overrides", "chips", "dispatch", "placement", "routing",
-             "allow_long_context", "microbatches")
+             "allow_long_context", "microbatches", "attention_dp", "redundant_experts")
 
 
 def add_run_command_options(p: argparse.ArgumentParser) -> None:

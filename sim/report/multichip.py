@@ -6,6 +6,7 @@ calibration/), with the H100's own memory system (5 HBM3 stacks at 3.35 TB/s, 80
 L2 from the datasheet and the H800 FlashMLA stream efficiency).
 
 ``h200-sxm-x8`` is eight ``h200-sxm`` GPUs on one HGX board (NVLink4 through NVSwitch);
+``h200-sxm-x16`` two such boards joined by InfiniBand NDR (the scale-out links);
 ``groq-lpu-576`` is 576 ``groq-lpu`` chips (72 GroqNodes of 8). Each is the base file's text
 with its name, description and ``system.chips`` replaced and a header in front; the links
 block is the base's (h200-sxm.yaml and groq-lpu.yaml carry the chip's links). When a base
@@ -51,6 +52,20 @@ SYSTEMS = (
            "# `python -m sim.report.multichip` (re-run it when h200-sxm.yaml changes); the system block\n"
            "# adds the chips. Tensor parallelism over the 8 GPUs: weights split, two all-reduces per\n"
            "# layer over \"link\".\n"),
+    System("h200-sxm-x16", "h200-sxm",
+           "2 nodes of 8 NVIDIA H200 SXM (HGX), NVLink4 inside a node, 8x400 Gb/s InfiniBand NDR per node between them",
+           16, "two HGX H200 8-GPU boards (MLPerf v4.1 system H200-SXM-141GBx8, N11), joined by InfiniBand", False,
+           "# Two HGX H200 nodes (8 GPUs each, NVLink4 through NVSwitch inside a node, hardware_facts.md 1,\n"
+           "# N11/N13) joined by a rail-optimised InfiniBand NDR fabric: one 400 Gb/s ConnectX-7 per GPU.\n"
+           "# Per-chip figures are h200-sxm.yaml's, copied by `python -m sim.report.multichip`. Default\n"
+           "# mapping: tensor parallel over the 8 GPUs of a node, a pipeline of the two nodes; an\n"
+           "# expert-parallel all-to-all over all 16 (--placement spread --attention-dp 2) sends the rows for\n"
+           "# the other node over the scale-out links and the rest over NVLink.\n",
+           scaleout=("  scaleout:\n"
+                     '    chips_per_group: {value: 8, source: "8 GPUs per HGX H200 node (MLPerf v4.1 system H200-SXM-141GBx8: accelerators_per_node 8, N11)"}\n'
+                     '    bandwidth_GBps: {value: 50, source: "one 400 Gb/s InfiniBand NDR ConnectX-7 per GPU = 50 GB/s per direction (NVIDIA HGX AI Factory reference architecture, 2-8-9-400: 400 Gb/s per GPU; DeepEP measures 43-58 GB/s RDMA per H800 over the same CX7 400 Gb/s, anchors.md)"}\n'
+                     '    latency_ns: {value: 3000, source: "GPU-initiated RDMA write through the NIC and one leaf switch and back, a few us (DeepEP low-latency kernels: 77 us for 128 tokens at EP8 rising to 118 us at EP16, anchors.md, bound the per-hop cost from above)", estimate: true}\n'
+                     '    per_message_overhead_ns: {value: 5000, source: "NCCL/DeepEP kernel launch and synchronisation per collective, as for NVLink in h200-sxm-x8", estimate: true}\n')),
     System("groq-lpu-576", "groq-lpu", "576 Groq LPUs (72 GroqNodes of 8), C2C links; per chip 230 MB SRAM at 80 TB/s",
            576, "576 chips for Llama-2-70B (anchors.md C1, S: HN comment citing Groq)", True,
            "# A Groq LPU system of 576 chips, as reported for Llama-2-70B at 300 t/s/u (anchors.md C1:\n"

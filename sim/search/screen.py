@@ -81,6 +81,7 @@ def run_spec(d: Deployment, model: str, overrides: tuple, **fields) -> RunSpec:
     """The RunSpec of a deployment's step model (analytic engine unless ``fields`` say)."""
     data = dict(hardware=d.hardware, model=model, weights=d.weights, kv=d.kv, software=d.software, tp=d.tp,
                 pp=d.pp, chips=d.chips, overrides=overrides, engine="analytic", batch=1, context=1, steps=1)
+    data.update(d.run_fields())  # expert parallelism and attention data-parallel groups, where it has them
     data.update(fields)
     return RunSpec.model_validate(data)
 

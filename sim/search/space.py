@@ -31,11 +31,17 @@ and the scheduler's ``max_batch`` (vLLM ``max_num_seqs``) and ``max_tokens_per_s
       ...
 
 Axes (``AXES``) left out take ``DEFAULTS``; ``chips`` defaults to every power of two up to a
-profile's own chip count, ``tp`` and ``pp`` to every split with ``tp x pp = chips`` (one
-stage per layer at most). A combination whose split does not multiply out is no deployment
-and is not counted. ``ep`` (expert parallelism) is accepted only as ``[1]``: a
-Mixture-of-Experts model's experts are searched tensor-parallel (the serving replay draws each
-step's expert loads, sim.moe.live); expert-parallel layouts are not a search axis yet.
+profile's own chip count, ``tp`` and ``pp`` to every split with ``tp x pp x attention_dp =
+chips`` (one stage per layer at most). A combination whose split does not multiply out is no
+deployment and is not counted.
+
+Mixture-of-Experts models add two axes (a dense model takes only ``[1]`` on each):
+``attention_dp`` (default ``[1]``), attention data-parallel groups of ``tp x pp`` chips that
+each decode their share of the sequences (DeepSeek's layout), and ``ep``, the chips the
+experts are spread over: 1 (every chip holds a 1/tp shard of every expert) or ``tp x
+attention_dp`` (whole experts spread over every chip of a stage: ``placement: spread``); other
+values do not multiply out. Left out, ``ep`` is both for a MoE model. A deployment's RunSpec
+fields (``Deployment.run_fields``) carry them to the step model (sim.setup.resolve).
 
 Everything is checked before anything is simulated: unknown axes, wrong types, unknown
 hardware, format or stack names, and ``exclude`` rules that name no swept value are one
@@ -56,17 +62,21 @@ from sim.config.quantity import Strict
 from sim.errors import COMMAND_LINE, ConfigError
 from sim.paths import bundled
 from sim.paths import resolve as resolve_path
+from sim.setup import load_model
 from sim.study.spec import Exclude, axis_values
 
-AXES = ("hardware", "chips", "tp", "pp", "ep", "weights", "kv", "software", "max_batch", "max_tokens_per_step")
-INT_AXES = frozenset({"chips", "tp", "pp", "ep", "max_batch", "max_tokens_per_step"})
+AXES = ("hardware", "chips", "tp", "pp", "ep", "weights", "kv", "software", "max_batch", "max_tokens_per_step",
+        "attention_dp")
+INT_AXES = frozenset({"chips", "tp", "pp", "ep", "max_batch", "max_tokens_per_step", "attention_dp"})
+CHIP_AXES = ("chips", "tp", "pp", "ep", "attention_dp")  # whole numbers up to MAX_CHIPS
+MOE_AXES = ("ep", "attention_dp")  # other than [1] for Mixture-of-Experts models only
 NAME_AXES = frozenset({"hardware", "weights", "kv", "software"})
 DEFAULTS: dict[str, list] = {
     "hardware": ["h200-sxm"],
     "weights": ["bf16", "fp8", "int4-g128"],
     "kv": ["fp16", "fp8-e4m3", "int8"],
     "software": ["fused"],
-    "ep": [1],
+    "attention_dp": [1],
     "max_batch": [16, 32, 64, 128, 256],
     "max_tokens_per_step": [512, 2048, 8192],
 }
@@ -129,15 +139,27 @@ class Deployment:
     software: str
     max_batch: int
     max_tokens_per_step: int
+    ep: int = 1  # chips the experts are spread over (1: none; else tp x attention_dp)
+    attention_dp: int = 1  # attention data-parallel groups of tp x pp chips
 
     @property
     def setup_key(self) -> tuple:
         """What the step model depends on (max_batch and the chunk budget only schedule)."""
-        return (self.hardware, self.chips, self.tp, self.pp, self.weights, self.kv, self.software)
+        return (self.hardware, self.chips, self.tp, self.pp, self.weights, self.kv, self.software, self.ep,
+                self.attention_dp)
+
+    def run_fields(self) -> dict:
+        """The RunSpec fields of its expert parallelism and attention data-parallel groups (none
+        for a deployment with neither, so a dense model's runs are as before)."""
+        out: dict = {"placement": "spread"} if self.ep > 1 else {}
+        if self.attention_dp > 1:
+            out["attention_dp"] = self.attention_dp
+        return out
 
     @property
     def label(self) -> str:
-        split = f"tp{self.tp}" + (f" pp{self.pp}" if self.pp > 1 else "")
+        split = (f"tp{self.tp}" + (f" pp{self.pp}" if self.pp > 1 else "")
+                 + (f" dp{self.attention_dp}" if self.attention_dp > 1 else "") + (f" ep{self.ep}" if self.ep > 1 else ""))
         return (f"{self.hardware} x{self.chips} {split} {self.weights}/{self.kv} {self.software} "
                 f"B{self.max_batch} C{self.max_tokens_per_step}")
 
@@ -187,10 +209,11 @@ def load_spec(path: str | Path | None, changes: dict | None = None) -> tuple[Sea
     return validate(SearchSpec, raw, file), file
 
 
-def build_space(spec: SearchSpec, file: str, profile_chips, known_names) -> Space:
+def build_space(spec: SearchSpec, file: str, profile_chips, known_names, moe: bool | None = None) -> Space:
     """Check the axes and enumerate the deployments. ``profile_chips(name)`` gives a
     hardware profile's chip count and ``known_names(axis, value)`` raises ConfigError for an
-    unknown hardware, format or stack name (injected, so tests can stand in for them)."""
+    unknown hardware, format or stack name (injected, so tests can stand in for them);
+    ``moe``: whether the model has Mixture-of-Experts layers (None: read from the model)."""
     if spec.model is None:
         raise ConfigError(file, "model", "a search needs a model (model: in the file or --model)")
     if spec.slo is None:
@@ -211,9 +234,7 @@ def build_space(spec: SearchSpec, file: str, profile_chips, known_names) -> Spac
             axes[axis] = None
             continue
         axes[axis] = _check_values(axis, values, file, where, known_names)
-    if axes["ep"] != [1]:
-        raise ConfigError(file, "space.grid.ep", "only [1]: a Mixture-of-Experts model's experts are searched "
-                          "tensor-parallel (ep 1); expert-parallel layouts are not a search axis yet", axes["ep"])
+    _check_moe_axes(axes, file, _is_moe(spec.model) if moe is None else moe)
     _check_excludes(spec.space.exclude, axes, profile_chips, file)
     size = 1
     for values in axes.values():
@@ -222,8 +243,27 @@ def build_space(spec: SearchSpec, file: str, profile_chips, known_names) -> Spac
         raise ConfigError(file, "space.grid", f"about {size:,} combinations; at most {MAX_DEPLOYMENTS:,} deployments")
     deployments, counts = _enumerate(spec, axes, profile_chips, file)
     if not deployments:
-        raise ConfigError(file, "space", "no deployment: every combination is excluded or has tp x pp != chips")
+        raise ConfigError(file, "space", "no deployment: every combination is excluded or has tp x pp x attention_dp != chips")
     return Space(spec, file, spec.model, axes, deployments, list(zip(spec.space.exclude, counts, strict=True)))
+
+
+def _is_moe(model: str) -> bool:
+    """Whether ``model`` (a bundled name or a path) has Mixture-of-Experts layers."""
+    try:
+        return load_model(model).moe is not None
+    except ConfigError:
+        return False  # an unknown model is reported where the search resolves it
+
+
+def _check_moe_axes(axes: dict, file: str, moe: bool) -> None:
+    """``ep`` and ``attention_dp`` other than [1] need a MoE model; a dense model takes [1]."""
+    for axis in MOE_AXES:
+        if axes[axis] is None:
+            axes[axis] = None if moe else [1]  # ep by default: none and over every chip of a stage
+        elif axes[axis] != [1] and not moe:
+            what = "expert parallelism" if axis == "ep" else "attention data-parallel groups"
+            raise ConfigError(file, f"space.grid.{axis}", f"only [1]: {what} needs a Mixture-of-Experts model",
+                              axes[axis])
 
 
 def _check_values(axis: str, values: list, file: str, where: str, known_names) -> list:
@@ -233,7 +273,7 @@ def _check_values(axis: str, values: list, file: str, where: str, known_names) -
             if isinstance(value, float) and value.is_integer():
                 value = int(value)
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= (
-                    MAX_CHIPS if axis in ("chips", "tp", "pp", "ep") else 1_000_000):
+                    MAX_CHIPS if axis in CHIP_AXES else 1_000_000):
                 raise ConfigError(file, f"{where}.{i}", "must be a whole number >= 1", value)
         elif not isinstance(value, str) or not value:
             raise ConfigError(file, f"{where}.{i}", "must be a name (text)", value)
@@ -268,16 +308,31 @@ def splits(axes: dict, chips: int) -> list[tuple[int, int]]:
     return out
 
 
+def layouts(axes: dict, chips: int) -> list[tuple[int, int, int, int]]:
+    """(tp, pp, attention_dp, ep) of ``chips``: each attention data-parallel count that divides
+    them, each (tp, pp) split of a group (``splits``), and each ``ep`` that multiplies out (1, or
+    tp x attention_dp; ``axes["ep"]`` None: both)."""
+    out = []
+    for dp in axes["attention_dp"]:
+        if chips % dp:
+            continue
+        for tp, pp in splits(axes, chips // dp):
+            spread = tp * dp
+            wanted = axes["ep"] if axes["ep"] is not None else [1, spread]
+            out.extend((tp, pp, dp, ep) for ep in dict.fromkeys(wanted) if ep == 1 or ep == spread)
+    return out
+
+
 def _enumerate(spec: SearchSpec, axes: dict, profile_chips, file: str) -> tuple[list[Deployment], list[int]]:
     rules = spec.space.exclude
     counts = [0] * len(rules)
     out: list[Deployment] = []
     for hw in axes["hardware"]:
         for chips in chip_counts(axes, hw, profile_chips):
-            for (tp, pp), weights, kv, software, batch, chunk in itertools.product(
-                    splits(axes, chips), axes["weights"], axes["kv"], axes["software"], axes["max_batch"],
+            for (tp, pp, dp, ep), weights, kv, software, batch, chunk in itertools.product(
+                    layouts(axes, chips), axes["weights"], axes["kv"], axes["software"], axes["max_batch"],
                     axes["max_tokens_per_step"]):
-                d = Deployment(hw, chips, tp, pp, weights, kv, software, batch, chunk)
+                d = Deployment(hw, chips, tp, pp, weights, kv, software, batch, chunk, ep, dp)
                 rule = _excluded_by(rules, d.as_dict())
                 if rule is not None:
                     counts[rule] += 1
@@ -304,11 +359,11 @@ def _check_excludes(rules: list[Exclude], axes: dict, profile_chips, file: str) 
     """Every rule names axes and values the search takes (a typo would exclude nothing)."""
     for i, rule in enumerate(rules):
         for axis, wanted in rule.where.items():
-            if axis not in AXES or axis == "ep":
+            if axis not in AXES:
                 raise ConfigError(file, f"space.exclude.{i}.where", f"{axis!r} is not an axis; axes: "
-                                  f"{', '.join(a for a in AXES if a != 'ep')}")
+                                  f"{', '.join(AXES)}")
             values = axes[axis]
-            if values is None:  # chips / tp / pp by default: every count or split any hardware takes
+            if values is None:  # chips / tp / pp / ep by default: every count or split any hardware takes
                 chips = sorted({c for hw in axes["hardware"] for c in chip_counts(axes, hw, profile_chips)})
                 values = chips if axis == "chips" else list(range(1, max(chips) + 1))
             for w in wanted if isinstance(wanted, list) else [wanted]:
@@ -318,4 +373,4 @@ def _check_excludes(rules: list[Exclude], axes: dict, profile_chips, file: str) 
 
 
 __all__ = ["AXES", "DEFAULTS", "Deployment", "SearchSpec", "Slo", "Space", "Traffic", "build_space", "chip_counts",
-           "load_spec", "splits"]
+           "layouts", "load_spec", "splits"]

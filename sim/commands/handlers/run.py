@@ -63,12 +63,39 @@ def _notes(s: dict) -> list[str]:
     return lines
 
 
-def render(s: dict) -> str:
-    lines = [f"decodesim: {s['model']} on {s['hardware']} ({s['chips']} chip{'s' if s['chips'] > 1 else ''}, "
-             f"tp {s['tp']} x pp {s['pp']}), weights {s['weights']}, KV {s['kv']}",
-             f"  workload: batch {s['batch']}" + (f", context {s['context']}" if s.get("context") else "")
+def _ep_lines(e: dict) -> list[str]:
+    """Expert load per EP rank (each rank's tokens and experts per MoE layer, averaged over the
+    steps; min / mean / max beyond 16 ranks) and the straggler it makes."""
+    ranks = e["ep_ranks"]
+    tokens = [r["tokens_per_layer"] for r in ranks]
+    if len(ranks) <= 16:
+        load = ", ".join(f"{r['rank']}: {r['tokens_per_layer']:.1f}/{r['experts_per_layer']:.1f}" for r in ranks)
+        lines = [f"  expert load per EP rank (tokens/experts per MoE layer): {load}"]
+    else:
+        lines = [f"  expert load per EP rank (tokens per MoE layer): min {min(tokens):.1f}, "
+                 f"mean {sum(tokens) / len(tokens):.1f}, max {max(tokens):.1f} over {len(ranks)} ranks"]
+    where = "in the step" if e["straggler_in_step"] else "not in the analytic step, which assumes balanced ranks"
+    lines.append(f"  hottest EP rank: {e['hottest_rank_tokens_per_layer']:.1f} tokens per MoE layer, "
+                 f"{e['rank_imbalance']:.2f}x the mean"
+                 + (f", {e['redundant_experts']} redundant experts" if e["redundant_experts"] else "")
+                 + f"; straggler {e['straggler_ms_per_step']:.3f} ms per step = "
+                 f"{100 * e['straggler_share']:.1f}% of the step ({where})")
+    return lines
+
+
+def _header(s: dict) -> list[str]:
+    """The run's first two lines: what ran on what, and the workload."""
+    return [f"decodesim: {s['model']} on {s['hardware']} ({s['chips']} chip{'s' if s['chips'] > 1 else ''}, "
+             f"tp {s['tp']} x pp {s['pp']}"
+             + (f" x attention-dp {s['attention_dp']}" if s.get("attention_dp") else "") + f"), weights {s['weights']}, KV {s['kv']}",
+             f"  workload: batch {s.get('deployment_batch', s['batch'])}"
+             + (f" ({s['batch']} in the fullest attention group)" if s.get("attention_dp") else "") + (f", context {s['context']}" if s.get("context") else "")
              + (f", trace {s['trace']}" if s.get("trace") else "") + f", {s['steps']} step{'s' if s['steps'] != 1 else ''}, "
              f"{s['engine']} engine, {'graph' if s['graph'] else 'eager'} launch"]
+
+
+def render(s: dict) -> str:
+    lines = _header(s)
     cap = s["capacity"]
     lines.append(f"  memory per chip: {fmt_bytes(cap['needed_bytes'])} needed "
                  f"(weights {fmt_bytes(cap['weights_bytes'])}, KV {fmt_bytes(cap['kv_bytes'])}) "
@@ -103,6 +130,8 @@ def render(s: dict) -> str:
                      + (f" ({e['sram_level']}, {e['sram_slots']} slots)" if e["sram_level"] else " (none fits)")
                      + (f"; expert parallel over {e['expert_parallel']} chips" if e["expert_parallel"] > 1 else ""))
         lines.append(f"  SRAM hit rate: {100 * e['sram_hit_rate']:.1f}% of expert weight reads")
+        if e.get("ep_ranks"):
+            lines.extend(_ep_lines(e))
     if s.get("energy"):
         lines.extend(render_lines(s["energy"]))
     lines.append(f"  bound: {s['bound']}")
