@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import ConfigDict, field_validator
+from pydantic import ConfigDict, field_validator, model_validator
 
 from sim import decode_trace as traces
 from sim.config.loader import parse_assignment
@@ -24,7 +24,7 @@ from sim.config.spec import MAX_BATCH, MAX_CHIPS, MAX_TARGET_MS, Name, RunSpec
 from sim.errors import ConfigError, SimulationError
 from sim.run import capacity, kv_bytes, kv_pool_bytes, no_kv_room
 from sim.serve.requests import MAX_DURATION_S, MAX_RATE_PER_S, MAX_TOKENS, RequestSource, open_source
-from sim.serve.scheduler import DEFAULT_MAX_BATCH, DEFAULT_MAX_TOKENS_PER_STEP, VLLM_BLOCK_TOKENS, KVPool
+from sim.serve.scheduler import DEFAULT_MAX_BATCH, DEFAULT_MAX_TOKENS_PER_STEP, POLICIES, VLLM_BLOCK_TOKENS, KVPool
 from sim.serve.stepmodel import serve_resolved
 from sim.setup import RunSetup
 from sim.units import GB
@@ -58,8 +58,30 @@ class ServeSpec(Strict):
     max_batch: whole(1, MAX_BATCH) = DEFAULT_MAX_BATCH
     block_tokens: whole(1, MAX_TOKENS) = VLLM_BLOCK_TOKENS
     max_tokens_per_step: whole(1, MAX_TOKENS) = DEFAULT_MAX_TOKENS_PER_STEP
-    policy: Literal["chunked", "separate"] = "chunked"
+    policy: str = "chunked"  # a name in sim.serve.scheduler.POLICIES
     target_ms: real(0, MAX_TARGET_MS, lo_open=True) = 10.0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _policy_defaults(cls, data):
+        """The scheduler limits not given take the policy's documented defaults (POLICIES)."""
+        if not isinstance(data, dict):
+            return data
+        entry = POLICIES.get(data.get("policy", "chunked"))
+        if entry is None:
+            return data  # the field validator names the policies
+        data = dict(data)
+        for key in ("max_batch", "max_tokens_per_step", "block_tokens"):
+            if data.get(key) is None:
+                data[key] = getattr(entry, key)
+        return data
+
+    @field_validator("policy")
+    @classmethod
+    def _known_policy(cls, value):
+        if value not in POLICIES:
+            raise ValueError(f"expected one of {', '.join(POLICIES)}")
+        return value
 
     @field_validator("overrides", mode="before")
     @classmethod
