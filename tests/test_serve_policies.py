@@ -7,10 +7,12 @@ output token exactly once."""
 
 from __future__ import annotations
 
+import pandas as pd
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sim.serve.clients import Client
 from sim.serve.replay import replay
 from sim.serve.requests import Request
 from sim.serve.scheduler import POLICIES, KVPool, Scheduler
@@ -120,3 +122,51 @@ def test_a_policy_brings_its_engine_defaults_unless_given():
     assert ServeSpec().max_batch == 256  # chunked keeps the limits the bundled reports used
     with pytest.raises(ValueError, match="expected one of"):
         ServeSpec(policy="fifo")
+
+
+# -- client modes and metrics -----------------------------------------------------------------
+
+
+class Counted(Watched):
+    """Keeps the largest number of requests in the system (running + waiting)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.most_in_system = 0
+
+    def arrive(self, seq):
+        super().arrive(seq)
+        self.most_in_system = max(self.most_in_system, len(self.running) + len(self.waiting))
+
+
+def run_client(mode, concurrency=None, n=40, out_dir=None, target_ms=5.0):
+    requests = [Request(i, 0.5 * i, 100 + 10 * (i % 4), 20 + (i % 3)) for i in range(n)]
+    pool = KVPool(10**9, 16, lambda t: t * BYTES_PER_TOKEN)
+    sched = Counted(pool, max_batch=64, max_tokens_per_step=512, policy="chunked")
+    return replay(Client(requests, mode, concurrency), Fake(), sched, target_ms=target_ms,
+                  out_dir=out_dir), sched, requests
+
+
+def test_closed_loop_keeps_n_in_flight_and_offline_sends_all_at_once():
+    summary, sched, requests = run_client("closed-loop", 4)
+    assert summary["requests_done"] == len(requests) and sched.most_in_system == 4
+    open_loop = run_client("open-loop")[0]  # 0.5 s apart: each finishes before the next arrives
+    assert open_loop["simulated_s"] > 19 > summary["simulated_s"]
+    offline, sched, _ = run_client("offline")
+    assert sched.most_in_system == len(requests) and offline["ttft_ms_p99"] > open_loop["ttft_ms_p99"]
+
+
+def test_benchmark_metrics_itl_goodput_and_throughputs(tmp_path):
+    summary, _, requests = run_client("closed-loop", 8, out_dir=tmp_path, target_ms=4.3)
+    window = summary["simulated_s"]
+    assert summary["total_tokens_per_s"] * window == pytest.approx(sum(r.prompt_tokens + r.output_tokens
+                                                                       for r in requests))
+    # every output token after a request's first has one inter-token gap, each at least a step (4 ms)
+    assert summary["itl_ms_p50"] >= 4.0 and summary["itl_ms_std"] >= 0
+    table = pd.read_parquet(tmp_path / "requests.parquet")
+    good = table[table["tpot_ms"] <= 4.3]
+    assert 0 < len(good) < len(table)  # the SLO splits the requests
+    assert summary["goodput_req_per_s"] * window == pytest.approx(len(good))
+    assert summary["goodput_tokens_per_s"] * window == pytest.approx(good["output_tokens"].sum())
+    assert summary["itl_ms_mean"] * (summary["output_tokens"] - len(table)) == pytest.approx(
+        ((table["finish_s"] - table["first_token_s"]) * 1000).sum(), rel=1e-4)

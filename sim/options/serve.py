@@ -10,6 +10,7 @@ import re
 
 from sim.errors import COMMAND_LINE
 from sim.options.run import output_dir
+from sim.serve.clients import CLIENTS
 from sim.serve.scheduler import DEFAULT_MAX_BATCH, DEFAULT_MAX_TOKENS_PER_STEP, POLICIES, VLLM_BLOCK_TOKENS
 
 
@@ -83,6 +84,13 @@ def add_serve_options(p: argparse.ArgumentParser) -> None:
                         "vllm-v1 (at its >= 70 GiB defaults), trtllm-no-evict, trtllm-max-util, sglang; each "
                         "brings its engine's documented limits (docs/serving.md)")
     p.add_argument("--target-ms", type=_decimal, default=10.0, help="p99 TPOT target (default 10)")
+    p.add_argument("--ttft-target-ms", type=_decimal, default=None,
+                   help="TTFT limit of a request that counts toward goodput (with TPOT <= --target-ms)")
+    p.add_argument("--client", choices=list(CLIENTS), default="open-loop",
+                   help="open-loop: requests at their timestamps (default); closed-loop: --concurrency N in "
+                        "flight; offline: every request at 0")
+    p.add_argument("--concurrency", type=_whole, default=None,
+                   help="requests in flight: closed-loop's N, or a cap on an open loop (vLLM --max-concurrency)")
     p.add_argument("--study", default=None, help="run a serving study YAML (kind: serve)")
     p.add_argument("--jobs", type=_workers, default=None, help="worker processes for sweeps (default: cores)")
     p.add_argument("--out", type=output_dir, default=None,

@@ -113,6 +113,7 @@ class Sequence:
     blocks: int = 0
     charge_bytes: int = 0
     first_token_ns: int = -1
+    last_token_ns: int = -1  # when its latest output token was sampled
     finish_ns: int = -1
     admitted_ns: int = -1
     preemptions: int = 0
@@ -184,6 +185,7 @@ class StepWork:
 
     work: list[tuple[Sequence, int]] = field(default_factory=list)
     preempted: int = 0
+    itl_ns: list[int] = field(default_factory=list)  # inter-token gaps of the tokens it sampled after a first
 
     def split(self) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...]]:
         """(decode contexts after the step's token, prefill (chunk, context before))."""
@@ -281,6 +283,9 @@ class Scheduler:
                 sampled += 1
                 if seq.generated == 1:
                     seq.first_token_ns = end_ns
+                else:
+                    step.itl_ns.append(end_ns - seq.last_token_ns)
+                seq.last_token_ns = end_ns
                 if seq.generated == seq.output:
                     seq.finish_ns = end_ns
                     finished.append(seq)

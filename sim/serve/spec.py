@@ -23,6 +23,7 @@ from sim.config.quantity import Strict, real, whole
 from sim.config.spec import MAX_BATCH, MAX_CHIPS, MAX_TARGET_MS, Name, RunSpec
 from sim.errors import ConfigError, SimulationError
 from sim.run import capacity, kv_bytes, kv_pool_bytes, no_kv_room
+from sim.serve.clients import CLIENTS
 from sim.serve.requests import MAX_DURATION_S, MAX_RATE_PER_S, MAX_TOKENS, RequestSource, open_source
 from sim.serve.scheduler import DEFAULT_MAX_BATCH, DEFAULT_MAX_TOKENS_PER_STEP, POLICIES, VLLM_BLOCK_TOKENS, KVPool
 from sim.serve.stepmodel import serve_resolved
@@ -60,6 +61,9 @@ class ServeSpec(Strict):
     max_tokens_per_step: whole(1, MAX_TOKENS) = DEFAULT_MAX_TOKENS_PER_STEP
     policy: str = "chunked"  # a name in sim.serve.scheduler.POLICIES
     target_ms: real(0, MAX_TARGET_MS, lo_open=True) = 10.0
+    ttft_target_ms: real(0, 3.6e6, lo_open=True) | None = None  # the TTFT part of the goodput SLO
+    client: str = "open-loop"  # a name in sim.serve.clients.CLIENTS
+    concurrency: whole(1, MAX_BATCH) | None = None  # requests in flight (closed loop; caps an open loop)
 
     @model_validator(mode="before")
     @classmethod
@@ -82,6 +86,21 @@ class ServeSpec(Strict):
         if value not in POLICIES:
             raise ValueError(f"expected one of {', '.join(POLICIES)}")
         return value
+
+    @field_validator("client")
+    @classmethod
+    def _known_client(cls, value):
+        if value not in CLIENTS:
+            raise ValueError(f"expected one of {', '.join(CLIENTS)}")
+        return value
+
+    @model_validator(mode="after")
+    def _client_concurrency(self):
+        if self.client == "closed-loop" and self.concurrency is None:
+            raise ValueError("a closed-loop client needs a concurrency (--concurrency N)")
+        if self.client == "offline" and self.concurrency is not None:
+            raise ValueError("an offline client sends every request at 0: no concurrency")
+        return self
 
     @field_validator("overrides", mode="before")
     @classmethod
@@ -129,6 +148,7 @@ class ServeSetup:
         return {"hardware": res.hardware.name, "model": res.model.name, "weights": self.spec.weights,
                 "kv": self.spec.kv, "software": self.spec.software, "tp": plan.tp, "pp": plan.pp,
                 "chips": res.hardware.chips, "policy": self.spec.policy, "max_batch": self.spec.max_batch,
+                "client": self.spec.client, "concurrency": self.spec.concurrency,
                 "block_tokens": self.spec.block_tokens, "max_tokens_per_step": self.spec.max_tokens_per_step,
                 "requests": self.spec.requests, "source": self.source.description,
                 "rate_scale": self.source.rate_scale, "nominal_rate_per_s": self.source.rate_per_s,

@@ -1,4 +1,4 @@
-"""What ``decodesim serve`` does: one closed-loop replay, a sweep of them, or a serving study, printed
+"""What ``decodesim serve`` does: one serving replay, a sweep of them, or a serving study, printed
 or written (tables, plots, report)."""
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ def handle(args) -> int:
         "prompt_median": args.prompt_median, "output_median": args.output_median, "seed": args.seed,
         "max_batch": args.max_batch, "block_tokens": args.block_tokens,
         "max_tokens_per_step": args.max_tokens_per_step, "policy": args.policy, "target_ms": args.target_ms,
+        "ttft_target_ms": args.ttft_target_ms, "client": args.client, "concurrency": args.concurrency,
     }, COMMAND_LINE)
     if rates or scales or any(len(v) > 1 for v in lists.values()):
 
@@ -329,7 +330,7 @@ def render(s: dict) -> str:
     lines += [f"  requests: {s['source']}; {s['arrivals']:,} arrived ({rate}), {s['requests_done']:,} done, "
               f"{s['requests_rejected']:,} rejected; "
               f"{s['simulated_s']:.1f} s simulated in {s['steps']:,} steps",
-              f"  scheduler: {s['policy']} prefill, <= {s['max_tokens_per_step']} tokens and <= {s['max_batch']} "
+              f"  scheduler: {s['policy']}, <= {s['max_tokens_per_step']} tokens and <= {s['max_batch']} "
               f"sequences per step, {s['block_tokens']}-token KV blocks; KV pool "
               f"{s['kv_pool_bytes_per_chip'] / GB:.1f} GB per chip, room for {s['kv_pool_tokens']:,} cached tokens "
               f"({s['kv_pool_tokens'] // 4096:,} "
@@ -339,12 +340,25 @@ def render(s: dict) -> str:
                      "rejected: a request that exceeds the model's context or alone overflows the KV pool is "
                      "refused), so there is no latency to report")
         return "\n".join(lines)
-    lines.append(f"  {'':<6}{'p50':>10}{'p90':>10}{'p99':>10}{'mean':>10}")
-    for key, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2e_ms", "E2E"), ("step_ms", "step")):
-        lines.append(f"  {label:<6}" + "".join(f"{s[f'{key}_{q}']:>10.2f}" for q in ("p50", "p90", "p99", "mean"))
-                     + "  ms")
-    lines += [f"  throughput: {s['throughput_tokens_per_s']:.0f} output tokens/s, {s['prefill_tokens_per_s']:.0f} "
-              f"prefill tokens/s, {s['throughput_req_per_s']:.2f} requests/s",
+    lines.append(f"  {'':<6}{'mean':>10}{'median':>10}{'std':>10}{'p90':>10}{'p99':>10}")
+    for key, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("itl_ms", "ITL"), ("e2e_ms", "E2EL"),
+                       ("step_ms", "step")):
+        lines.append(f"  {label:<6}" + "".join(f"{s.get(f'{key}_{q}', math.nan):>10.2f}"
+                                               for q in ("mean", "p50", "std", "p90", "p99")) + "  ms")
+    requested = s.get("nominal_rate_per_s")
+    requested = f"{requested:.3g}" if isinstance(requested, float) and math.isfinite(requested) else "-"
+    if s.get("client", "open-loop") != "open-loop":
+        requested = "inf"  # every request as soon as the client may send it
+    slo = f"TPOT <= {s['target_ms']:g} ms" + (f", TTFT <= {s['ttft_target_ms']:g} ms" if s.get("ttft_target_ms") else "")
+    lines += [f"  client: {s.get('client', 'open-loop')}" + (f", {s['concurrency']} in flight" if s.get("concurrency")
+                                                             else "") +
+              f"; rate requested {requested}, offered {_finite(s['rate_per_s'])}, achieved "
+              f"{s['throughput_req_per_s']:.3g} req/s",
+              f"  throughput: {s['throughput_tokens_per_s']:.0f} output tokens/s, "
+              f"{s.get('total_tokens_per_s', math.nan):.0f} total tokens/s, {s['prefill_tokens_per_s']:.0f} "
+              f"prefill tokens/s, {s['throughput_req_per_s']:.2f} requests/s; goodput ({slo}) "
+              f"{s.get('goodput_req_per_s', math.nan):.2f} requests/s, {s.get('goodput_tokens_per_s', math.nan):.0f} "
+              "output tokens/s",
               f"  batch: mean {s['mean_batch']:.1f} (while busy {s['mean_batch_busy']:.1f}), largest "
               f"{s['max_batch_seen']}; waiting: mean {s['mean_waiting']:.1f}, max {s['max_waiting']}",
               f"  KV occupancy: mean {100 * s['mean_kv_occupancy']:.1f}%, max {100 * s['max_kv_occupancy']:.1f}%; "
@@ -358,6 +372,10 @@ def render(s: dict) -> str:
                      f"{s['energy_sampled_steps']} exactly evaluated steps")
     lines.append(f"  replayed in {s['wall_s']:.1f} s wall")
     return "\n".join(lines)
+
+
+def _finite(value: float) -> str:
+    return f"{value:.3g}" if math.isfinite(value) else "-"
 
 
 def _offered(rate_per_s: float) -> str:
