@@ -89,6 +89,12 @@ def add_serve_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--client", choices=list(CLIENTS), default="open-loop",
                    help="open-loop: requests at their timestamps (default); closed-loop: --concurrency N in "
                         "flight; offline: every request at 0")
+    p.add_argument("--speculate-k", type=_whole, default=None,
+                   help="speculative decoding: tokens drafted per verify step (default: none)")
+    p.add_argument("--acceptance", default=None,
+                   help="speculation: acceptance rate (default 0.7), or a comma list, one per drafted position")
+    p.add_argument("--drafter", default=None,
+                   help="speculation: eagle or mtp (heads: the target with one layer, default eagle) or a draft model")
     p.add_argument("--concurrency", type=_whole, default=None,
                    help="requests in flight: closed-loop's N, or a cap on an open loop (vLLM --max-concurrency)")
     p.add_argument("--study", default=None, help="run a serving study YAML (kind: serve)")

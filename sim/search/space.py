@@ -85,7 +85,8 @@ class Slo(Strict):
 
 class Traffic(Strict):
     """Who arrives: a request source (sim.serve.requests), its rate, and how much of it each
-    finalist replays. Without ``rate`` every deployment runs at ``load`` x its own capacity."""
+    finalist replays. With ``load`` (and no ``rate``) every deployment runs at ``load`` x its own
+    capacity; with neither, at the highest rate that meets the SLOs (``goodput``)."""
 
     requests: str = "azure-conv"
     rate: float | None = Field(default=None, gt=0, le=1e6)
@@ -96,6 +97,12 @@ class Traffic(Strict):
     policy: str = Field(default="chunked", pattern=POLICY_PATTERN)  # a name in sim.serve.scheduler.POLICIES
     block_tokens: int = Field(default=16, ge=1, le=4096)
     seed: int = Field(default=0, ge=0)
+
+    @property
+    def goodput(self) -> bool:
+        """Neither ``rate`` nor ``load`` given: each deployment at the highest rate whose
+        screened percentiles meet the SLOs (the goodput search, sim.search.screen)."""
+        return self.rate is None and "load" not in self.model_fields_set
 
 
 class SpaceSpec(Strict):

@@ -50,7 +50,8 @@ from sim.serve.metrics import Metrics
 from sim.serve.requests import Request
 from sim.serve.scheduler import Scheduler, Sequence
 from sim.serve.spec import ServeSetup, ServeSpec, build
-from sim.serve.stepmodel import SimulatorStepModel, StepModel
+from sim.serve.speculative import SpeculativeStepModel
+from sim.serve.stepmodel import SimulatorStepModel, StepModel, serve_resolved
 from sim.units import ns_to_ms, ns_to_s
 
 ROW_GROUP = 65_536
@@ -234,7 +235,10 @@ def serve(spec: ServeSpec | ServeSetup, out_dir: str | Path | None = None, *, st
     wall = time.perf_counter()
     model = step_model or SimulatorStepModel(setup.resolved)
     metered = None
-    if setup.resolved.hardware.energy is not None and step_model is None:
+    if setup.spec.speculate_k:  # energy is not metered under speculation (two step models)
+        model = SpeculativeStepModel(model, SimulatorStepModel(serve_resolved(setup.spec.draft_spec())),
+                                     setup.spec.speculate_k, setup.spec.acceptance)
+    elif setup.resolved.hardware.energy is not None and step_model is None:
         metered = MeteredStepModel(model, setup.resolved)
     spec = setup.spec
     scheduler = Scheduler(setup.pool(), max_batch=spec.max_batch,
@@ -247,6 +251,8 @@ def serve(spec: ServeSpec | ServeSetup, out_dir: str | Path | None = None, *, st
     if metered is not None:
         figures.update(metered.summary(figures["simulated_s"], figures["output_tokens"]))
     summary = {**setup.describe(), **figures, "wall_s": time.perf_counter() - wall}
+    if isinstance(model, SpeculativeStepModel):
+        model = model.target
     if isinstance(model, SimulatorStepModel):
         summary["step_model"] = {**model.stats, "exact": model.exact, "fallback_reason": model.fallback_reason}
     return summary

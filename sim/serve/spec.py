@@ -26,8 +26,10 @@ from sim.run import capacity, kv_bytes, kv_pool_bytes, no_kv_room
 from sim.serve.clients import CLIENTS
 from sim.serve.requests import MAX_DURATION_S, MAX_RATE_PER_S, MAX_TOKENS, RequestSource, open_source
 from sim.serve.scheduler import DEFAULT_MAX_BATCH, DEFAULT_MAX_TOKENS_PER_STEP, POLICIES, VLLM_BLOCK_TOKENS, KVPool
+from sim.serve.speculative import HEAD_DRAFTERS, HEAD_OVERRIDES
 from sim.serve.stepmodel import serve_resolved
 from sim.setup import RunSetup
+from sim.speculation import tokens_per_step
 from sim.units import GB
 
 POOL_CONTEXT = 4096  # tokens of the sequence whose bytes per token size the KV pool figure
@@ -64,6 +66,9 @@ class ServeSpec(Strict):
     ttft_target_ms: real(0, 3.6e6, lo_open=True) | None = None  # the TTFT part of the goodput SLO
     client: str = "open-loop"  # a name in sim.serve.clients.CLIENTS
     concurrency: whole(1, MAX_BATCH) | None = None  # requests in flight (closed loop; caps an open loop)
+    speculate_k: whole(1, 64) | None = None  # drafted tokens per verify step (None: no speculation)
+    acceptance: real(0, 1) | tuple[real(0, 1), ...] = 0.7  # a rate, or one probability per drafted position
+    drafter: Name = "eagle"  # eagle | mtp (heads: the target with one layer) | a draft model's name
 
     @model_validator(mode="before")
     @classmethod
@@ -93,6 +98,21 @@ class ServeSpec(Strict):
         if value not in CLIENTS:
             raise ValueError(f"expected one of {', '.join(CLIENTS)}")
         return value
+
+    @model_validator(mode="after")
+    def _acceptance_per_position(self):
+        if isinstance(self.acceptance, tuple) and self.speculate_k is not None \
+                and len(self.acceptance) != self.speculate_k:
+            raise ValueError(f"acceptance gives {len(self.acceptance)} probabilities; expected one per drafted "
+                             f"position ({self.speculate_k})")
+        return self
+
+    def draft_spec(self) -> RunSpec:
+        """The drafter's RunSpec: heads (eagle, mtp) are the target with one decoder layer and its
+        LM head; any other name is a draft model on the same chips and formats."""
+        if self.drafter in HEAD_DRAFTERS:
+            return self.run_spec().model_copy(update={"overrides": (*self.run_spec().overrides, *HEAD_OVERRIDES)})
+        return self.run_spec().model_copy(update={"model": self.drafter})
 
     @model_validator(mode="after")
     def _client_concurrency(self):
@@ -149,6 +169,10 @@ class ServeSetup:
                 "kv": self.spec.kv, "software": self.spec.software, "tp": plan.tp, "pp": plan.pp,
                 "chips": res.hardware.chips, "policy": self.spec.policy, "max_batch": self.spec.max_batch,
                 "client": self.spec.client, "concurrency": self.spec.concurrency,
+                "speculate_k": self.spec.speculate_k, "drafter": self.spec.drafter if self.spec.speculate_k else None,
+                "acceptance": self.spec.acceptance if self.spec.speculate_k else None,
+                "tokens_per_step": tokens_per_step(self.spec.speculate_k, self.spec.acceptance)
+                if self.spec.speculate_k else 1.0,
                 "block_tokens": self.spec.block_tokens, "max_tokens_per_step": self.spec.max_tokens_per_step,
                 "requests": self.spec.requests, "source": self.source.description,
                 "rate_scale": self.source.rate_scale, "nominal_rate_per_s": self.source.rate_per_s,

@@ -109,6 +109,13 @@ def render(s: dict) -> str:
     word = "MEETS" if s["meets_target"] else "MISSES"
     lines.append(f"  verdict: {word} the {s['target_ms']:g} ms target (p99 {s['per_token_ms_p99']:.3f} ms, "
                  f"margin {s['margin_ms']:+.3f} ms)")
+    spec = s.get("speculation")
+    if spec and not s["meets_target"]:
+        need = spec["acceptance_needed"]
+        lines.append(f"  speculation: {spec['tokens_per_step_needed']:.2f} tokens per step would meet it: "
+                     + (f"acceptance >= {need:.2f} with {spec['draft_tokens']} drafted tokens (verify steps costed "
+                        "as decode steps, drafting free)" if need is not None else
+                        f"more than {spec['draft_tokens']} drafted tokens at any acceptance"))
     lines.append(f"  simulated {s['events']} SimPy events in {s['wall_s']:.2f} s"
                  + (" (a stream that shares no resource is timed without events)" if s["events"] == 0 else ""))
     return "\n".join(lines)

@@ -41,6 +41,7 @@ def handle(args) -> int:
         "max_batch": args.max_batch, "block_tokens": args.block_tokens,
         "max_tokens_per_step": args.max_tokens_per_step, "policy": args.policy, "target_ms": args.target_ms,
         "ttft_target_ms": args.ttft_target_ms, "client": args.client, "concurrency": args.concurrency,
+        **_speculation(args),
     }, COMMAND_LINE)
     if rates or scales or any(len(v) > 1 for v in lists.values()):
 
@@ -57,6 +58,19 @@ def handle(args) -> int:
     _refuse_given(args, tuple(a for a in vars(args) if a != "replot"), "for one replay: it redraws a sweep's "
                   "or study's plot and report from its table (give --rates, a comma list, or --study)")
     return _single(base, args)
+
+
+def _speculation(args) -> dict:
+    """The speculation fields given (acceptance: one number, or a comma list per position)."""
+    out = {}
+    if args.speculate_k is not None:
+        out["speculate_k"] = args.speculate_k
+    if args.drafter is not None:
+        out["drafter"] = args.drafter
+    if args.acceptance is not None:
+        values = _numbers(args.acceptance, "--acceptance") if args.acceptance.strip() not in ("0", "0.0") else [0.0]
+        out["acceptance"] = values[0] if len(values) == 1 else tuple(values)
+    return out
 
 
 def _refuse_given(args, allowed: tuple[str, ...], why: str) -> None:
@@ -335,6 +349,9 @@ def render(s: dict) -> str:
               f"{s['kv_pool_bytes_per_chip'] / GB:.1f} GB per chip, room for {s['kv_pool_tokens']:,} cached tokens "
               f"({s['kv_pool_tokens'] // 4096:,} "
               f"sequences of 4,096 tokens)"]
+    if s.get("speculate_k"):
+        lines.append(f"  speculation: {s['drafter']} drafts {s['speculate_k']} tokens per verify step at acceptance "
+                     f"{s['acceptance']}: {s['tokens_per_step']:.2f} tokens per step expected (sim/serve/speculative.py)")
     if not s["requests_done"]:
         lines.append(f"  verdict: NO RESULT: none of the {s['arrivals']:,} requests finished ({s['requests_rejected']:,} "
                      "rejected: a request that exceeds the model's context or alone overflows the KV pool is "
