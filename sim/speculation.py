@@ -40,7 +40,7 @@ def tokens_per_step(k: int, acceptance: float | Sequence[float]) -> float:
     return total
 
 
-def acceptance_needed(k: int, tokens: float, tol: float = 1e-9) -> float | None:
+def acceptance_needed(k: int, tokens: float, tol: float = 1e-10) -> float | None:
     """The smallest constant acceptance at which ``k`` drafts yield ``tokens`` per step (a
     bisection: ``tokens_per_step`` grows with the rate), or None when even a = 1 (``k + 1``
     tokens) is not enough. At most one token is needed: 0."""

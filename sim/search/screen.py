@@ -302,7 +302,7 @@ class Correction:
     tpot: float = 1.0
 
 
-GOODPUT_FLOOR = 1e-3  # the lowest rate tried, as a fraction of the capacity
+GOODPUT_FLOOR = 0.001  # the lowest rate tried, as a fraction of the capacity
 GOODPUT_STEPS = 12  # geometric bisection steps between it and the capacity (the rate to 0.2%)
 
 
@@ -400,7 +400,7 @@ class _Point:
         """The highest rate in [GOODPUT_FLOOR, 1) x capacity whose estimates meet the SLOs (a
         geometric bisection: the estimates grow with the rate), with its estimates; when even
         the floor misses, the capacity and its (failing) estimates."""
-        hi = self.capacity_rate * (1 - 1e-6)
+        hi = self.capacity_rate * 0.999999  # just under it: the steady batch exists
         top = self.at(hi)
         if top is not None and top["screen_ok"]:
             return hi, top

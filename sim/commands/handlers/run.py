@@ -63,6 +63,18 @@ def _notes(s: dict) -> list[str]:
     return lines
 
 
+def _speculation_lines(s: dict) -> list[str]:
+    """What speculative decoding would need to meet a missed target (sim.speculation)."""
+    spec = s.get("speculation")
+    if not spec or s["meets_target"]:
+        return []
+    need = spec["acceptance_needed"]
+    return [f"  speculation: {spec['tokens_per_step_needed']:.2f} tokens per step would meet it: "
+            + (f"acceptance >= {need:.2f} with {spec['draft_tokens']} drafted tokens (verify steps costed as decode "
+               "steps, drafting free)" if need is not None else
+               f"more than {spec['draft_tokens']} drafted tokens at any acceptance")]
+
+
 def render(s: dict) -> str:
     lines = [f"decodesim: {s['model']} on {s['hardware']} ({s['chips']} chip{'s' if s['chips'] > 1 else ''}, "
              f"tp {s['tp']} x pp {s['pp']}), weights {s['weights']}, KV {s['kv']}",
@@ -109,13 +121,7 @@ def render(s: dict) -> str:
     word = "MEETS" if s["meets_target"] else "MISSES"
     lines.append(f"  verdict: {word} the {s['target_ms']:g} ms target (p99 {s['per_token_ms_p99']:.3f} ms, "
                  f"margin {s['margin_ms']:+.3f} ms)")
-    spec = s.get("speculation")
-    if spec and not s["meets_target"]:
-        need = spec["acceptance_needed"]
-        lines.append(f"  speculation: {spec['tokens_per_step_needed']:.2f} tokens per step would meet it: "
-                     + (f"acceptance >= {need:.2f} with {spec['draft_tokens']} drafted tokens (verify steps costed "
-                        "as decode steps, drafting free)" if need is not None else
-                        f"more than {spec['draft_tokens']} drafted tokens at any acceptance"))
+    lines.extend(_speculation_lines(s))
     lines.append(f"  simulated {s['events']} SimPy events in {s['wall_s']:.2f} s"
                  + (" (a stream that shares no resource is timed without events)" if s["events"] == 0 else ""))
     return "\n".join(lines)
