@@ -34,7 +34,6 @@ from sim.lowering.decode import StageWeights, largest_staged_reads, stage_weight
 from sim.lowering.placement import staging_limit
 from sim.results import Ledger, bound_of, op_key, percentile
 from sim.setup import RunSetup, resolve
-from sim.speculation import speculation_note
 from sim.units import GB, MB, MS_PER_S, ns_to_ms
 
 __all__ = ["RunSpec", "RunResult", "RUN_FIELDS", "simulate", "resolve", "capacity", "kv_bytes", "kv_layer_bytes",
@@ -433,7 +432,6 @@ def _summary(setup: RunSetup, rows: list[dict], events: int, wall_s: float) -> d
         "throughput_tokens_per_s": MS_PER_S * tokens / sum(times), "events": events, "wall_s": wall_s,
         "byte_floor_ms": ns_to_ms(store_bytes / len(rows) / peak),
         "batch_over_time": [r["batch"] for r in rows] if setup.spec.trace else None,
-        "speculation": speculation_note(p99, target),  # what speculative decoding would need to meet it
         **_moe_summary(setup),
     }
 
