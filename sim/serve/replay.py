@@ -46,6 +46,7 @@ import pyarrow.parquet as pq
 from sim.energy import MeteredStepModel
 from sim.io import AtomicFile
 from sim.serve.clients import Client
+from sim.serve.disagg import serve_disagg
 from sim.serve.metrics import Metrics
 from sim.serve.requests import Request
 from sim.serve.scheduler import Scheduler, Sequence
@@ -231,8 +232,11 @@ def serve(spec: ServeSpec | ServeSetup, out_dir: str | Path | None = None, *, st
     """Build (if needed) and replay one serving setup; returns the summary (setup, metrics,
     step-model statistics, wall time). ``out_dir`` receives the tables; ``stop`` and
     ``progress`` as in ``replay``."""
-    setup = spec if isinstance(spec, ServeSetup) else build(spec)
     wall = time.perf_counter()
+    asked = spec.spec if isinstance(spec, ServeSetup) else spec
+    if asked.prefill_chips is not None:
+        return {**serve_disagg(asked), "wall_s": time.perf_counter() - wall}
+    setup = spec if isinstance(spec, ServeSetup) else build(spec)
     model = step_model or SimulatorStepModel(setup.resolved)
     metered = None
     if setup.spec.speculate_k:  # energy is not metered under speculation (two step models)

@@ -310,8 +310,8 @@ class ChunkedPolicy:
         waiting, running = sched.waiting, sched.running
         while waiting and budget > 0 and len(running) < sched.max_batch:
             seq = waiting[0]
-            n = min(seq.known, budget)
-            if not sched.pool.reserve(seq, n):
+            n = min(seq.known - seq.computed, budget)  # computed > 0 only for a prefilled request's KV moved in
+            if not sched.pool.reserve(seq, seq.computed + n):
                 break
             sched.admit(seq, now_ns)
             step.work.append((seq, n))
@@ -332,8 +332,8 @@ class SeparatePolicy:
         budget = sched.max_tokens_per_step
         while waiting and len(running) < sched.max_batch:
             seq = waiting[0]
-            n = seq.known
-            if (step.work and n > budget) or not sched.pool.reserve(seq, n):
+            n = seq.known - seq.computed
+            if (step.work and n > budget) or not sched.pool.reserve(seq, seq.computed + n):
                 break
             sched.admit(seq, now_ns)
             step.work.append((seq, n))
@@ -355,11 +355,11 @@ def _admit_whole(sched: Scheduler, step: StepWork, budget: int, now_ns: int, who
     first = True
     while waiting and len(running) < sched.max_batch:
         seq = waiting[0]
-        n = seq.known
+        n = seq.known - seq.computed
         if n > budget and not (first and n > sched.max_tokens_per_step):
             break
-        life = seq.prompt + seq.output - 1 if whole_life else n
-        if not sched.pool.reserve(seq, max(n, life)):
+        life = seq.prompt + seq.output - 1 if whole_life else 0
+        if not sched.pool.reserve(seq, max(seq.computed + n, life)):
             break
         sched.admit(seq, now_ns)
         step.work.append((seq, n))
@@ -430,9 +430,9 @@ class SglangPolicy:
         waiting = sched.waiting
         while waiting and budget > 0 and len(sched.running) < sched.max_batch:
             seq = waiting[0]
-            n = min(seq.known, budget)
+            n = min(seq.known - seq.computed, budget)
             need = self._future_bytes(sched, seq, seq.known)
-            if held + need > pool.capacity_bytes or not pool.reserve(seq, n):
+            if held + need > pool.capacity_bytes or not pool.reserve(seq, seq.computed + n):
                 break
             held += need
             sched.admit(seq, now_ns)

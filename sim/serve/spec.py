@@ -69,6 +69,8 @@ class ServeSpec(Strict):
     speculate_k: whole(1, 64) | None = None  # drafted tokens per verify step (None: no speculation)
     acceptance: real(0, 1) | tuple[real(0, 1), ...] = 0.7  # a rate, or one probability per drafted position
     drafter: Name = "eagle"  # eagle | mtp (heads: the target with one layer) | a draft model's name
+    prefill_chips: whole(1, MAX_CHIPS) | None = None  # disaggregated: the prefill pool's chips (sim.serve.disagg)
+    decode_chips: whole(1, MAX_CHIPS) | None = None  # ... and the decode pool's
 
     @model_validator(mode="before")
     @classmethod
@@ -113,6 +115,12 @@ class ServeSpec(Strict):
         if self.drafter in HEAD_DRAFTERS:
             return self.run_spec().model_copy(update={"overrides": (*self.run_spec().overrides, *HEAD_OVERRIDES)})
         return self.run_spec().model_copy(update={"model": self.drafter})
+
+    @model_validator(mode="after")
+    def _both_pools(self):
+        if (self.prefill_chips is None) != (self.decode_chips is None):
+            raise ValueError("disaggregated serving needs both pools: --prefill-chips and --decode-chips")
+        return self
 
     @model_validator(mode="after")
     def _client_concurrency(self):

@@ -41,7 +41,7 @@ def handle(args) -> int:
         "max_batch": args.max_batch, "block_tokens": args.block_tokens,
         "max_tokens_per_step": args.max_tokens_per_step, "policy": args.policy, "target_ms": args.target_ms,
         "ttft_target_ms": args.ttft_target_ms, "client": args.client, "concurrency": args.concurrency,
-        **_speculation(args),
+        "prefill_chips": args.prefill_chips, "decode_chips": args.decode_chips, **_speculation(args),
     }, COMMAND_LINE)
     if rates or scales or any(len(v) > 1 for v in lists.values()):
 
@@ -349,6 +349,11 @@ def render(s: dict) -> str:
               f"{s['kv_pool_bytes_per_chip'] / GB:.1f} GB per chip, room for {s['kv_pool_tokens']:,} cached tokens "
               f"({s['kv_pool_tokens'] // 4096:,} "
               f"sequences of 4,096 tokens)"]
+    if s.get("prefill_chips"):
+        lines.append(f"  disaggregated: prefill pool {s['prefill_chips']} chips ({s['prefill_pool_steps']:,} steps, "
+                     f"{s['prefill_pool_busy_s']:.1f} s busy), decode pool {s['decode_chips']} chips; KV moved "
+                     f"{s['kv_moved_bytes'] / GB:.2f} GB over {s['kv_link_pairs']} x {s['kv_link_GBps']:g} GB/s links, "
+                     f"{s['kv_transfer_ms_mean']:.2f} ms per request (in TTFT)")
     if s.get("speculate_k"):
         lines.append(f"  speculation: {s['drafter']} drafts {s['speculate_k']} tokens per verify step at acceptance "
                      f"{s['acceptance']}: {s['tokens_per_step']:.2f} tokens per step expected (sim/serve/speculative.py)")
