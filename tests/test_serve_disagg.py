@@ -52,3 +52,18 @@ def test_the_decode_pool_decodes_the_rest_without_prefill():
     # the decode pool's steps carry no prompt tokens: each is 4 ms + 20 us per sequence
     assert summary["prefill_tokens"] == 0
     assert 4.0 < summary["tpot_ms_p50"] < 4.0 + 0.02 * 20 + 1e-9
+
+
+def test_cli_sweeps_the_pool_split_and_refuses_a_split_that_leaves_no_decode_chip():
+    import json
+
+    from tests.conftest import run_cli
+
+    code, out, err = run_cli("serve", "--hardware", "h200-sxm-x8", "--requests", "synthetic", "--rate", "2",
+                             "--duration-s", "4", "--prefill-chips", "1,2", "--jobs", "1", "--json")
+    assert code == 0, err
+    rows = json.loads(out)["rows"]
+    assert [(r["prefill_chips"], r["decode_chips"]) for r in rows] == [(1, 7), (2, 6)]
+    assert all(r["status"] == "ok" and r["kv_moved_bytes"] > 0 for r in rows)
+    code, _, err = run_cli("serve", "--hardware", "h200-sxm-x8", "--prefill-chips", "8")
+    assert code == 2 and "--prefill-chips" in err and "decode pool" in err

@@ -95,9 +95,10 @@ def add_serve_options(p: argparse.ArgumentParser) -> None:
                    help="speculation: acceptance rate (default 0.7), or a comma list, one per drafted position")
     p.add_argument("--drafter", default=None,
                    help="speculation: eagle or mtp (heads: the target with one layer, default eagle) or a draft model")
-    p.add_argument("--prefill-chips", type=_whole, default=None,
-                   help="disaggregated serving: the prefill pool's chips (tensor parallel), with --decode-chips")
-    p.add_argument("--decode-chips", type=_whole, default=None,
+    p.add_argument("--prefill-chips", default=None, metavar="P[,P...]",
+                   help="disaggregated serving: the prefill pool's chips (tensor parallel); a comma list sweeps "
+                        "the pool split (the decode pool then takes the profile's other chips unless given)")
+    p.add_argument("--decode-chips", default=None, metavar="D[,D...]",
                    help="disaggregated serving: the decode pool's chips; the KV moves over the profile's links")
     p.add_argument("--concurrency", type=_whole, default=None,
                    help="requests in flight: closed-loop's N, or a cap on an open loop (vLLM --max-concurrency)")

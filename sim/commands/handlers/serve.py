@@ -21,6 +21,7 @@ from sim.serve.report import render as render_report
 from sim.serve.requests import named_at, open_source
 from sim.serve.spec import ServeSpec, build, upgrade_names
 from sim.serve.sweep import GROUP, check_setups, grid, load_study, run_sweep, study_key, study_points, write_table
+from sim.setup import load_profile
 from sim.units import GB
 
 STUDY_OPTIONS = ("command", "handler", "study", "out", "jobs", "replot", "json", "no_progress", "spec_source")
@@ -41,9 +42,14 @@ def handle(args) -> int:
         "max_batch": args.max_batch, "block_tokens": args.block_tokens,
         "max_tokens_per_step": args.max_tokens_per_step, "policy": args.policy, "target_ms": args.target_ms,
         "ttft_target_ms": args.ttft_target_ms, "client": args.client, "concurrency": args.concurrency,
-        "prefill_chips": args.prefill_chips, "decode_chips": args.decode_chips, **_speculation(args),
+        **_speculation(args),
     }, COMMAND_LINE)
-    if rates or scales or any(len(v) > 1 for v in lists.values()):
+    splits = _splits(args, base)
+    if splits and len(splits) == 1:
+        base = validate(ServeSpec, {**base.model_dump(), "prefill_chips": splits[0][0],
+                                    "decode_chips": splits[0][1]}, COMMAND_LINE)
+        splits = None
+    if rates or scales or splits or any(len(v) > 1 for v in lists.values()):
 
         size = len(lists["hardware"]) * len(lists["model"]) * len(lists["kv"]) * len(rates or scales or [None])
         if size > MAX_POINTS:
@@ -51,13 +57,44 @@ def handle(args) -> int:
                               f"replays; expected at most {MAX_POINTS:,}")
 
         points = grid(base, hardware=lists["hardware"], models=[(m, args.weights) for m in lists["model"]],
-                      kv=lists["kv"], rates=rates, rate_scales=scales)
+                      kv=lists["kv"], rates=rates, rate_scales=scales, splits=splits)
         check_setups(points)
         _check_sources(points)
         return _sweep(points, args, title="Serving sweep", command=_command(args))
     _refuse_given(args, tuple(a for a in vars(args) if a != "replot"), "for one replay: it redraws a sweep's "
                   "or study's plot and report from its table (give --rates, a comma list, or --study)")
     return _single(base, args)
+
+
+def _splits(args, base) -> list[tuple[int, int]] | None:
+    """The pool splits asked: --prefill-chips P[,P...] with --decode-chips D[,D...] (paired in
+    order) or without it (each decode pool takes the profile's other chips)."""
+    if args.prefill_chips is None and args.decode_chips is None:
+        return None
+    if args.prefill_chips is None:
+        raise ConfigError(COMMAND_LINE, "--prefill-chips", "disaggregated serving needs the prefill pool's chips")
+    pre = _counts(args.prefill_chips, "--prefill-chips")
+    if args.decode_chips is not None:
+        dec = _counts(args.decode_chips, "--decode-chips")
+        if len(dec) != len(pre):
+            raise ConfigError(COMMAND_LINE, "--decode-chips", f"expected {len(pre)} values, one per prefill pool",
+                              args.decode_chips)
+    else:
+        total = load_profile(base.hardware).chips
+        dec = [total - p for p in pre]
+        if min(dec) < 1:
+            raise ConfigError(COMMAND_LINE, "--prefill-chips", f"leaves no chip of {base.hardware}'s {total} for "
+                              "the decode pool (give --decode-chips)", args.prefill_chips)
+    return list(zip(pre, dec, strict=True))
+
+
+def _counts(text: str, flag: str) -> list[int]:
+    """A comma list of chip counts (whole numbers >= 1)."""
+    values = _numbers(text, flag)
+    bad = [v for v in values if not float(v).is_integer()]
+    if bad:
+        raise ConfigError(COMMAND_LINE, flag, "expected whole numbers of chips", bad[0])
+    return [int(v) for v in values]
 
 
 def _speculation(args) -> dict:
@@ -407,10 +444,12 @@ def _offered(rate_per_s: float) -> str:
 
 def render_table(table, target_ms: float) -> str:
     """A sweep as one line per point."""
-    lines = [f"{'hardware':<13}{'model':<13}{'weights':<8}{'kv':<18}{'req/s':>7}{'TPOT p50':>10}{'TPOT p99':>10}"
+    labels = [_hardware_label(r) for _, r in table.iterrows()]
+    width = max([13, *(len(x) + 1 for x in labels)])
+    lines = [f"{'hardware':<{width}}{'model':<13}{'weights':<8}{'kv':<18}{'req/s':>7}{'TPOT p50':>10}{'TPOT p99':>10}"
              f"{'TTFT p99':>10}{'batch':>7}{'KV occ':>8}  verdict (p99 TPOT <= {target_ms:g} ms)"]
-    for _, r in table.iterrows():
-        head = f"{r['hardware']:<13}{r['model']:<13}{r['weights']:<8}{r['kv']:<18}"
+    for label, (_, r) in zip(labels, table.iterrows(), strict=True):
+        head = f"{label:<{width}}{r['model']:<13}{r['weights']:<8}{r['kv']:<18}"
         if r.get("status") != "ok":
             lines.append(head + f"  {r.get('status')}: {r.get('reason')}")
             continue
@@ -420,3 +459,10 @@ def render_table(table, target_ms: float) -> str:
                                             if r.get("J_per_output_token", None) == r.get("J_per_output_token", None)
                                             and r.get("J_per_output_token", None) is not None else ""))
     return "\n".join(lines)
+
+
+
+def _hardware_label(r) -> str:
+    """A sweep row's hardware, with its pool split (prefill + decode chips) when disaggregated."""
+    split = r.get("prefill_chips")
+    return r["hardware"] + (f" {int(split)}+{int(r['decode_chips'])}" if split == split and split else "")
