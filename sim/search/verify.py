@@ -2,8 +2,8 @@
 
 The replay (sim.serve.replay.serve) runs the traffic's first arrivals (``replay_window``:
 several request lifetimes, so that the batch reaches its steady state) at the
-finalist's operating rate (the search's rate, or ``load`` x the deployment's screened
-capacity) through the vLLM-like scheduler with the deployment's ``max_batch`` and chunk
+finalist's operating rate (the search's rate, ``load`` x the deployment's screened
+capacity, or in a goodput search each rate sim.search.runner.confirm_goodput tries) through the vLLM-like scheduler with the deployment's ``max_batch`` and chunk
 budget, on the same step model the screen used (shared in-process, so the rows it learned
 are not lowered again). It measures the SLO percentile of TTFT and TPOT, throughput,
 preemptions and rejections.
