@@ -16,7 +16,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent / "sim"
 
 LAYERS: list[tuple[str, ...]] = [
-    ("sim.units", "sim.errors", "sim.io", "sim.version", "sim.schema", "sim.config.defaults", "sim.kernel_classes"),
+    ("sim.units", "sim.errors", "sim.io", "sim.version", "sim.schema", "sim.config.defaults", "sim.kernel_classes",
+     "sim.speculation"),
     ("sim.paths",),
     ("sim.config.quantity", "sim.config.loader"),
     ("sim.config",),  # hardware, model, spec, software, energy: nothing of formats, moe or the setup

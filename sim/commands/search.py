@@ -29,12 +29,13 @@ def register(sub) -> None:
     p.add_argument("--percentile", type=int, choices=[50, 90, 99], default=None,
                    help="the percentile the targets hold for (default 99)")
     p.add_argument("--rate", type=float, default=None,
-                   help="requests per second (default: each deployment at --load of its own capacity)")
+                   help="requests per second (default: each deployment at its goodput, the highest rate whose "
+                        "screened percentiles meet the SLOs, confirmed by replay)")
     p.add_argument("--requests", default=None,
                    help="azure-conv (default), azure-code, synthetic, or a request file (.jsonl/.csv/.parquet)")
     p.add_argument("--duration-s", type=float, default=None,
                    help="at most this many seconds of arrivals per replay (default 120)")
-    p.add_argument("--load", type=float, default=None, help="without --rate: fraction of capacity (default 0.9)")
+    p.add_argument("--load", type=float, default=None, help="without --rate: each deployment at this fraction of its capacity instead of its goodput")
     p.add_argument("--max-replays", type=int, default=None, help="most serving replays spent on the front (default 48)")
     p.add_argument("--out", type=output_dir, default=None, metavar="DIR",
                    help="write deployments.parquet/.csv, search.json, front.png and report.md here")

@@ -1,4 +1,4 @@
-"""``decodesim serve``: closed-loop serving replay (TTFT, TPOT, throughput, KV occupancy).
+"""``decodesim serve``: serving replay (TTFT, TPOT, throughput, KV occupancy).
 
 One replay: ``decodesim serve --requests azure-conv --rate-scale 2 --out DIR``. A sweep:
 ``--rates 2,4,8`` (or ``--rate-scales``) and/or comma lists in ``--kv``, ``--hardware``,
@@ -15,8 +15,8 @@ from sim.options.serve import add_serve_options
 
 
 def register(sub) -> None:
-    p = sub.add_parser("serve", help="closed-loop serving replay: TTFT, TPOT, throughput, KV occupancy",
-                       description="Replay request arrivals through a vLLM-like continuous-batching scheduler "
+    p = sub.add_parser("serve", help="serving replay (open-loop, closed-loop or offline clients): TTFT, TPOT, throughput, KV occupancy",
+                       description="Replay request arrivals through an engine's continuous-batching scheduler (vLLM, TensorRT-LLM, SGLang) "
                                    "with paged KV memory; each step takes the simulated step time.")
     add_serve_options(p)
     p.set_defaults(handler="sim.commands.handlers.serve")

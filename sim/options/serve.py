@@ -10,7 +10,8 @@ import re
 
 from sim.errors import COMMAND_LINE
 from sim.options.run import output_dir
-from sim.serve.scheduler import DEFAULT_MAX_BATCH, DEFAULT_MAX_TOKENS_PER_STEP, VLLM_BLOCK_TOKENS
+from sim.serve.clients import CLIENTS
+from sim.serve.scheduler import DEFAULT_MAX_BATCH, DEFAULT_MAX_TOKENS_PER_STEP, POLICIES, VLLM_BLOCK_TOKENS
 
 
 def _decimal(text: str) -> float:
@@ -70,15 +71,37 @@ def add_serve_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt-median", type=_whole, default=1024, help="synthetic: median prompt tokens")
     p.add_argument("--output-median", type=_whole, default=256, help="synthetic: median output tokens")
     p.add_argument("--seed", type=_whole, default=0, help="synthetic arrivals' seed")
-    p.add_argument("--max-batch", type=_whole, default=DEFAULT_MAX_BATCH,
-                   help=f"most sequences per step (vLLM max_num_seqs; default {DEFAULT_MAX_BATCH})")
-    p.add_argument("--block-tokens", type=_whole, default=VLLM_BLOCK_TOKENS,
-                   help=f"tokens per KV block (default {VLLM_BLOCK_TOKENS}, vLLM's)")
-    p.add_argument("--max-tokens-per-step", type=_whole, default=DEFAULT_MAX_TOKENS_PER_STEP,
-                   help=f"token budget per step (vLLM max_num_batched_tokens; default {DEFAULT_MAX_TOKENS_PER_STEP})")
-    p.add_argument("--policy", choices=["chunked", "separate"], default="chunked",
-                   help="chunked prefill mixed into decode steps (default) or separate prefill steps")
+    p.add_argument("--max-batch", type=_whole, default=None,
+                   help=f"most sequences per step (vLLM max_num_seqs; default: the policy's, {DEFAULT_MAX_BATCH} "
+                        "for chunked)")
+    p.add_argument("--block-tokens", type=_whole, default=None,
+                   help=f"tokens per KV block (default: the policy's, {VLLM_BLOCK_TOKENS} for chunked, vLLM's)")
+    p.add_argument("--max-tokens-per-step", type=_whole, default=None,
+                   help="token budget per step (vLLM max_num_batched_tokens; default: the policy's, "
+                        f"{DEFAULT_MAX_TOKENS_PER_STEP} for chunked)")
+    p.add_argument("--policy", choices=list(POLICIES), default="chunked",
+                   help="the engine's scheduler: chunked (vLLM V1 chunked prefill, default), separate (vLLM V0), "
+                        "vllm-v1 (at its >= 70 GiB defaults), trtllm-no-evict, trtllm-max-util, sglang; each "
+                        "brings its engine's documented limits (docs/serving.md)")
     p.add_argument("--target-ms", type=_decimal, default=10.0, help="p99 TPOT target (default 10)")
+    p.add_argument("--ttft-target-ms", type=_decimal, default=None,
+                   help="TTFT limit of a request that counts toward goodput (with TPOT <= --target-ms)")
+    p.add_argument("--client", choices=list(CLIENTS), default="open-loop",
+                   help="open-loop: requests at their timestamps (default); closed-loop: --concurrency N in "
+                        "flight; offline: every request at 0")
+    p.add_argument("--speculate-k", type=_whole, default=None,
+                   help="speculative decoding: tokens drafted per verify step (default: none)")
+    p.add_argument("--acceptance", default=None,
+                   help="speculation: acceptance rate (default 0.7), or a comma list, one per drafted position")
+    p.add_argument("--drafter", default=None,
+                   help="speculation: eagle or mtp (heads: the target with one layer, default eagle) or a draft model")
+    p.add_argument("--prefill-chips", default=None, metavar="P[,P...]",
+                   help="disaggregated serving: the prefill pool's chips (tensor parallel); a comma list sweeps "
+                        "the pool split (the decode pool then takes the profile's other chips unless given)")
+    p.add_argument("--decode-chips", default=None, metavar="D[,D...]",
+                   help="disaggregated serving: the decode pool's chips; the KV moves over the profile's links")
+    p.add_argument("--concurrency", type=_whole, default=None,
+                   help="requests in flight: closed-loop's N, or a cap on an open loop (vLLM --max-concurrency)")
     p.add_argument("--study", default=None, help="run a serving study YAML (kind: serve)")
     p.add_argument("--jobs", type=_workers, default=None, help="worker processes for sweeps (default: cores)")
     p.add_argument("--out", type=output_dir, default=None,

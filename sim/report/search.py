@@ -123,6 +123,7 @@ def _draw_chosen(ax, chosen: dict) -> None:
 def _front_title(data: dict) -> str:
     slo, traffic = data["slo"], data["traffic"]
     load = (f"{traffic['rate']:g} req/s" if traffic.get("rate") is not None else
+            "each deployment at its goodput" if data.get("mode") == "goodput" else
             f"each deployment at {traffic['load']:.0%} of its capacity")
     return (f"{data['model']}: deployments under TTFT p{slo['percentile']} <= {slo['ttft_ms']:g} ms, "
             f"TPOT p{slo['percentile']} <= {slo['tpot_ms']:g} ms\n{data['workload']['requests']}, {load}; "
@@ -147,6 +148,9 @@ def write_report(data: dict, path: Path, *, command: str | None = None, notes: s
     slo, c, w, t = data["slo"], data["counts"], data["workload"], data["traffic"]
     pct = slo["percentile"]
     rate = (f"{t['rate']:g} requests/s for every deployment" if t.get("rate") is not None else
+            "each deployment at its goodput: the highest rate whose screened percentiles meet the SLOs, the screen "
+            "corrected by each finalist's replay until the two agree within 10% on both axes"
+            if data.get("mode") == "goodput" else
             f"each deployment at {t['load']:.0%} of the rate its screen says it can carry")
     lines = [f"# Deployment search: {data['model']} on {', '.join(data['axes']['hardware'])}", ""]
     if command:

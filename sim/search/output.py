@@ -22,7 +22,8 @@ POINT_FIELDS = (
     "batch_limit_by", "weights_GB_per_chip", "kv_pool_GB_per_chip", "est_batch", "est_tpot_ms", "est_ttft_ms",
     "tokens_per_s_per_chip", "tokens_per_s_per_user", "replay_rate_per_s", "replay_requests", "replay_rejected",
     "replay_mean_batch", "replay_preemptions", "ttft_ms_mean", "tpot_ms_mean", "tpot_ms_claimed",
-    "replay_tokens_per_s_per_chip", "replay_tokens_per_s_per_user", "des_step_ms", "analytic_step_ms",
+    "replay_tokens_per_s_per_chip", "replay_tokens_per_s_per_user", "replay_goodput_tokens_per_s_per_chip",
+    "screen_replay_gap", "screen_rounds", "screen_correction_tpot", "des_step_ms", "analytic_step_ms",
     "des_over_analytic", "bound", "verdict", "verdict_reason",
 )
 
@@ -41,7 +42,7 @@ def payload(result: SearchResult, files: list[str] | None = None, command: str |
     pct = spec.slo.percentile
     return {
         "name": spec.name, "model": space.model, "file": display_path(space.file), "slo": spec.slo.model_dump(),
-        "traffic": spec.traffic.model_dump(), "mode": "rate" if spec.traffic.rate is not None else "load",
+        "traffic": spec.traffic.model_dump(), "mode": "rate" if spec.traffic.rate is not None else "goodput" if spec.traffic.goodput else "load",
         "workload": result.workload.as_dict(), "axes": {k: v for k, v in space.axes.items() if v is not None},
         "excluded": [{"where": rule.where, "reason": rule.reason, "deployments": n} for rule, n in space.excluded],
         "counts": result.counts, "complete": result.complete,
@@ -62,7 +63,8 @@ def text(result: SearchResult) -> str:
     space, spec, work, c = result.space, result.space.spec, result.workload, result.counts
     pct = spec.slo.percentile
     t = spec.traffic
-    rate = f"{t.rate:g} req/s" if t.rate is not None else f"each deployment at {t.load:.0%} of its capacity"
+    rate = (f"{t.rate:g} req/s" if t.rate is not None else "each deployment at its goodput (the highest rate whose "
+            "screened percentiles meet the SLOs)" if t.goodput else f"each deployment at {t.load:.0%} of its capacity")
     hardware = ", ".join(space.axes["hardware"])
     lines = [
         f"decodesim search: {space.model} on {hardware}; SLO TTFT p{pct} <= {spec.slo.ttft_ms:g} ms, "

@@ -14,6 +14,7 @@ results are put back in enumeration order whatever order the workers finish in.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import threading
@@ -23,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 
 from sim.errors import ConfigError
 from sim.search.front import Confirmed, chosen, confirmed_front
-from sim.search.screen import SetupScreen, screen
+from sim.search.screen import Correction, SetupScreen, screen
 from sim.search.space import Deployment, Space
 from sim.search.verify import verify
 from sim.search.workload import Workload, workload
@@ -76,24 +77,103 @@ def screen_task(task: dict, cache: SetupCache | None = None) -> list[dict]:
         d = Deployment(**fields)
         setup = cache.get(d, task["model"], task["overrides"], work, task["traffic"]["block_tokens"])
         try:
-            rows.append(screen(setup, d, rate=task["rate"], load=task["traffic"]["load"], slo=task["slo"],
-                              traffic=task["traffic"]))
+            rows.append(screen(setup, d, rate=task["rate"], load=None if task["goodput"] else task["traffic"]["load"],
+                               slo=task["slo"], traffic=task["traffic"]))
         except Exception as err:  # a deployment that fails is recorded, the search goes on (as a study's points)
             rows.append({**d.as_dict(), "status": "error", "reason": f"{type(err).__name__}: {err}"})
     return rows
 
 
 def verify_task(task: dict, cache: SetupCache | None = None) -> dict:
-    """Replay one finalist (picklable)."""
+    """Replay one finalist (picklable); in a goodput search, correct its screen until the two
+    agree (``confirm_goodput``)."""
     cache = cache or _Worker.get()
     work = Workload(**task["workload"])
     d = Deployment(**task["deployment"])
     setup = cache.get(d, task["model"], task["overrides"], work, task["traffic"]["block_tokens"])
     try:
+        if task["goodput"]:
+            return confirm_goodput(setup, d, task, work)
         return verify(d, task["model"], task["overrides"], task["rate"], work, task["slo"], task["traffic"],
                       step_model=setup.step_model, tpot_ms=task["tpot_ms"])
     except Exception as err:  # recorded as a failed check: the point is not claimed
         return {"verdict": "error", "verdict_reason": f"{type(err).__name__}: {err}"}
+
+
+AGREEMENT = 0.10  # screen and replay agree on both axes of the front within this fraction
+BACK_OFF = (0.85, 0.7, 0.5, 0.35, 0.25, 0.15)  # rates tried below the screen's, as fractions of it
+ROUNDS = 6  # replays spent on one finalist
+SCREEN_KEYS = ("rate_per_s", "capacity_rate_per_s", "est_batch", "est_tpot_ms", "est_tpot_pct_ms", "est_ttft_ms",
+               "est_requests", "tokens_per_s_per_chip", "tokens_per_s_per_user", "screen_ok",
+               "screen_correction_tpot", "screen_goodput_rate_per_s")
+
+
+def screen_gap(row: dict, check: dict) -> float:
+    """The larger relative difference between screen and replay on the front's axes: goodput
+    per chip and per-user rate (1000 / mean TPOT)."""
+    gaps = [abs(row["tokens_per_s_per_chip"] / check["replay_goodput_tokens_per_s_per_chip"] - 1),
+            abs(row["tokens_per_s_per_user"] / check["replay_tokens_per_s_per_user"] - 1)]
+    return max(g if math.isfinite(g) else math.inf for g in gaps)
+
+
+def confirm_goodput(setup, d: Deployment, task: dict, work: Workload) -> dict:
+    """Confirm a finalist's goodput by replay. The screen's highest rate is replayed; while the
+    replay misses the SLOs, lower rates are replayed (``BACK_OFF`` x the screen's, then one
+    bisection step), at most ``ROUNDS`` replays; the highest rate that met them is the
+    point. There the screen is evaluated again (at that rate) and held against the replay
+    on both axes of the front; if they differ by more than ``AGREEMENT`` the screen's step
+    times are corrected by the ratio of mean TPOTs the first replay measured (at another
+    rate) and compared again; a point whose screen still disagrees is not claimed. Returns the
+    replay's row with the screen figures at the point (``screen``)."""
+    slo, traffic = task["slo"], task["traffic"]
+    first = task["row"]
+
+    def replay_at(rate: float) -> dict:
+        est = screen(setup, d, rate=rate, load=None, slo=slo, traffic=traffic)
+        return verify(d, task["model"], task["overrides"], rate, work, slo, traffic, step_model=setup.step_model,
+                      tpot_ms=est.get("est_tpot_ms") or first["est_tpot_ms"])
+
+    met, missed, checks = None, None, []
+    for fraction in (1.0, *BACK_OFF):
+        rate = first["rate_per_s"] * fraction
+        checks.append((rate, replay_at(rate)))
+        if checks[-1][1]["verdict"] == "error":
+            return {**checks[-1][1], "screen_rounds": len(checks)}
+        if checks[-1][1]["verdict"] == "meets-slo":
+            met = checks[-1]
+            break
+        missed = checks[-1]
+        if len(checks) >= ROUNDS:
+            break
+    if met is not None and missed is not None and len(checks) < ROUNDS:
+        rate = math.sqrt(met[0] * missed[0])
+        check = replay_at(rate)
+        checks.append((rate, check))
+        if check["verdict"] == "meets-slo":
+            met = (rate, check)
+    if met is None:
+        last = checks[-1][1]
+        return {**last, "screen_rounds": len(checks), "verdict": "misses-slo",
+                "verdict_reason": f"{last['verdict_reason']} (down to {checks[-1][0]:.3g} req/s)"}
+    rate, check = met
+    row = _screen_window(setup, d, rate, slo, traffic, None)
+    gap = screen_gap(row, check)
+    if gap > AGREEMENT:
+        row0, check0 = first, checks[0][1]
+        k = Correction(tpot=check0["tpot_ms_mean"] / row0["est_tpot_ms"])
+        row = _screen_window(setup, d, rate, slo, traffic, k)
+        gap = screen_gap(row, check)
+    out = {**check, "screen_rounds": len(checks), "screen_replay_gap": gap,
+           "screen": {**{key: row.get(key) for key in SCREEN_KEYS}, "screen_goodput_rate_per_s": first["rate_per_s"]}}
+    if gap > AGREEMENT:
+        out.update(verdict="misses-slo", verdict_reason=f"screen and replay differ by {gap:.0%} on the front's axes "
+                   "after correcting the screen's step times")
+    return out
+
+
+def _screen_window(setup, d: Deployment, rate: float, slo: dict, traffic: dict, k: Correction | None) -> dict:
+    """The screen at ``rate`` with the goodput's figures (output per request from the replay's window)."""
+    return screen(setup, d, rate=rate, load=None, slo=slo, traffic=traffic, correction=k, window_output=True)
 
 
 # -- executors --------------------------------------------------------------------------------
@@ -222,7 +302,7 @@ def run_search(space: Space, *, executor: str = "local", jobs: int | None = None
     t0 = time.perf_counter()
     work = _workload(space, traffic, slo)
     base = {"model": space.model, "overrides": overrides, "workload": asdict(work), "slo": slo, "traffic": traffic,
-            "rate": traffic["rate"]}
+            "rate": traffic["rate"], "goodput": spec.traffic.goodput}
     groups = list(space.setups.values())
     pool = Executor(executor, jobs, address)
     try:
@@ -244,9 +324,12 @@ def run_search(space: Space, *, executor: str = "local", jobs: int | None = None
         def confirm(batch: list[dict]) -> list[dict]:
             bar.total += len(batch)
             bar.refresh()
-            tasks = [{**base, "rate": r["rate_per_s"], "tpot_ms": r["est_tpot_ms"],
+            tasks = [{**base, "rate": r["rate_per_s"], "tpot_ms": r["est_tpot_ms"], "row": r,
                       "deployment": {k: r[k] for k in Deployment.__dataclass_fields__}} for r in batch]
-            return pool.map(verify_task, tasks, bar)
+            checks = pool.map(verify_task, tasks, bar)
+            for r, check in zip(batch, checks, strict=True):  # a corrected screen moves the point
+                r.update(check.pop("screen", None) or {})
+            return checks
 
         try:
             confirmed: Confirmed = confirmed_front(candidates, confirm, spec.max_replays,

@@ -22,8 +22,13 @@ on) and all its ``(max_batch, max_tokens_per_step)`` pairs:
    ``[1, b_limit]`` is the steady batch, where ``b_limit`` is the least of ``max_batch``,
    the chunk budget (``b (1 + prompt/output) <= max_tokens_per_step``) and the sequences the
    KV pool holds at the mean context. No root: the deployment cannot carry ``R``
-   (``saturated``). Without a rate the deployment runs at ``load x`` its capacity
-   ``R_max = b_limit / (O T(b_limit))``.
+   (``saturated``). With a ``load`` and no rate the deployment runs at ``load x`` its
+   capacity ``R_max = b_limit / (O T(b_limit))``. With neither (the goodput search) it runs
+   at the highest rate whose estimates (step 4) meet the SLOs: a geometric bisection between
+   ``GOODPUT_FLOOR x R_max`` and ``R_max`` (the estimates grow with the rate); its
+   throughput per chip is then its goodput, from the mean output of the requests the replay
+   at that rate sees. sim.search.runner confirms it by replay and holds screen and replay to
+   agree within 10% on both axes of the front.
 4. **Estimates.** TPOT = ``T(b*)``, and its SLO percentile from the spread of the batch
    and of the share of steps that carry a prompt chunk (``tpot_percentile_ns``). TTFT: the
    requests a finalist's replay would see (``sim.search.workload.replay_window``: the same
@@ -289,8 +294,25 @@ class SetupScreen:
         return self._steady
 
 
-def screen(setup: SetupScreen, d: Deployment, *, rate: float | None, load: float, slo: dict, traffic: dict) -> dict:
-    """The screening row of deployment ``d`` of ``setup`` (module docstring)."""
+@dataclasses.dataclass(frozen=True)
+class Correction:
+    """What a replay taught the screen of one deployment (sim.search.runner's confirmation):
+    ``tpot`` scales every step time (so TPOT, the batch it implies and prefill). 1.0: the
+    screen as it is."""
+
+    tpot: float = 1.0
+
+
+GOODPUT_FLOOR = 0.001  # the lowest rate tried, as a fraction of the capacity
+GOODPUT_STEPS = 12  # geometric bisection steps between it and the capacity (the rate to 0.2%)
+
+
+def screen(setup: SetupScreen, d: Deployment, *, rate: float | None, load: float | None, slo: dict, traffic: dict,
+           correction: Correction | None = None, window_output: bool = False) -> dict:
+    """The screening row of deployment ``d`` of ``setup`` (module docstring). ``rate`` None
+    and ``load`` None: the goodput search, the highest rate whose estimates meet the SLOs.
+    ``window_output`` (implied by the goodput search): throughput per chip from the mean
+    output of the requests the replay at this rate sees, not the traffic's."""
     row: dict = {**d.as_dict(), "status": setup.status, "reason": setup.problem}
     if setup.status != "screened":
         return row
@@ -317,37 +339,84 @@ def screen(setup: SetupScreen, d: Deployment, *, rate: float | None, load: float
         row.update(status="saturated", reason=f"the {bound} limit leaves no room for one decoding sequence "
                    "with its share of prompt tokens")
         return row
-    steady = setup.steady
-    budget = d.max_tokens_per_step
-
-    def T(b: float) -> float:
-        return steady.mean_ns(b, budget)
-
-    capacity_rate = b_limit * NS_PER_S / (work.output_mean * T(b_limit))
-    operating = rate if rate is not None else load * capacity_rate
-    row.update(capacity_rate_per_s=capacity_rate, rate_per_s=operating)
-    b = steady_batch(T, operating, work.output_mean, b_limit)
-    if b is None:
-        row.update(status="saturated", reason=f"cannot carry {operating:.3g} req/s: at most {capacity_rate:.3g} "
-                   f"(batch limit {b_limit} set by {bound})")
+    point = _Point(setup, d, b_limit, slo, traffic, correction or Correction())
+    row.update(capacity_rate_per_s=point.capacity_rate)
+    if rate is None and load is None:
+        operating, est = point.highest()
+    else:
+        operating = rate if rate is not None else load * point.capacity_rate
+        est = point.at(operating)
+    row.update(rate_per_s=operating)
+    if est is None:
+        row.update(status="saturated", reason=f"cannot carry {operating:.3g} req/s: at most "
+                   f"{point.capacity_rate:.3g} (batch limit {b_limit} set by {bound})")
         return row
-    tpot_ns = T(b)
-    tpot_pct_ns = tpot_percentile_ns(steady, b, budget, b_limit, work, slo["percentile"])
-    chunk = max(1, int(budget - b))
-    window = replay_window(traffic, operating, work, ns_to_ms(tpot_ns))
-    arrivals, prompts, outputs = window_requests(traffic, window)
-    # a prompt takes ceil(prompt / chunk) steps, each carrying a chunk of up to `chunk` tokens
-    # (timed at the chunk size rounded up to CHUNK_GRAIN tokens: a few hundred distinct steps at most)
-    sizes = np.minimum(-(-np.minimum(prompts, chunk) // CHUNK_GRAIN) * CHUNK_GRAIN, chunk).astype(np.int64)
-    times = {int(n): steady.step_ns(b, int(n)) for n in np.unique(sizes)}
-    prefill_ns = np.ceil(prompts / chunk) * np.array([times[int(n)] for n in sizes]) + tpot_ns
-    ttft_ns = queue_ttft_ns(arrivals, prompts, outputs, b_limit, prefill_ns, tpot_ns, slo["percentile"])
-    row.update(est_batch=b, est_tpot_ms=ns_to_ms(tpot_ns), est_tpot_pct_ms=ns_to_ms(tpot_pct_ns),
-               est_ttft_ms=ns_to_ms(ttft_ns),
-               est_requests=len(arrivals),
-               tokens_per_s_per_chip=operating * work.output_mean / d.chips, tokens_per_s_per_user=NS_PER_S / tpot_ns)
-    row["screen_ok"] = bool(row["est_tpot_pct_ms"] <= slo["tpot_ms"] and row["est_ttft_ms"] <= slo["ttft_ms"])
+    row.update(est)
+    output_mean = row.pop("window_output_mean")
+    if window_output or (rate is None and load is None):  # the requests the replay sees set the output
+        row["tokens_per_s_per_chip"] = operating * output_mean / d.chips
+    if correction is not None:
+        row.update(screen_correction_tpot=correction.tpot)
     return row
 
 
-__all__ = ["SetupScreen", "SteadyStep", "run_spec", "screen", "steady_batch"]
+class _Point:
+    """The estimates of one deployment at any rate (module docstring, steps 3 and 4)."""
+
+    def __init__(self, setup: SetupScreen, d: Deployment, b_limit: int, slo: dict, traffic: dict, k: Correction):
+        self.setup, self.d, self.b_limit, self.slo, self.traffic, self.k = setup, d, b_limit, slo, traffic, k
+        self.steady = setup.steady
+        self.capacity_rate = b_limit * NS_PER_S / (setup.work.output_mean * self.T(b_limit))
+
+    def T(self, b: float) -> float:
+        return self.k.tpot * self.steady.mean_ns(b, self.d.max_tokens_per_step)
+
+    def at(self, operating: float) -> dict | None:
+        """The estimates at ``operating`` req/s, or None when the deployment cannot carry it."""
+        work, steady, slo, budget = self.setup.work, self.steady, self.slo, self.d.max_tokens_per_step
+        b = steady_batch(self.T, operating, work.output_mean, self.b_limit)
+        if b is None:
+            return None
+        tpot_ns = self.T(b)
+        tpot_pct_ns = self.k.tpot * tpot_percentile_ns(steady, b, budget, self.b_limit, work,
+                                                                     slo["percentile"])
+        chunk = max(1, int(budget - b))
+        window = replay_window(self.traffic, operating, work, ns_to_ms(tpot_ns))
+        arrivals, prompts, outputs = window_requests(self.traffic, window)
+        # a prompt takes ceil(prompt / chunk) steps, each carrying a chunk of up to `chunk` tokens
+        # (timed at the chunk size rounded up to CHUNK_GRAIN tokens: a few hundred distinct steps at most)
+        sizes = np.minimum(-(-np.minimum(prompts, chunk) // CHUNK_GRAIN) * CHUNK_GRAIN, chunk).astype(np.int64)
+        times = {int(n): self.k.tpot * steady.step_ns(b, int(n)) for n in np.unique(sizes)}
+        prefill_ns = np.ceil(prompts / chunk) * np.array([times[int(n)] for n in sizes]) + tpot_ns
+        ttft_ns = queue_ttft_ns(arrivals, prompts, outputs, self.b_limit, prefill_ns, tpot_ns, slo["percentile"])
+        est = {"est_batch": b, "est_tpot_ms": ns_to_ms(tpot_ns), "est_tpot_pct_ms": ns_to_ms(tpot_pct_ns),
+               "est_ttft_ms": ns_to_ms(ttft_ns), "est_requests": len(arrivals),
+               "tokens_per_s_per_chip": operating * work.output_mean / self.d.chips,
+               "tokens_per_s_per_user": NS_PER_S / tpot_ns,
+               "window_output_mean": float(outputs.mean()) if len(outputs) else work.output_mean}
+        est["screen_ok"] = bool(est["est_tpot_pct_ms"] <= slo["tpot_ms"] and est["est_ttft_ms"] <= slo["ttft_ms"])
+        return est
+
+    def highest(self) -> tuple[float, dict | None]:
+        """The highest rate in [GOODPUT_FLOOR, 1) x capacity whose estimates meet the SLOs (a
+        geometric bisection: the estimates grow with the rate), with its estimates; when even
+        the floor misses, the capacity and its (failing) estimates."""
+        hi = self.capacity_rate * 0.999999  # just under it: the steady batch exists
+        top = self.at(hi)
+        if top is not None and top["screen_ok"]:
+            return hi, top
+        lo = self.capacity_rate * GOODPUT_FLOOR
+        best = self.at(lo)
+        if best is None or not best["screen_ok"]:  # no rate meets them: shown where it would run at its capacity
+            return hi, top
+        for _ in range(GOODPUT_STEPS):
+            mid = math.sqrt(lo * hi)
+            est = self.at(mid)
+            if est is not None and est["screen_ok"]:
+                lo, best = mid, est
+            else:
+                hi = mid
+        return lo, best
+
+
+__all__ = ["Correction", "SetupScreen", "SteadyStep", "run_spec", "screen", "steady_batch"]

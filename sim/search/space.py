@@ -61,6 +61,7 @@ from sim.config.loader import load_yaml, validate
 from sim.config.quantity import Strict
 from sim.errors import COMMAND_LINE, ConfigError
 from sim.paths import bundled
+from sim.serve.scheduler import POLICIES
 from sim.paths import resolve as resolve_path
 from sim.setup import load_model
 from sim.study.spec import Exclude, axis_values
@@ -80,6 +81,7 @@ DEFAULTS: dict[str, list] = {
     "max_batch": [16, 32, 64, 128, 256],
     "max_tokens_per_step": [512, 2048, 8192],
 }
+POLICY_PATTERN = "^(" + "|".join(POLICIES) + ")$"  # the scheduler policies by name
 MAX_DEPLOYMENTS = 1_000_000  # grid combinations before splits are checked (a typo guard)
 MAX_CHIPS = 4096
 
@@ -94,7 +96,8 @@ class Slo(Strict):
 
 class Traffic(Strict):
     """Who arrives: a request source (sim.serve.requests), its rate, and how much of it each
-    finalist replays. Without ``rate`` every deployment runs at ``load`` x its own capacity."""
+    finalist replays. With ``load`` (and no ``rate``) every deployment runs at ``load`` x its own
+    capacity; with neither, at the highest rate that meets the SLOs (``goodput``)."""
 
     requests: str = "azure-conv"
     rate: float | None = Field(default=None, gt=0, le=1e6)
@@ -102,9 +105,15 @@ class Traffic(Strict):
     replay_lifetimes: float = Field(default=6.0, gt=0, le=1000)  # ... else this many mean request lifetimes
     replay_requests: int = Field(default=200, ge=10, le=10_000_000)  # ... but at least this many arrivals
     load: float = Field(default=0.9, gt=0, le=1)
-    policy: Literal["chunked", "separate"] = "chunked"
+    policy: str = Field(default="chunked", pattern=POLICY_PATTERN)  # a name in sim.serve.scheduler.POLICIES
     block_tokens: int = Field(default=16, ge=1, le=4096)
     seed: int = Field(default=0, ge=0)
+
+    @property
+    def goodput(self) -> bool:
+        """Neither ``rate`` nor ``load`` given: each deployment at the highest rate whose
+        screened percentiles meet the SLOs (the goodput search, sim.search.screen)."""
+        return self.rate is None and "load" not in self.model_fields_set
 
 
 class SpaceSpec(Strict):

@@ -2,8 +2,8 @@
 
 The replay (sim.serve.replay.serve) runs the traffic's first arrivals (``replay_window``:
 several request lifetimes, so that the batch reaches its steady state) at the
-finalist's operating rate (the search's rate, or ``load`` x the deployment's screened
-capacity) through the vLLM-like scheduler with the deployment's ``max_batch`` and chunk
+finalist's operating rate (the search's rate, ``load`` x the deployment's screened
+capacity, or in a goodput search each rate sim.search.runner.confirm_goodput tries) through the vLLM-like scheduler with the deployment's ``max_batch`` and chunk
 budget, on the same step model the screen used (shared in-process, so the rows it learned
 are not lowered again). It measures the SLO percentile of TTFT and TPOT, throughput,
 preemptions and rejections.
@@ -43,7 +43,7 @@ def verify(d: Deployment, model: str, overrides: tuple, rate: float, work: Workl
                      **replay_window(traffic, rate, work, tpot_ms), seed=traffic["seed"],
                      max_batch=d.max_batch,
                      block_tokens=traffic["block_tokens"], max_tokens_per_step=d.max_tokens_per_step,
-                     policy=traffic["policy"], target_ms=slo["tpot_ms"])
+                     policy=traffic["policy"], target_ms=slo["tpot_ms"], ttft_target_ms=slo["ttft_ms"])
     try:
         setup = build(spec)
         summary = serve(setup, step_model=step_model)
@@ -63,6 +63,10 @@ def verify(d: Deployment, model: str, overrides: tuple, rate: float, work: Workl
         "ttft_ms_mean": summary["ttft_ms_mean"], "replay_mean_batch": summary["mean_batch_busy"],
         "replay_preemptions": summary["preemptions"],
         "replay_tokens_per_s_per_chip": summary["throughput_tokens_per_s"] / d.chips,
+        # goodput over the arrival window: the good output tokens of the requests that arrived in
+        # it, per second of it (the steady state the screen estimates; the drain after it excluded)
+        "replay_goodput_tokens_per_s_per_chip": summary["goodput_tokens_per_s"] * summary["simulated_s"]
+        / spec.duration_s / d.chips,
         "replay_tokens_per_s_per_user": MS_PER_S / summary["tpot_ms_mean"] if summary["tpot_ms_mean"] > 0 else math.nan,
         "des_step_ms": des.summary["per_token_ms_p50"], "analytic_step_ms": ana.summary["per_token_ms_p50"],
         "des_over_analytic": ratio, "bound": des.summary["bound"],

@@ -1,7 +1,8 @@
-"""Closed-loop serving replay above the step model (issue 16).
+"""Serving replay above the step model (issues 16 and 41).
 
-Requests arrive by their timestamps (sim.serve.requests), a vLLM-like continuous-batching
-scheduler admits them while paged KV blocks and ``max_batch`` allow (sim.serve.scheduler),
+A client sends requests (sim.serve.clients: open loop at their timestamps, closed loop at a
+fixed concurrency, or offline), an engine's continuous-batching scheduler admits them while
+paged KV blocks and ``max_batch`` allow (sim.serve.scheduler: vLLM, TensorRT-LLM, SGLang),
 each step takes the time the step model says (sim.serve.stepmodel), and the replay
 (sim.serve.replay) streams per-step and per-request rows while sim.serve.metrics reduces
 them to TTFT, TPOT, throughput, batch, KV occupancy and the verdict. ``docs/serving.md``

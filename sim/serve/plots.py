@@ -75,7 +75,7 @@ def latency_vs_rate(table: pd.DataFrame, path: str | Path, target_ms: float | No
             ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
             ax.grid(alpha=0.3, which="both")
         top.legend(fontsize=7, ncol=2)
-    fig.suptitle("Serving latency against request rate (closed-loop replay)", fontsize=11)
+    fig.suptitle("Serving latency against request rate (open-loop replay)", fontsize=11)
     fig.tight_layout()
     return _save(fig, path)
 

@@ -1,6 +1,8 @@
-"""The closed-loop replay: requests arrive by timestamp, steps take the step model's time.
+"""The serving replay: a client sends requests, steps take the step model's time.
 
-The clock (integer nanoseconds) starts at the first arrival. Each iteration: requests whose
+The client (sim.serve.clients: open loop at the requests' timestamps, the default; closed
+loop at a fixed concurrency; offline) decides when each request arrives. The clock (integer
+nanoseconds) starts at 0, the first arrival. Each iteration: requests whose
 arrival time has come join the waiting queue (one that can never fit, because its prompt and
 output exceed the model's context or alone overflow the KV pool, is rejected and counted);
 if nothing runs or waits, the clock jumps to the next arrival; otherwise the scheduler
@@ -43,12 +45,15 @@ import pyarrow.parquet as pq
 
 from sim.energy import MeteredStepModel
 from sim.io import AtomicFile
+from sim.serve.clients import Client
+from sim.serve.disagg import serve_disagg
 from sim.serve.metrics import Metrics
 from sim.serve.requests import Request
 from sim.serve.scheduler import Scheduler, Sequence
 from sim.serve.spec import ServeSetup, ServeSpec, build
-from sim.serve.stepmodel import SimulatorStepModel, StepModel
-from sim.units import ns_to_ms, ns_to_s, s_to_ns
+from sim.serve.speculative import SpeculativeStepModel
+from sim.serve.stepmodel import SimulatorStepModel, StepModel, serve_resolved
+from sim.units import ns_to_ms, ns_to_s
 
 ROW_GROUP = 65_536
 PROGRESS_EVERY = 512  # steps between progress calls
@@ -111,19 +116,23 @@ class TableWriter:
             self._writer = None
 
 
-def replay(source: Iterable[Request], model: StepModel, scheduler: Scheduler, *, target_ms: float = 10.0,
+def replay(source: Iterable[Request] | Client, model: StepModel, scheduler: Scheduler, *, target_ms: float = 10.0,
            max_context: int | None = None, out_dir: str | Path | None = None, window_s: float | None = None,
-           stop: Callable[[], bool] | None = None, progress: Callable[[float, int], None] | None = None) -> dict:
-    """Replay ``source`` through ``scheduler`` with step times from ``model``; returns the
-    metrics summary (sim.serve.metrics) and writes the tables to ``out_dir`` if given.
-    ``window_s``: the arrival window replayed (for the offered rate; default the arrivals'
-    span); ``stop`` and ``progress``: see the module docstring."""
+           stop: Callable[[], bool] | None = None, progress: Callable[[float, int], None] | None = None,
+           ttft_target_ms: float | None = None) -> dict:
+    """Replay ``source`` (requests sent open loop at their timestamps, or a ``Client``) through
+    ``scheduler`` with step times from ``model``; returns the metrics summary
+    (sim.serve.metrics) and writes the tables to ``out_dir`` if given. ``window_s``: the
+    arrival window replayed (for the offered rate; default the arrivals' span);
+    ``ttft_target_ms``: the TTFT part of the goodput SLO (the TPOT part is ``target_ms``);
+    ``stop`` and ``progress``: see the module docstring."""
     out = Path(out_dir) if out_dir is not None else None
     steps = TableWriter(out / "steps.parquet" if out else None, STEP_SCHEMA)
     requests = TableWriter(out / "requests.parquet" if out else None, REQUEST_SCHEMA)
-    metrics = Metrics(target_ms)
+    metrics = Metrics(target_ms, ttft_target_ms)
+    client = source if isinstance(source, Client) else Client(source)
     try:
-        stopped_ns = _loop(iter(source), model, scheduler, metrics, steps, requests, max_context, stop, progress)
+        stopped_ns = _loop(client, model, scheduler, metrics, steps, requests, max_context, stop, progress)
     except BaseException:
         steps.abort()
         requests.abort()
@@ -133,26 +142,23 @@ def replay(source: Iterable[Request], model: StepModel, scheduler: Scheduler, *,
     return metrics.summary(window_s=window_s, stopped_ns=stopped_ns)
 
 
-def _loop(arrivals, model, scheduler: Scheduler, metrics: Metrics, steps: TableWriter, requests: TableWriter,
+def _loop(client: Client, model, scheduler: Scheduler, metrics: Metrics, steps: TableWriter, requests: TableWriter,
           max_context, stop=None, progress=None) -> int | None:
     """Run the replay; returns None when it ran to the end, else the clock (ns after the
     first arrival) at which ``stop`` ended it."""
     pool = scheduler.pool
-    pending = next(arrivals, None)
-    origin = round(s_to_ns(pending.arrival_s)) if pending else 0
-    clock = origin
-    index = 0
-    while pending is not None or scheduler.busy:
+    clock = index = 0
+    while not client.exhausted or scheduler.busy:
         if stop is not None and stop():
-            return clock - origin
+            return clock
         if progress is not None and index % PROGRESS_EVERY == 0:
-            progress(ns_to_s(clock - origin), metrics.requests_done)
-        while pending is not None and round(s_to_ns(pending.arrival_s)) <= clock:
-            _arrive(pending, scheduler, metrics, requests, max_context, origin)
-            pending = next(arrivals, None)
+            progress(ns_to_s(clock), metrics.requests_done)
+        _arrivals(client, clock, scheduler, metrics, requests, max_context)
         if not scheduler.busy:
-            if pending is not None:
-                clock = max(clock, round(s_to_ns(pending.arrival_s)))
+            due = client.next_ns()
+            if due is None:
+                break
+            clock = max(clock, due)
             continue
         work = scheduler.schedule(clock)
         if not work.work:
@@ -164,30 +170,45 @@ def _loop(arrivals, model, scheduler: Scheduler, metrics: Metrics, steps: TableW
         running, waiting = len(scheduler.running), len(scheduler.waiting)
         kv_blocks, kv_bytes, occupancy = pool.used_blocks, pool.used_bytes, pool.occupancy
         sampled, finished = scheduler.complete(work, clock + dt)
-        metrics.step(dt, len(work.work), running + waiting, waiting, occupancy, prefill_tokens, sampled)
-        steps.append(index, ns_to_s(clock - origin), ns_to_ms(dt), len(work.work), len(decode), len(prefill),
+        metrics.step(dt, len(work.work), running + waiting, waiting, occupancy, prefill_tokens, sampled, work.itl_ns)
+        steps.append(index, ns_to_s(clock), ns_to_ms(dt), len(work.work), len(decode), len(prefill),
                      prefill_tokens, sampled, running, waiting, running + waiting, kv_blocks, kv_bytes, occupancy,
                      work.preempted)
         clock += dt
         index += 1
         for seq in finished:
             metrics.finished(seq)
-            _request_row(requests, seq, origin, "done")
+            client.finished(seq.finish_ns)
+            _request_row(requests, seq, 0, "done")
     if progress is not None:
-        progress(ns_to_s(clock - origin), metrics.requests_done)
+        progress(ns_to_s(clock), metrics.requests_done)
     return None
 
 
-def _arrive(request: Request, scheduler: Scheduler, metrics: Metrics, requests: TableWriter, max_context,
-            origin: int) -> None:
-    seq = Sequence(request.rid, round(s_to_ns(request.arrival_s)), request.prompt_tokens, request.output_tokens)
+def _arrivals(client: Client, clock: int, scheduler: Scheduler, metrics: Metrics, requests: TableWriter,
+              max_context) -> None:
+    """Every request the client sends by ``clock`` joins the queue (or is rejected)."""
+    while True:
+        due = client.next_ns()
+        if due is None or due > clock:
+            return
+        t, request = client.pop()
+        if not _arrive(request, t, scheduler, metrics, requests, max_context):
+            client.finished(t)
+
+
+def _arrive(request: Request, t_ns: int, scheduler: Scheduler, metrics: Metrics, requests: TableWriter,
+            max_context) -> bool:
+    """Request ``request`` arrives at ``t_ns``: it joins the queue (True) or is rejected."""
+    seq = Sequence(request.rid, t_ns, request.prompt_tokens, request.output_tokens)
     metrics.arrived(seq.arrival_ns)
     longest = seq.prompt + seq.output - 1  # tokens cached at the last step
     if (max_context is not None and longest > max_context) or not scheduler.pool.fits_alone(longest):
         metrics.rejected += 1
-        _request_row(requests, seq, origin, "rejected")
-        return
+        _request_row(requests, seq, 0, "rejected")
+        return False
     scheduler.arrive(seq)
+    return True
 
 
 def _request_row(requests: TableWriter, seq: Sequence, origin: int, status: str) -> None:
@@ -211,20 +232,31 @@ def serve(spec: ServeSpec | ServeSetup, out_dir: str | Path | None = None, *, st
     """Build (if needed) and replay one serving setup; returns the summary (setup, metrics,
     step-model statistics, wall time). ``out_dir`` receives the tables; ``stop`` and
     ``progress`` as in ``replay``."""
-    setup = spec if isinstance(spec, ServeSetup) else build(spec)
     wall = time.perf_counter()
+    asked = spec.spec if isinstance(spec, ServeSetup) else spec
+    if asked.prefill_chips is not None:
+        return {**serve_disagg(asked), "wall_s": time.perf_counter() - wall}
+    setup = spec if isinstance(spec, ServeSetup) else build(spec)
     model = step_model or SimulatorStepModel(setup.resolved)
     metered = None
-    if setup.resolved.hardware.energy is not None and step_model is None:
+    if setup.spec.speculate_k:  # energy is not metered under speculation (two step models)
+        model = SpeculativeStepModel(model, SimulatorStepModel(serve_resolved(setup.spec.draft_spec())),
+                                     setup.spec.speculate_k, setup.spec.acceptance)
+    elif setup.resolved.hardware.energy is not None and step_model is None:
         metered = MeteredStepModel(model, setup.resolved)
-    scheduler = Scheduler(setup.pool(), max_batch=setup.spec.max_batch,
-                          max_tokens_per_step=setup.spec.max_tokens_per_step, policy=setup.spec.policy)
-    figures = replay(setup.source, metered or model, scheduler, target_ms=setup.spec.target_ms,
+    spec = setup.spec
+    scheduler = Scheduler(setup.pool(), max_batch=spec.max_batch,
+                          max_tokens_per_step=spec.max_tokens_per_step, policy=spec.policy)
+    client = Client(setup.source, spec.client, spec.concurrency)
+    figures = replay(client, metered or model, scheduler, target_ms=spec.target_ms,
                      max_context=setup.resolved.model.max_context, out_dir=out_dir,
-                     window_s=setup.source.window_s, stop=stop, progress=progress)
+                     window_s=setup.source.window_s if spec.client == "open-loop" else None, stop=stop,
+                     progress=progress, ttft_target_ms=spec.ttft_target_ms)
     if metered is not None:
         figures.update(metered.summary(figures["simulated_s"], figures["output_tokens"]))
     summary = {**setup.describe(), **figures, "wall_s": time.perf_counter() - wall}
+    if isinstance(model, SpeculativeStepModel):
+        model = model.target
     if isinstance(model, SimulatorStepModel):
         summary["step_model"] = {**model.stats, "exact": model.exact, "fallback_reason": model.fallback_reason}
         moe = model.moe_figures(s_to_ns(figures["simulated_s"]))

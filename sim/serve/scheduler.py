@@ -30,9 +30,43 @@ first served, while the token budget, ``max_batch`` and the blocks for the whole
 allow; the first prompt always goes even if it exceeds the budget); otherwise a step decodes
 one token for every running sequence, with the same preemption rule.
 
-Each policy is a small strategy object (``ChunkedPolicy``, ``SeparatePolicy``, named in
-``POLICIES``) that fills a step from the scheduler's queues; the scheduler holds the
-mechanisms both share (reserving blocks, preemption, admission, completing a step).
+Each policy is a small strategy object that fills a step from the scheduler's queues; the
+scheduler holds the mechanisms they share (reserving blocks, preemption, admission,
+completing a step). ``POLICIES`` is the one registry of their names: each entry holds the
+strategy and the engine's documented defaults (``max_batch``, ``max_tokens_per_step``,
+``block_tokens``) with their source, so naming a policy names the engine release whose
+scheduler it models (``PolicyEntry``):
+
+* ``chunked`` / ``separate``: the vLLM policies above at the defaults this tool always used
+  (vLLM's API server below 70 GiB of GPU memory: 256 sequences, 2,048 tokens, 16-token blocks);
+* ``vllm-v1``: ``chunked`` at vLLM V1's API-server defaults on GPUs of 70 GiB or more
+  (H100, H200, MI300X): ``max_num_seqs`` 1,024, ``max_num_batched_tokens`` 8,192
+  (vllm/engine/arg_utils.py ``EngineArgs.get_batch_defaults``);
+* ``trtllm-no-evict``: TensorRT-LLM's default capacity scheduler, GUARANTEED_NO_EVICT ("Useful
+  Runtime Options", TensorRT-LLM docs): a request is admitted only if the blocks of its whole
+  life (prompt + output - 1 cached tokens) can be reserved now, so a started request is never
+  paused; in-flight batching mixes context and generation requests in one step within
+  ``max_num_tokens``; context chunking is off by default (``enable_chunked_prefill`` False in
+  the LLM API), so a prompt is computed whole in one step (one longer than the budget goes in
+  a step without other prompts: TensorRT-LLM would refuse it, a replay must make progress);
+* ``trtllm-max-util``: MAX_UTILIZATION: admits while the prompt's blocks fit now and pauses
+  the most recently started request when a block is short (the paused request later
+  recomputes, as vLLM's preemption does); whole prompts as above. Both TensorRT-LLM entries use
+  ``max_batch_size`` 2,048 and ``max_num_tokens`` 8,192 (the build defaults, "Tuning Max Batch
+  Size and Max Num Tokens", TensorRT-LLM docs) and 32-token blocks (``tokens_per_block``);
+* ``sglang``: SGLang's scheduler: prefill and decode in separate steps (mixed chunks are
+  opt-in, ``--enable-mixed-chunk``), a prefill step whenever a prompt is in progress or one can
+  be admitted (prefill first), prompts chunked at ``chunked_prefill_size`` 8,192, a page of 1
+  token, and conservative admission: a request is admitted only if the pool holds its prompt
+  and ``new_token_ratio`` x its output beside the same estimate for every running request;
+  the ratio starts at 0.7 and falls linearly to 0.7 x 0.14 over 600 decode steps, and a decode
+  step that finds no block retracts the most recent request (recompute) and resets it to 0.7
+  (SGLang's ``init_new_token_ratio``, ``min_new_token_ratio_factor``,
+  ``new_token_ratio_decay_steps``; server arguments, docs.sglang.ai). SGLang sizes
+  ``max_running_requests`` from the pool when it is not given; here the limit is 4,096.
+
+The output length a request will have stands for its ``max_tokens`` (what the benchmark
+clients send with ``ignore_eos``), so whole-life reservation is exact, not an estimate.
 
 Token accounting (both policies): a request with prompt P and output O computes P tokens of
 prompt; the step that completes them samples output token 1 (time to first token); each
@@ -44,14 +78,15 @@ completes them samples its next token. Every output token is sampled exactly onc
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Protocol
 
 from sim.errors import COMMAND_LINE, ConfigError
 
-Policy = Literal["chunked", "separate"]
+Policy = str  # a name in POLICIES
 VLLM_BLOCK_TOKENS = 16  # vLLM's default KV block size on CUDA
 DEFAULT_MAX_TOKENS_PER_STEP = 2048  # vLLM's max_num_batched_tokens below 70 GiB GPUs; see docs/serving.md
 DEFAULT_MAX_BATCH = 256  # vLLM's max_num_seqs at the same tier
@@ -78,6 +113,7 @@ class Sequence:
     blocks: int = 0
     charge_bytes: int = 0
     first_token_ns: int = -1
+    last_token_ns: int = -1  # when its latest output token was sampled
     finish_ns: int = -1
     admitted_ns: int = -1
     preemptions: int = 0
@@ -149,6 +185,7 @@ class StepWork:
 
     work: list[tuple[Sequence, int]] = field(default_factory=list)
     preempted: int = 0
+    itl_ns: list[int] = field(default_factory=list)  # inter-token gaps of the tokens it sampled after a first
 
     def split(self) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...]]:
         """(decode contexts after the step's token, prefill (chunk, context before))."""
@@ -176,7 +213,7 @@ class Scheduler:
         self.max_batch = max_batch
         self.max_tokens_per_step = max_tokens_per_step
         self.policy = policy
-        self._policy = POLICIES[policy]()
+        self._policy = POLICIES[policy].strategy()
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.preemptions = 0
@@ -246,6 +283,9 @@ class Scheduler:
                 sampled += 1
                 if seq.generated == 1:
                     seq.first_token_ns = end_ns
+                else:
+                    step.itl_ns.append(end_ns - seq.last_token_ns)
+                seq.last_token_ns = end_ns
                 if seq.generated == seq.output:
                     seq.finish_ns = end_ns
                     finished.append(seq)
@@ -270,8 +310,8 @@ class ChunkedPolicy:
         waiting, running = sched.waiting, sched.running
         while waiting and budget > 0 and len(running) < sched.max_batch:
             seq = waiting[0]
-            n = min(seq.known, budget)
-            if not sched.pool.reserve(seq, n):
+            n = min(seq.known - seq.computed, budget)  # computed > 0 only for a prefilled request's KV moved in
+            if not sched.pool.reserve(seq, seq.computed + n):
                 break
             sched.admit(seq, now_ns)
             step.work.append((seq, n))
@@ -292,8 +332,8 @@ class SeparatePolicy:
         budget = sched.max_tokens_per_step
         while waiting and len(running) < sched.max_batch:
             seq = waiting[0]
-            n = seq.known
-            if (step.work and n > budget) or not sched.pool.reserve(seq, n):
+            n = seq.known - seq.computed
+            if (step.work and n > budget) or not sched.pool.reserve(seq, seq.computed + n):
                 break
             sched.admit(seq, now_ns)
             step.work.append((seq, n))
@@ -301,9 +341,139 @@ class SeparatePolicy:
         return bool(step.work)
 
 
-POLICIES: dict[str, type[SchedulingPolicy]] = {"chunked": ChunkedPolicy, "separate": SeparatePolicy}
+def _decoding(seq: Sequence) -> bool:
+    """Whether ``seq``'s next step is a decode (one token after its last sampled one)."""
+    return seq.generated > 0 and seq.computed == seq.known - 1
 
 
-__all__ = ["KVPool", "Scheduler", "Sequence", "StepWork", "POLICIES", "SchedulingPolicy", "ChunkedPolicy",
-           "SeparatePolicy", "VLLM_BLOCK_TOKENS",
+def _admit_whole(sched: Scheduler, step: StepWork, budget: int, now_ns: int, whole_life: bool) -> None:
+    """Admit waiting requests first come first served with whole prompts (no chunking) while
+    ``budget`` tokens, ``max_batch`` and the pool allow; ``whole_life`` reserves the blocks of
+    the request's whole life at admission (else only its prompt's). A prompt longer than the
+    whole budget goes in a step without other prompts."""
+    waiting, running = sched.waiting, sched.running
+    first = True
+    while waiting and len(running) < sched.max_batch:
+        seq = waiting[0]
+        n = seq.known - seq.computed
+        if n > budget and not (first and n > sched.max_tokens_per_step):
+            break
+        life = seq.prompt + seq.output - 1 if whole_life else 0
+        if not sched.pool.reserve(seq, max(seq.computed + n, life)):
+            break
+        sched.admit(seq, now_ns)
+        step.work.append((seq, n))
+        budget -= n
+        first = False
+
+
+class NoEvictPolicy:
+    """TensorRT-LLM GUARANTEED_NO_EVICT: running requests first (their blocks were reserved
+    for their whole life, so none is ever preempted), then whole prompts of waiting requests
+    whose whole life fits the pool now."""
+
+    def fill(self, sched: Scheduler, step: StepWork, now_ns: int) -> None:
+        budget = sched.continue_running(step, sched.max_tokens_per_step)
+        _admit_whole(sched, step, budget, now_ns, whole_life=True)
+
+
+class MaxUtilizationPolicy:
+    """TensorRT-LLM MAX_UTILIZATION: running requests first (pausing the most recently started
+    when a block is short), then, if none was paused, whole prompts that fit now."""
+
+    def fill(self, sched: Scheduler, step: StepWork, now_ns: int) -> None:
+        budget = sched.continue_running(step, sched.max_tokens_per_step)
+        if not step.preempted:
+            _admit_whole(sched, step, budget, now_ns, whole_life=False)
+
+
+class SglangPolicy:
+    """SGLang-like: separate prefill and decode steps, prefill first, admission that keeps
+    room for ``new_token_ratio`` of every request's output (module docstring)."""
+
+    INIT_RATIO = 0.7  # init_new_token_ratio
+    MIN_RATIO = 0.7 * 0.14  # init x min_new_token_ratio_factor
+    DECAY_STEPS = 600  # new_token_ratio_decay_steps
+
+    def __init__(self):
+        self.ratio = self.INIT_RATIO
+
+    def fill(self, sched: Scheduler, step: StepWork, now_ns: int) -> None:
+        if self._prefill(sched, step, now_ns):
+            return
+        decoding = sum(1 for s in sched.running if _decoding(s))
+        sched.continue_running(step, max(1, decoding))
+        if step.preempted:
+            self.ratio = self.INIT_RATIO
+        else:
+            self.ratio = max(self.MIN_RATIO, self.ratio - (self.INIT_RATIO - self.MIN_RATIO) / self.DECAY_STEPS)
+
+    def _future_bytes(self, sched: Scheduler, seq: Sequence, now_tokens: int) -> int:
+        """Bytes ``seq`` would hold with ``now_tokens`` cached plus ``ratio`` of its output to come."""
+        pool = sched.pool
+        ahead = math.ceil(self.ratio * (seq.output - seq.generated))
+        return pool.charge(pool.blocks_for(now_tokens + ahead))
+
+    def _prefill(self, sched: Scheduler, step: StepWork, now_ns: int) -> bool:
+        """A prefill step: prompts in progress continue, then waiting requests are admitted
+        while the pool keeps the ratio's room for everyone. False if there is nothing to do."""
+        budget = sched.max_tokens_per_step
+        pool = sched.pool
+        for seq in sched.running:
+            if budget > 0 and not _decoding(seq):
+                n = min(seq.known - seq.computed, budget)
+                if not pool.reserve(seq, seq.computed + n):
+                    break
+                step.work.append((seq, n))
+                budget -= n
+        held = sum(self._future_bytes(sched, s, s.known) for s in sched.running)
+        waiting = sched.waiting
+        while waiting and budget > 0 and len(sched.running) < sched.max_batch:
+            seq = waiting[0]
+            n = min(seq.known - seq.computed, budget)
+            need = self._future_bytes(sched, seq, seq.known)
+            if held + need > pool.capacity_bytes or not pool.reserve(seq, seq.computed + n):
+                break
+            held += need
+            sched.admit(seq, now_ns)
+            step.work.append((seq, n))
+            budget -= n
+        return bool(step.work)
+
+
+@dataclass(frozen=True)
+class PolicyEntry:
+    """A named scheduler: its strategy, the engine's documented defaults and their source."""
+
+    strategy: Callable[[], SchedulingPolicy]
+    max_batch: int
+    max_tokens_per_step: int
+    block_tokens: int
+    engine: str
+    source: str
+
+
+VLLM_SMALL = "vLLM API server below 70 GiB GPUs (vllm/engine/arg_utils.py get_batch_defaults)"
+TRTLLM_LIMITS = ("TensorRT-LLM build defaults max_batch_size 2048, max_num_tokens 8192 (docs: Tuning Max Batch "
+                 "Size and Max Num Tokens); KvCacheConfig tokens_per_block 32")
+POLICIES: dict[str, PolicyEntry] = {
+    "chunked": PolicyEntry(ChunkedPolicy, DEFAULT_MAX_BATCH, DEFAULT_MAX_TOKENS_PER_STEP, VLLM_BLOCK_TOKENS,
+                           "vLLM V1 (chunked prefill)", VLLM_SMALL),
+    "separate": PolicyEntry(SeparatePolicy, DEFAULT_MAX_BATCH, DEFAULT_MAX_TOKENS_PER_STEP, VLLM_BLOCK_TOKENS,
+                            "vLLM V0 without chunked prefill", VLLM_SMALL),
+    "vllm-v1": PolicyEntry(ChunkedPolicy, 1024, 8192, VLLM_BLOCK_TOKENS, "vLLM V1 (chunked prefill)",
+                           "vLLM V1 API server on >= 70 GiB GPUs: max_num_seqs 1024, max_num_batched_tokens 8192 "
+                           "(vllm/engine/arg_utils.py get_batch_defaults)"),
+    "trtllm-no-evict": PolicyEntry(NoEvictPolicy, 2048, 8192, 32, "TensorRT-LLM GUARANTEED_NO_EVICT (default)",
+                                   TRTLLM_LIMITS),
+    "trtllm-max-util": PolicyEntry(MaxUtilizationPolicy, 2048, 8192, 32, "TensorRT-LLM MAX_UTILIZATION",
+                                   TRTLLM_LIMITS),
+    "sglang": PolicyEntry(SglangPolicy, 4096, 8192, 1, "SGLang (separate prefill/decode, conservative admission)",
+                          "SGLang server arguments: chunked_prefill_size 8192, page_size 1, init_new_token_ratio 0.7"),
+}
+
+
+__all__ = ["KVPool", "Scheduler", "Sequence", "StepWork", "POLICIES", "PolicyEntry", "SchedulingPolicy",
+           "ChunkedPolicy", "SeparatePolicy", "NoEvictPolicy", "MaxUtilizationPolicy", "SglangPolicy",
+           "VLLM_BLOCK_TOKENS",
            "DEFAULT_MAX_TOKENS_PER_STEP", "DEFAULT_MAX_BATCH"]

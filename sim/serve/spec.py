@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import ConfigDict, field_validator
+from pydantic import ConfigDict, field_validator, model_validator
 
 from sim import decode_trace as traces
 from sim.config.loader import parse_assignment
@@ -23,10 +23,13 @@ from sim.config.quantity import Strict, real, whole
 from sim.config.spec import MAX_BATCH, MAX_CHIPS, MAX_TARGET_MS, Name, RunSpec
 from sim.errors import ConfigError, SimulationError
 from sim.run import capacity, kv_bytes, kv_pool_bytes, no_kv_room
+from sim.serve.clients import CLIENTS
 from sim.serve.requests import MAX_DURATION_S, MAX_RATE_PER_S, MAX_TOKENS, RequestSource, open_source
-from sim.serve.scheduler import DEFAULT_MAX_BATCH, DEFAULT_MAX_TOKENS_PER_STEP, VLLM_BLOCK_TOKENS, KVPool
+from sim.serve.scheduler import DEFAULT_MAX_BATCH, DEFAULT_MAX_TOKENS_PER_STEP, POLICIES, VLLM_BLOCK_TOKENS, KVPool
+from sim.serve.speculative import HEAD_DRAFTERS, HEAD_OVERRIDES
 from sim.serve.stepmodel import serve_resolved
 from sim.setup import RunSetup
+from sim.speculation import tokens_per_step
 from sim.units import GB
 
 POOL_CONTEXT = 4096  # tokens of the sequence whose bytes per token size the KV pool figure
@@ -58,8 +61,74 @@ class ServeSpec(Strict):
     max_batch: whole(1, MAX_BATCH) = DEFAULT_MAX_BATCH
     block_tokens: whole(1, MAX_TOKENS) = VLLM_BLOCK_TOKENS
     max_tokens_per_step: whole(1, MAX_TOKENS) = DEFAULT_MAX_TOKENS_PER_STEP
-    policy: Literal["chunked", "separate"] = "chunked"
+    policy: str = "chunked"  # a name in sim.serve.scheduler.POLICIES
     target_ms: real(0, MAX_TARGET_MS, lo_open=True) = 10.0
+    ttft_target_ms: real(0, 3.6e6, lo_open=True) | None = None  # the TTFT part of the goodput SLO
+    client: str = "open-loop"  # a name in sim.serve.clients.CLIENTS
+    concurrency: whole(1, MAX_BATCH) | None = None  # requests in flight (closed loop; caps an open loop)
+    speculate_k: whole(1, 64) | None = None  # drafted tokens per verify step (None: no speculation)
+    acceptance: real(0, 1) | tuple[real(0, 1), ...] = 0.7  # a rate, or one probability per drafted position
+    drafter: Name = "eagle"  # eagle | mtp (heads: the target with one layer) | a draft model's name
+    prefill_chips: whole(1, MAX_CHIPS) | None = None  # disaggregated: the prefill pool's chips (sim.serve.disagg)
+    decode_chips: whole(1, MAX_CHIPS) | None = None  # ... and the decode pool's
+
+    @model_validator(mode="before")
+    @classmethod
+    def _policy_defaults(cls, data):
+        """The scheduler limits not given take the policy's documented defaults (POLICIES)."""
+        if not isinstance(data, dict):
+            return data
+        entry = POLICIES.get(data.get("policy", "chunked"))
+        if entry is None:
+            return data  # the field validator names the policies
+        data = dict(data)
+        for key in ("max_batch", "max_tokens_per_step", "block_tokens"):
+            if data.get(key) is None:
+                data[key] = getattr(entry, key)
+        return data
+
+    @field_validator("policy")
+    @classmethod
+    def _known_policy(cls, value):
+        if value not in POLICIES:
+            raise ValueError(f"expected one of {', '.join(POLICIES)}")
+        return value
+
+    @field_validator("client")
+    @classmethod
+    def _known_client(cls, value):
+        if value not in CLIENTS:
+            raise ValueError(f"expected one of {', '.join(CLIENTS)}")
+        return value
+
+    @model_validator(mode="after")
+    def _acceptance_per_position(self):
+        if isinstance(self.acceptance, tuple) and self.speculate_k is not None \
+                and len(self.acceptance) != self.speculate_k:
+            raise ValueError(f"acceptance gives {len(self.acceptance)} probabilities; expected one per drafted "
+                             f"position ({self.speculate_k})")
+        return self
+
+    def draft_spec(self) -> RunSpec:
+        """The drafter's RunSpec: heads (eagle, mtp) are the target with one decoder layer and its
+        LM head; any other name is a draft model on the same chips and formats."""
+        if self.drafter in HEAD_DRAFTERS:
+            return self.run_spec().model_copy(update={"overrides": (*self.run_spec().overrides, *HEAD_OVERRIDES)})
+        return self.run_spec().model_copy(update={"model": self.drafter})
+
+    @model_validator(mode="after")
+    def _both_pools(self):
+        if (self.prefill_chips is None) != (self.decode_chips is None):
+            raise ValueError("disaggregated serving needs both pools: --prefill-chips and --decode-chips")
+        return self
+
+    @model_validator(mode="after")
+    def _client_concurrency(self):
+        if self.client == "closed-loop" and self.concurrency is None:
+            raise ValueError("a closed-loop client needs a concurrency (--concurrency N)")
+        if self.client == "offline" and self.concurrency is not None:
+            raise ValueError("an offline client sends every request at 0: no concurrency")
+        return self
 
     @field_validator("overrides", mode="before")
     @classmethod
@@ -107,6 +176,11 @@ class ServeSetup:
         return {"hardware": res.hardware.name, "model": res.model.name, "weights": self.spec.weights,
                 "kv": self.spec.kv, "software": self.spec.software, "tp": plan.tp, "pp": plan.pp,
                 "chips": res.hardware.chips, "policy": self.spec.policy, "max_batch": self.spec.max_batch,
+                "client": self.spec.client, "concurrency": self.spec.concurrency,
+                "speculate_k": self.spec.speculate_k, "drafter": self.spec.drafter if self.spec.speculate_k else None,
+                "acceptance": self.spec.acceptance if self.spec.speculate_k else None,
+                "tokens_per_step": tokens_per_step(self.spec.speculate_k, self.spec.acceptance)
+                if self.spec.speculate_k else 1.0,
                 "block_tokens": self.spec.block_tokens, "max_tokens_per_step": self.spec.max_tokens_per_step,
                 "requests": self.spec.requests, "source": self.source.description,
                 "rate_scale": self.source.rate_scale, "nominal_rate_per_s": self.source.rate_per_s,

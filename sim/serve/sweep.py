@@ -150,13 +150,17 @@ def check_setups(points: list[ServeSpec], file: str = COMMAND_LINE, key_of=lambd
             raise ConfigError(file, key_of(err.key_path), err.expected, err.got) from None
 
 
-def grid(base: ServeSpec, *, hardware=None, models=None, kv=None, rates=None, rate_scales=None) -> list[ServeSpec]:
-    """The product of the given axes around ``base`` (each axis defaults to base's value)."""
+def grid(base: ServeSpec, *, hardware=None, models=None, kv=None, rates=None, rate_scales=None,
+         splits=None) -> list[ServeSpec]:
+    """The product of the given axes around ``base`` (each axis defaults to base's value);
+    ``splits``: (prefill chips, decode chips) pool splits of disaggregated serving."""
     axis, values = ("rate", rates) if rates else ("rate_scale", rate_scales) if rate_scales else (None, [None])
     out = []
-    for hw, (model, weights), fmt, value in itertools.product(
-            hardware or [base.hardware], models or [(base.model, base.weights)], kv or [base.kv], values):
-        data = {**base.model_dump(), "hardware": hw, "model": model, "weights": weights, "kv": fmt}
+    for hw, (model, weights), fmt, value, split in itertools.product(
+            hardware or [base.hardware], models or [(base.model, base.weights)], kv or [base.kv], values,
+            splits or [(base.prefill_chips, base.decode_chips)]):
+        data = {**base.model_dump(), "hardware": hw, "model": model, "weights": weights, "kv": fmt,
+                "prefill_chips": split[0], "decode_chips": split[1]}
         if axis:
             data.update({"rate": None, "rate_scale": None, axis: value})
         out.append(validate(ServeSpec, data, COMMAND_LINE))
@@ -168,6 +172,8 @@ def run_point(spec_json: str) -> dict:
     spec = ServeSpec.model_validate_json(spec_json)
     row = {"hardware": spec.hardware, "model": spec.model, "weights": spec.weights, "kv": spec.kv,
            "rate_request": spec.rate, "rate_scale_request": spec.rate_scale}
+    if spec.prefill_chips is not None:
+        row.update(prefill_chips=spec.prefill_chips, decode_chips=spec.decode_chips)
     try:
         summary = serve(spec)
     except (ConfigError, SimulationError) as err:

@@ -10,6 +10,7 @@ from sim.explore.compute import run_view
 from sim.options.spec import spec_from_args
 from sim.report.timeline import trace_of
 from sim.run import simulate
+from sim.speculation import speculation_note
 
 
 def step_range(text: str | None, steps: int) -> tuple[int, int] | None:
@@ -61,6 +62,19 @@ def _notes(s: dict) -> list[str]:
         lines.append("  kernel costs: derived from the profile's own figures (no measured kernels: section; "
                      "`decodesim profiles --sources` states the rule)")
     return lines
+
+
+def _speculation_lines(s: dict) -> list[str]:
+    """What speculative decoding would need to meet a missed target (sim.speculation; a note of
+    the text verdict, not a summary field: studies tabulate every summary field)."""
+    if s["meets_target"] or "per_token_ms_p99" not in s:
+        return []
+    spec = speculation_note(s["per_token_ms_p99"], s["target_ms"])
+    need = spec["acceptance_needed"]
+    return [f"  speculation: {spec['tokens_per_step_needed']:.2f} tokens per step would meet it: "
+            + (f"acceptance >= {need:.2f} with {spec['draft_tokens']} drafted tokens (verify steps costed as decode "
+               "steps, drafting free)" if need is not None else
+               f"more than {spec['draft_tokens']} drafted tokens at any acceptance")]
 
 
 def _ep_lines(e: dict) -> list[str]:
@@ -138,6 +152,7 @@ def render(s: dict) -> str:
     word = "MEETS" if s["meets_target"] else "MISSES"
     lines.append(f"  verdict: {word} the {s['target_ms']:g} ms target (p99 {s['per_token_ms_p99']:.3f} ms, "
                  f"margin {s['margin_ms']:+.3f} ms)")
+    lines.extend(_speculation_lines(s))
     lines.append(f"  simulated {s['events']} SimPy events in {s['wall_s']:.2f} s"
                  + (" (a stream that shares no resource is timed without events)" if s["events"] == 0 else ""))
     return "\n".join(lines)

@@ -1,4 +1,4 @@
-"""What ``decodesim serve`` does: one closed-loop replay, a sweep of them, or a serving study, printed
+"""What ``decodesim serve`` does: one serving replay, a sweep of them, or a serving study, printed
 or written (tables, plots, report)."""
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from sim.serve.report import render as render_report
 from sim.serve.requests import named_at, open_source
 from sim.serve.spec import ServeSpec, build, upgrade_names
 from sim.serve.sweep import GROUP, check_setups, grid, load_study, run_sweep, study_key, study_points, write_table
+from sim.setup import load_profile
 from sim.units import GB
 
 STUDY_OPTIONS = ("command", "handler", "study", "out", "jobs", "replot", "json", "no_progress", "spec_source")
@@ -40,8 +41,15 @@ def handle(args) -> int:
         "prompt_median": args.prompt_median, "output_median": args.output_median, "seed": args.seed,
         "max_batch": args.max_batch, "block_tokens": args.block_tokens,
         "max_tokens_per_step": args.max_tokens_per_step, "policy": args.policy, "target_ms": args.target_ms,
+        "ttft_target_ms": args.ttft_target_ms, "client": args.client, "concurrency": args.concurrency,
+        **_speculation(args),
     }, COMMAND_LINE)
-    if rates or scales or any(len(v) > 1 for v in lists.values()):
+    splits = _splits(args, base)
+    if splits and len(splits) == 1:
+        base = validate(ServeSpec, {**base.model_dump(), "prefill_chips": splits[0][0],
+                                    "decode_chips": splits[0][1]}, COMMAND_LINE)
+        splits = None
+    if rates or scales or splits or any(len(v) > 1 for v in lists.values()):
 
         size = len(lists["hardware"]) * len(lists["model"]) * len(lists["kv"]) * len(rates or scales or [None])
         if size > MAX_POINTS:
@@ -49,13 +57,57 @@ def handle(args) -> int:
                               f"replays; expected at most {MAX_POINTS:,}")
 
         points = grid(base, hardware=lists["hardware"], models=[(m, args.weights) for m in lists["model"]],
-                      kv=lists["kv"], rates=rates, rate_scales=scales)
+                      kv=lists["kv"], rates=rates, rate_scales=scales, splits=splits)
         check_setups(points)
         _check_sources(points)
         return _sweep(points, args, title="Serving sweep", command=_command(args))
     _refuse_given(args, tuple(a for a in vars(args) if a != "replot"), "for one replay: it redraws a sweep's "
                   "or study's plot and report from its table (give --rates, a comma list, or --study)")
     return _single(base, args)
+
+
+def _splits(args, base) -> list[tuple[int, int]] | None:
+    """The pool splits asked: --prefill-chips P[,P...] with --decode-chips D[,D...] (paired in
+    order) or without it (each decode pool takes the profile's other chips)."""
+    if args.prefill_chips is None and args.decode_chips is None:
+        return None
+    if args.prefill_chips is None:
+        raise ConfigError(COMMAND_LINE, "--prefill-chips", "disaggregated serving needs the prefill pool's chips")
+    pre = _counts(args.prefill_chips, "--prefill-chips")
+    if args.decode_chips is not None:
+        dec = _counts(args.decode_chips, "--decode-chips")
+        if len(dec) != len(pre):
+            raise ConfigError(COMMAND_LINE, "--decode-chips", f"expected {len(pre)} values, one per prefill pool",
+                              args.decode_chips)
+    else:
+        total = load_profile(base.hardware).chips
+        dec = [total - p for p in pre]
+        if min(dec) < 1:
+            raise ConfigError(COMMAND_LINE, "--prefill-chips", f"leaves no chip of {base.hardware}'s {total} for "
+                              "the decode pool (give --decode-chips)", args.prefill_chips)
+    return list(zip(pre, dec, strict=True))
+
+
+def _counts(text: str, flag: str) -> list[int]:
+    """A comma list of chip counts (whole numbers >= 1)."""
+    values = _numbers(text, flag)
+    bad = [v for v in values if not float(v).is_integer()]
+    if bad:
+        raise ConfigError(COMMAND_LINE, flag, "expected whole numbers of chips", bad[0])
+    return [int(v) for v in values]
+
+
+def _speculation(args) -> dict:
+    """The speculation fields given (acceptance: one number, or a comma list per position)."""
+    out = {}
+    if args.speculate_k is not None:
+        out["speculate_k"] = args.speculate_k
+    if args.drafter is not None:
+        out["drafter"] = args.drafter
+    if args.acceptance is not None:
+        values = _numbers(args.acceptance, "--acceptance") if args.acceptance.strip() not in ("0", "0.0") else [0.0]
+        out["acceptance"] = values[0] if len(values) == 1 else tuple(values)
+    return out
 
 
 def _refuse_given(args, allowed: tuple[str, ...], why: str) -> None:
@@ -329,22 +381,43 @@ def render(s: dict) -> str:
     lines += [f"  requests: {s['source']}; {s['arrivals']:,} arrived ({rate}), {s['requests_done']:,} done, "
               f"{s['requests_rejected']:,} rejected; "
               f"{s['simulated_s']:.1f} s simulated in {s['steps']:,} steps",
-              f"  scheduler: {s['policy']} prefill, <= {s['max_tokens_per_step']} tokens and <= {s['max_batch']} "
+              f"  scheduler: {s['policy']}, <= {s['max_tokens_per_step']} tokens and <= {s['max_batch']} "
               f"sequences per step, {s['block_tokens']}-token KV blocks; KV pool "
               f"{s['kv_pool_bytes_per_chip'] / GB:.1f} GB per chip, room for {s['kv_pool_tokens']:,} cached tokens "
               f"({s['kv_pool_tokens'] // 4096:,} "
               f"sequences of 4,096 tokens)"]
+    if s.get("prefill_chips"):
+        lines.append(f"  disaggregated: prefill pool {s['prefill_chips']} chips ({s['prefill_pool_steps']:,} steps, "
+                     f"{s['prefill_pool_busy_s']:.1f} s busy), decode pool {s['decode_chips']} chips; KV moved "
+                     f"{s['kv_moved_bytes'] / GB:.2f} GB over {s['kv_link_pairs']} x {s['kv_link_GBps']:g} GB/s links, "
+                     f"{s['kv_transfer_ms_mean']:.2f} ms per request (in TTFT)")
+    if s.get("speculate_k"):
+        lines.append(f"  speculation: {s['drafter']} drafts {s['speculate_k']} tokens per verify step at acceptance "
+                     f"{s['acceptance']}: {s['tokens_per_step']:.2f} tokens per step expected (sim/serve/speculative.py)")
     if not s["requests_done"]:
         lines.append(f"  verdict: NO RESULT: none of the {s['arrivals']:,} requests finished ({s['requests_rejected']:,} "
                      "rejected: a request that exceeds the model's context or alone overflows the KV pool is "
                      "refused), so there is no latency to report")
         return "\n".join(lines)
-    lines.append(f"  {'':<6}{'p50':>10}{'p90':>10}{'p99':>10}{'mean':>10}")
-    for key, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2e_ms", "E2E"), ("step_ms", "step")):
-        lines.append(f"  {label:<6}" + "".join(f"{s[f'{key}_{q}']:>10.2f}" for q in ("p50", "p90", "p99", "mean"))
-                     + "  ms")
-    lines += [f"  throughput: {s['throughput_tokens_per_s']:.0f} output tokens/s, {s['prefill_tokens_per_s']:.0f} "
-              f"prefill tokens/s, {s['throughput_req_per_s']:.2f} requests/s",
+    lines.append(f"  {'':<6}{'mean':>10}{'median':>10}{'std':>10}{'p90':>10}{'p99':>10}")
+    for key, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("itl_ms", "ITL"), ("e2e_ms", "E2EL"),
+                       ("step_ms", "step")):
+        lines.append(f"  {label:<6}" + "".join(f"{s.get(f'{key}_{q}', math.nan):>10.2f}"
+                                               for q in ("mean", "p50", "std", "p90", "p99")) + "  ms")
+    requested = s.get("nominal_rate_per_s")
+    requested = f"{requested:.3g}" if isinstance(requested, float) and math.isfinite(requested) else "-"
+    if s.get("client", "open-loop") != "open-loop":
+        requested = "inf"  # every request as soon as the client may send it
+    slo = f"TPOT <= {s['target_ms']:g} ms" + (f", TTFT <= {s['ttft_target_ms']:g} ms" if s.get("ttft_target_ms") else "")
+    lines += [f"  client: {s.get('client', 'open-loop')}" + (f", {s['concurrency']} in flight" if s.get("concurrency")
+                                                             else "") +
+              f"; rate requested {requested}, offered {_finite(s['rate_per_s'])}, achieved "
+              f"{s['throughput_req_per_s']:.3g} req/s",
+              f"  throughput: {s['throughput_tokens_per_s']:.0f} output tokens/s, "
+              f"{s.get('total_tokens_per_s', math.nan):.0f} total tokens/s, {s['prefill_tokens_per_s']:.0f} "
+              f"prefill tokens/s, {s['throughput_req_per_s']:.2f} requests/s; goodput ({slo}) "
+              f"{s.get('goodput_req_per_s', math.nan):.2f} requests/s, {s.get('goodput_tokens_per_s', math.nan):.0f} "
+              "output tokens/s",
               f"  batch: mean {s['mean_batch']:.1f} (while busy {s['mean_batch_busy']:.1f}), largest "
               f"{s['max_batch_seen']}; waiting: mean {s['mean_waiting']:.1f}, max {s['max_waiting']}",
               f"  KV occupancy: mean {100 * s['mean_kv_occupancy']:.1f}%, max {100 * s['max_kv_occupancy']:.1f}%; "
@@ -374,6 +447,10 @@ def _moe_line(moe: dict) -> str:
     return line
 
 
+def _finite(value: float) -> str:
+    return f"{value:.3g}" if math.isfinite(value) else "-"
+
+
 def _offered(rate_per_s: float) -> str:
     """The offered rate as the summary and the plot say it (one arrival has none)."""
     return f"{rate_per_s:.3g} req/s offered" if math.isfinite(rate_per_s) else "one arrival"
@@ -381,10 +458,12 @@ def _offered(rate_per_s: float) -> str:
 
 def render_table(table, target_ms: float) -> str:
     """A sweep as one line per point."""
-    lines = [f"{'hardware':<13}{'model':<13}{'weights':<8}{'kv':<18}{'req/s':>7}{'TPOT p50':>10}{'TPOT p99':>10}"
+    labels = [_hardware_label(r) for _, r in table.iterrows()]
+    width = max([13, *(len(x) + 1 for x in labels)])
+    lines = [f"{'hardware':<{width}}{'model':<13}{'weights':<8}{'kv':<18}{'req/s':>7}{'TPOT p50':>10}{'TPOT p99':>10}"
              f"{'TTFT p99':>10}{'batch':>7}{'KV occ':>8}  verdict (p99 TPOT <= {target_ms:g} ms)"]
-    for _, r in table.iterrows():
-        head = f"{r['hardware']:<13}{r['model']:<13}{r['weights']:<8}{r['kv']:<18}"
+    for label, (_, r) in zip(labels, table.iterrows(), strict=True):
+        head = f"{label:<{width}}{r['model']:<13}{r['weights']:<8}{r['kv']:<18}"
         if r.get("status") != "ok":
             lines.append(head + f"  {r.get('status')}: {r.get('reason')}")
             continue
@@ -394,3 +473,10 @@ def render_table(table, target_ms: float) -> str:
                                             if r.get("J_per_output_token", None) == r.get("J_per_output_token", None)
                                             and r.get("J_per_output_token", None) is not None else ""))
     return "\n".join(lines)
+
+
+
+def _hardware_label(r) -> str:
+    """A sweep row's hardware, with its pool split (prefill + decode chips) when disaggregated."""
+    split = r.get("prefill_chips")
+    return r["hardware"] + (f" {int(split)}+{int(r['decode_chips'])}" if split == split and split else "")
