@@ -126,6 +126,9 @@ def test_any_form_value_gives_a_view_or_one_line(form):
             assert line.startswith("decodesim: ") and "\n" not in line and "Traceback" not in line
 
 
+TOKENS: dict[int, str] = {}  # port -> the session's token (the page carries it; tests/test_explore_security.py)
+
+
 @pytest.fixture(scope="module")
 def server():
     from sim.explore.server import make_server
@@ -133,6 +136,7 @@ def server():
     srv = make_server(0)
     thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
+    TOKENS[srv.server_address[1]] = srv.token
     yield srv.server_address[1]
     srv.shutdown()
     srv.server_close()
@@ -140,7 +144,7 @@ def server():
 
 def request(port: int, method: str, path: str, body: bytes | None = None, headers=None):
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    conn.request(method, path, body=body, headers=headers or {})
+    conn.request(method, path, body=body, headers={"X-Decodesim-Token": TOKENS.get(port, ""), **(headers or {})})
     r = conn.getresponse()
     data = r.read()
     conn.close()
@@ -177,7 +181,68 @@ def test_the_server_survives_any_request(server, path, body):
 
 def test_a_bad_length_is_refused(server):
     status, data = request(server, "POST", "/api/view", b"{}", {"Content-Length": "99999999999"})
-    assert status == 400 and b"at most" in data
+    assert status in (400, 413) and b"at most" in data
+
+
+PAGE_DEFAULTS = {k: ("" if v is None else str(v)) for k, v in views.options()["defaults"].items()
+                 if k in views.FORM_KEYS}  # what the page's form sends before anything is changed
+
+
+@pytest.mark.parametrize("profile", views.options()["hardware"])
+def test_every_profile_on_the_page_is_the_cli(profile):
+    """The page's untouched form, for each bundled profile, is ``decodesim run --hardware P``:
+    the profile's own stack and defaults (a wafer's static-schedule, not the GPU's fused)."""
+    assert PAGE_DEFAULTS["software"] == "" and "" in views.options()["software"]
+    view = views.config_view({**PAGE_DEFAULTS, "hardware": profile, "engine": "analytic", "steps": "1"})
+    cli = cli_json("--hardware", profile, "--engine", "analytic", "--steps", "1")
+    page = dict(view["summary"])
+    for s in (page, cli):
+        for key in ("wall_s", "schema_version", "kind"):
+            s.pop(key, None)
+    assert page == cli
+    assert "--software" not in view["command"]
+
+
+def test_the_format_menus_offer_only_valid_formats():
+    from sim.formats.base import list_formats
+
+    o = views.options()
+    assert o["weights"] == [f.name for f in list_formats("weights")] and set(o["weights"]) < set(o["formats"])
+    assert o["kv"] == [f.name for f in list_formats("kv")] and set(o["kv"]) < set(o["formats"])
+    for name in o["weights"]:
+        views.run_argv({"weights": name})
+    refused = sorted(set(o["formats"]) - set(o["weights"]))[0]
+    with pytest.raises(FormError):
+        views.config_view({"weights": refused, "engine": "analytic", "steps": "1"})
+
+
+def test_every_field_has_help_and_the_tables_download_as_csv():
+    import csv
+    import io
+
+    from sim.explore.server import Explorer
+
+    o = views.options()
+    for field in views.FORM_KEYS | {"requests", "duration_s", "rates"}:
+        assert len(o["help"].get(field, "")) > 20, field
+    for field in ("dispatch", "placement", "routing"):
+        assert "MoE" in o["help"][field]
+    forms = [{"engine": "analytic", "steps": "1"}, {"engine": "analytic", "steps": "1", "kv": "int8"},
+             {"engine": "analytic", "steps": "1", "hardware": "cerebras-wse3", "label": "wafer"}]
+    got = Explorer().view({"setups": forms})
+    rows = list(csv.DictReader(io.StringIO(got["csv"]["summary"])))
+    assert [r["label"] for r in rows] == ["A", "B", "wafer"]
+    for row, form in zip(rows, forms, strict=True):
+        cli = cli_json(*views.run_argv(form))
+        assert float(row["per_token_ms_p50"]) == cli["per_token_ms_p50"]
+        assert row["software"] == cli["software"]
+        assert float(row["J_per_token"]) == cli["energy"]["J_per_token"]
+    breakdown = list(csv.DictReader(io.StringIO(got["csv"]["breakdown"])))
+    assert {r["row"] for r in breakdown} and set(breakdown[0]) == {"row", "A_ms", "B_ms", "wafer_ms"}
+    assert "energy" in got["cards"][0] and "J per token" in got["cards"][0]
+    assert len(got["plots"]) == 1 + 3  # the breakdown and one roofline per setup
+    with pytest.raises(FormError, match="1 to 6 setups"):
+        Explorer().view({"setups": [{}] * 7})
 
 
 def test_serving_rows_are_the_cli_sweep_rows():

@@ -18,7 +18,7 @@ LEVEL_SYMBOLS = ("circle", "square", "triangle-up", "diamond", "triangle-down", 
 
 def _layout(title: str, **extra) -> dict:
     base = {"title": {"text": title, "font": {"size": 14}, "x": 0.01, "xanchor": "left"}, "margin": {"l": 60, "r": 20, "t": 50, "b": 50},
-            "legend": {"orientation": "h", "y": -0.2}, "template": "plotly_white", "height": 360}
+            "legend": {"orientation": "h", "y": -0.25, "yanchor": "top"}, "template": "plotly_white", "height": 360}
     base.update(extra)
     return base
 
@@ -124,19 +124,24 @@ def curve(views: list[dict], axis: str) -> dict:
 
 
 def serving(rows: list[dict], target_ms: float, metric: str) -> dict:
-    """``metric`` (``tpot`` or ``ttft``) p50 and p99 against the offered request rate, from
-    the serve sweep's rows (those that ran)."""
+    """``metric`` (``tpot`` or ``ttft``) p50 (dashed) and p99 (solid) against the offered
+    request rate, one colour per setup (the rows' ``setup``), from the serve sweep's rows
+    (those that ran)."""
     ok = sorted((r for r in rows if r.get("status") == "ok"), key=lambda r: r["rate_per_s"])
+    setups = list(dict.fromkeys(r.get("setup", "") for r in ok))
     data = []
-    for q, dash in (("p50", "dash"), ("p99", "solid")):
-        data.append({"type": "scatter", "mode": "lines+markers", "name": f"{metric.upper()} {q}",
-                     "x": [r["rate_per_s"] for r in ok], "y": [r[f"{metric}_ms_{q}"] for r in ok],
-                     "line": {"color": COLOURS[0 if metric == "tpot" else 1], "dash": dash},
-                     "hovertemplate": "%{x:.3g} req/s: %{y:.2f} ms<extra>" + f"{metric.upper()} {q}</extra>"})
-    name = "time per output token" if metric == "tpot" else "time to first token"
-    layout = _layout(f"{metric.upper()} ({name}) against request rate",
-                     xaxis={"title": {"text": "offered rate (requests per second)"}},
-                     yaxis={"title": {"text": f"{metric.upper()} (ms)"}, "rangemode": "tozero"})
+    for i, setup in enumerate(setups):
+        mine = [r for r in ok if r.get("setup", "") == setup]
+        for q, dash in (("p50", "dash"), ("p99", "solid")):
+            name = f"{setup + ': ' if setup else ''}{metric.upper()} {q}"
+            data.append({"type": "scatter", "mode": "lines+markers", "name": name,
+                         "x": [r["rate_per_s"] for r in mine], "y": [r[f"{metric}_ms_{q}"] for r in mine],
+                         "line": {"color": COLOURS[i % len(COLOURS)], "dash": dash},
+                         "hovertemplate": "%{x:.3g} req/s offered: %{y:.2f} ms<extra>" + name + "</extra>"})
+    title = "time per output token" if metric == "tpot" else "time to first token"
+    layout = _layout(f"{metric.upper()} ({title}) against request rate",
+                     xaxis={"title": {"text": "offered rate (requests per second arriving)"}},
+                     yaxis={"title": {"text": f"{metric.upper()} (ms)"}, "rangemode": "tozero"}, showlegend=True)
     if metric == "tpot":
         layout["shapes"], layout["annotations"] = [_target_line(target_ms)], [_target_note(target_ms)]
     return {"data": data, "layout": layout}
