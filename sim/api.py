@@ -95,14 +95,19 @@ def _words(action: argparse.Action, value) -> list[str]:
     return [f"{flag}={text}"]
 
 
-def _parse(argv: list[str]) -> argparse.Namespace:
+def parse(argv: list[str]) -> argparse.Namespace:
+    """The CLI's parse of ``decodesim ARGV`` (its parser's error as a ConfigError, not an exit)."""
     err = io.StringIO()
     try:
         with redirect_stderr(err):
             return build_parser().parse_args(argv)
     except SystemExit:
-        line = err.getvalue().strip().splitlines()[-1] if err.getvalue().strip() else "bad arguments"
-        raise ConfigError(COMMAND_LINE, argv[0], line.removeprefix("decodesim: "), " ".join(argv[1:])) from None
+        lines = err.getvalue().strip().splitlines()
+        message = lines[-1].removeprefix("decodesim: ") if lines else "bad arguments"
+        option, sep, rest = message.partition(": ")
+        if option.startswith("argument ") and sep:  # "argument --ttft-ms: invalid float value: 'x'"
+            raise ConfigError(COMMAND_LINE, option.removeprefix("argument ").split("/")[0], rest) from None
+        raise ConfigError(COMMAND_LINE, argv[0], message) from None
 
 
 def simulate(spec=None, *, set=(), keep_ops: bool = False, keep_log: bool = False, check_capacity: bool = True,
@@ -121,7 +126,7 @@ def simulate(spec=None, *, set=(), keep_ops: bool = False, keep_log: bool = Fals
         value = options.pop(key)
         items.append(f"{key}={value if isinstance(value, str) else json.dumps(value)}")
     with _LOCK:
-        args = _parse(argv_of("run", {**options, "set": items or None}))
+        args = parse(argv_of("run", {**options, "set": items or None}))
     return _simulate(spec_from_args(args), **kwargs)
 
 
@@ -138,7 +143,7 @@ def command(name: str, *positional: str, **options) -> Output:
     argv[1:1] = [str(p) for p in positional]
     out, err = io.StringIO(), io.StringIO()
     with _LOCK:
-        args = _parse([*argv, "--json"])
+        args = parse([*argv, "--json"])
         with redirect_stdout(out), redirect_stderr(err):
             code = int(handler(args.handler)(args) or 0)
     if code != 0:
@@ -166,4 +171,4 @@ def compare(**options) -> Output:
     return command("compare", **options)
 
 
-__all__ = ["simulate", "run", "serve", "search", "study", "compare", "command", "Output", "argv_of"]
+__all__ = ["simulate", "run", "serve", "search", "study", "compare", "command", "Output", "argv_of", "parse"]

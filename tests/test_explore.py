@@ -358,3 +358,39 @@ def test_the_server_reuses_a_computed_view_and_keeps_labels_apart():
     for batch in ("3", "4", "5"):
         e.view({"a": {"batch": batch}})
     assert len(e.cache) == 2
+
+
+def test_a_search_from_the_page_is_the_cli_search():
+    import time
+
+    from sim import api
+    from sim.explore.server import Explorer
+
+    form = {"model": "llama-3-8b", "hardware": "h200-sxm", "rate": "4", "duration_s": "10", "max_replays": "2",
+            "requests": "synthetic"}
+    e = Explorer()
+    job = e.searches.start({"search": form})
+    deadline = time.monotonic() + 120
+    while not e.searches.status(job["id"])["finished"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    got = e.searches.status(job["id"])
+    assert got["error"] is None and got["front"]
+    want = api.search(**views.search_options(form))
+    for row in (*got["front"], got["chosen"]):
+        for key in ("timing", "wall_s"):
+            row.pop(key, None)
+    assert got["front"] == [plain_row(r) for r in want["front"]] and got["chosen"] == plain_row(want["chosen"])
+    assert got["command"].startswith("decodesim search --model llama-3-8b --hardware h200-sxm")
+    assert got["plots"]["fig-search"]["data"] and got["csv"].startswith("index,")
+    for bad, match in (({"hardware": "a,b,c,d,e"}, "1 to 4 profiles"), ({"max_replays": "99"}, "at most 8"),
+                       ({"duration_s": "600"}, "at most 60"), ({"hardware": "/etc/passwd"}, "bundled names"),
+                       ({"requests": "x.csv"}, "bundled sources"), ({"ttft_ms": "x"}, "ttft-ms")):
+        with pytest.raises(FormError, match=match):
+            views.search_options({**form, **bad})
+
+
+def plain_row(row: dict) -> dict:
+    out = compute.plain(dict(row))
+    for key in ("timing", "wall_s"):
+        out.pop(key, None)
+    return out

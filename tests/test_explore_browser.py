@@ -224,7 +224,27 @@ def test_the_page_in_a_browser(browser, server, downloads):
     assert len(d.find_elements(By.CSS_SELECTOR, "#serve-table tr")) == 4
     assert "10 ms target" in d.find_element(By.ID, "fig-tpot").text
     screenshot(d, "explore-serving.png")
-    d.find_element(By.ID, "tab-config").click()
+
+    # search from the page: the front, then a deployment of it as a fourth setup, the CLI's figure
+    d.find_element(By.ID, "tab-search").click()
+    for name, value in (("hardware", "h200-sxm"), ("rate", "4"), ("duration_s", "10"), ("max_replays", "2")):
+        set_field(d, f"search-{name}", value)
+    d.find_element(By.ID, "search-run").click()
+    wait(d, lambda d: d.find_element(By.ID, "search-status").get_attribute("data-state") in ("ready", "error"),
+         "the search")
+    assert d.find_element(By.ID, "search-error").text == ""
+    assert d.find_elements(By.CSS_SELECTOR, "#fig-search .main-svg")
+    screenshot(d, "explore-search.png")
+    d.find_element(By.CSS_SELECTOR, "#search-front .add-from-search").click()
+    fields = {name: d.find_element(By.ID, f"D-{name}").get_attribute("value")
+              for name in ("hardware", "model", "weights", "kv", "software", "tp", "pp", "chips", "batch")}
+    want["D"] = cli_ms(*[w for k, v in fields.items() for w in (f"--{k}", v)])
+    wait(d, lambda d: ready(d) and d.find_elements(By.CSS_SELECTOR, '.card[data-label^="h200-sxm"] .ms'),
+         "the deployment as a setup")
+    label = d.find_element(By.ID, "D-label").get_attribute("value")
+    assert shown_ms(d, label) == want.pop("D")
+    d.find_element(By.ID, "remove-D").click()
+    wait(d, lambda d: ready(d) and len(d.find_elements(By.CSS_SELECTOR, ".card .ms")) == 3, "three setups again")
 
     # export, then reopen the file offline with the server stopped
     d.find_element(By.ID, "export").click()

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import multiprocessing
 import re
 import socket
 import struct
@@ -205,23 +204,33 @@ def test_a_client_that_goes_away_is_a_log_line(srv, capsys):
     assert ask(srv, "GET", "/api/options")[0] == 200
 
 
-def _pool_workers():
-    return [p for p in multiprocessing.active_children() if "PoolWorker" in p.name]
+def _wait_finished(jobs, job_id: int) -> dict:
+    deadline = time.monotonic() + WAIT_S
+    while not jobs.status(job_id)["finished"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return jobs.status(job_id)
 
 
 def test_a_cancelled_replay_ends_its_worker_process():
     explorer = Explorer()
-    job = explorer.jobs.start({"setups": [{}], "serving": {"rates": "150", "duration_s": "120"}})
-    deadline = time.monotonic() + WAIT_S
-    while not _pool_workers() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert _pool_workers(), "the replay never started a worker"
-    stopped = explorer.jobs.cancel(job["id"])
-    assert stopped["cancelled"]
-    while (_pool_workers() or not explorer.jobs.status(job["id"])["finished"]) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    final = explorer.jobs.status(job["id"])
-    assert final["finished"] and final["done"] < final["total"] and not _pool_workers()
+    job = explorer.jobs.start({"setups": [{}, {"kv": "int8"}], "serving": {"rates": "150", "duration_s": "120"}})
+    proc = explorer.jobs.jobs[job["id"]]["proc"]
+    assert proc.poll() is None  # a replay of 18,000 requests is under way in its own process
+    assert explorer.jobs.cancel(job["id"])["cancelled"]
+    assert proc.wait(timeout=WAIT_S) is not None  # the process, and its work, ended
+    final = _wait_finished(explorer.jobs, job["id"])
+    assert final["finished"] and final["done"] < final["total"] and final["error"] is None
+
+
+def test_a_new_search_ends_the_one_before():
+    explorer = Explorer()
+    form = {"model": "llama-3-8b", "hardware": "h200-sxm", "rate": "4", "duration_s": "10", "max_replays": "2"}
+    first = explorer.searches.start({"search": form})
+    proc = explorer.searches.jobs[first["id"]]["proc"]
+    second = explorer.searches.start({"search": form})
+    assert proc.wait(timeout=WAIT_S) is not None and explorer.searches.status(first["id"])["cancelled"]
+    explorer.searches.cancel({"job": second["id"]})
+    assert _wait_finished(explorer.searches, second["id"])["cancelled"]
 
 
 def test_a_replay_is_bounded_before_it_starts():

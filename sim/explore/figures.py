@@ -147,4 +147,37 @@ def serving(rows: list[dict], target_ms: float, metric: str) -> dict:
     return {"data": data, "layout": layout}
 
 
-__all__ = ["breakdown_rows", "breakdown", "roofline", "curve", "serving"]
+def search_front(front: list[dict], chosen: dict | None) -> dict:
+    """A search's Pareto front: output tokens/s per chip against tokens/s per user, each
+    deployment as the search judged it (confirmed by replay where it was), the chosen one ringed."""
+    data = []
+    for i, verdict in enumerate(sorted({str(r.get("verdict")) for r in front})):
+        mine = [r for r in front if str(r.get("verdict")) == verdict]
+        data.append({"type": "scatter", "mode": "markers", "name": verdict,
+                     "x": [_first(r, "replay_tokens_per_s_per_user", "tokens_per_s_per_user") for r in mine],
+                     "y": [_first(r, "replay_tokens_per_s_per_chip", "tokens_per_s_per_chip") for r in mine],
+                     "text": [r.get("label", "") for r in mine], "customdata": [r.get("index") for r in mine],
+                     "marker": {"size": 10, "color": COLOURS[i % len(COLOURS)]},
+                     "hovertemplate": "%{text}<br>%{x:.0f} tok/s per user, %{y:.0f} tok/s per chip<extra>"
+                                      + verdict + "</extra>"})
+    if chosen:
+        data.append({"type": "scatter", "mode": "markers", "name": "chosen",
+                     "x": [_first(chosen, "replay_tokens_per_s_per_user", "tokens_per_s_per_user")],
+                     "y": [_first(chosen, "replay_tokens_per_s_per_chip", "tokens_per_s_per_chip")],
+                     "text": [chosen.get("label", "")], "hovertemplate": "chosen: %{text}<extra></extra>",
+                     "marker": {"size": 18, "color": "rgba(0,0,0,0)", "line": {"color": "#111", "width": 2}}})
+    layout = _layout("Search: the Pareto front (replayed where confirmed)",
+                     xaxis={"title": {"text": "output tokens/s per user"}, "rangemode": "tozero"},
+                     yaxis={"title": {"text": "output tokens/s per chip"}, "rangemode": "tozero"}, showlegend=True)
+    if not front:
+        layout["annotations"] = [{"text": "no deployment meets the targets", "showarrow": False, "xref": "paper",
+                                  "yref": "paper", "x": 0.5, "y": 0.5}]
+    return {"data": data, "layout": layout}
+
+
+def _first(row: dict, *keys):
+    """The first of ``keys`` that ``row`` has a number for (a replayed figure before its estimate)."""
+    return next((row[k] for k in keys if isinstance(row.get(k), (int, float))), None)
+
+
+__all__ = ["breakdown_rows", "breakdown", "roofline", "curve", "serving", "search_front"]

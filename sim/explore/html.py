@@ -244,6 +244,13 @@ def serving_table(rows: list[dict]) -> str:
     return f"<table class=\"serving\"><tr>{head}</tr>{''.join(lines)}</table>"
 
 
+def records_csv(rows: list[dict]) -> str:
+    """Records as CSV, one column per key any of them has (in first-seen order)."""
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    return _csv(keys, [[r.get(k) if not isinstance(r.get(k), (dict, list)) else json.dumps(r.get(k)) for k in keys]
+                       for r in rows])
+
+
 def serving_csv(rows: list[dict]) -> str:
     """``serving_table`` as CSV (full precision, with each row's status and reason)."""
     keys = [k for k, _t in SERVING_COLUMNS] + ["status", "reason"]
@@ -367,4 +374,4 @@ def write_study_html(out_dir: str | Path) -> Path:
 
 __all__ = ["plotly_js", "plotly_js_path", "document", "headline", "view_plots", "serving_plots", "serving_table", "view_document", "markdown_html",
            "write_study_html", "PLOTLY_CONFIG", "summary_table", "summary_csv", "breakdown_csv", "serving_csv",
-           "summary_rows"]
+           "summary_rows", "records_csv"]

@@ -17,9 +17,14 @@ Routes (JSON in and out unless said):
   self-contained HTML file (sim.explore.html), recomputed from the forms.
 * ``POST /api/serve`` ``{"setups": [form, ...], "serving": {requests, duration_s, rates}}`` (or
   ``{"form": ...}``): start a serving sweep (one short replay per setup and rate, in a worker
-  process; a new one stops the old); ``GET /api/serve?job=ID``: its progress, rows, figures;
+  process, sim.explore.worker; a new one stops the old); ``GET /api/serve?job=ID``: its progress, rows, figures;
   ``POST /api/serve/cancel`` ``{"job": ID}``: stop it (the worker process is ended, so no
   replay goes on after the page cancels it).
+
+* ``POST /api/search`` ``{"search": {model, hardware, ttft_ms, tpot_ms, rate, requests,
+  duration_s, max_replays}}``: start ``decodesim search`` (sim.api.search, bounded: see
+  sim.explore.views.search_options) in a worker process; ``GET /api/search?job=ID``: its
+  front, chosen deployment and front plot; ``POST /api/search/cancel`` ``{"job": ID}`` ends it.
 
 Who may drive it (a web page in the user's own browser must not): the ``Host`` header must
 name a loopback host (``127.0.0.1``, ``localhost``, ``[::1]``, or one given with
@@ -49,7 +54,6 @@ import hmac
 import io
 import itertools
 import json
-import multiprocessing
 import secrets
 import selectors
 import socket
@@ -62,11 +66,12 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
+from sim.api import argv_of as api_argv
+from sim.explore import figures
 from sim.explore import html as export
+from sim.explore import worker
 from sim.explore import views
-from sim.explore.compute import plain
 from sim.explore.views import FormError
-from sim.serve.sweep import run_point
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_PORT = 8765
@@ -82,7 +87,6 @@ MAX_PENDING = 1024  # connections still sending their request; past it the oldes
 REQUEST_DEADLINE_S = 10.0
 SEND_TIMEOUT_S = 30.0
 CURVES_BUDGET_S = 60.0
-JOB_POLL_S = 0.2
 
 
 def _log(line: str) -> None:
@@ -97,10 +101,18 @@ def _error_body(text: str) -> bytes:
 # -- serving sweeps in a worker process ----------------------------------------------------------
 
 
+def _end(job: dict) -> None:
+    """Mark ``job`` cancelled and end its worker process (its work stops with it)."""
+    job["cancelled"] = True
+    proc = job.get("proc")
+    if proc is not None and proc.poll() is None:
+        proc.kill()
+
+
 class _Jobs:
-    """Serving sweeps: the newest one runs, in a worker process of its own (spawned, so it
-    shares nothing with the server's threads); cancelling a job, or starting a new one,
-    ends that process, so no replay goes on after the page stops it."""
+    """Serving sweeps: the newest one runs, in a worker process of its own
+    (sim.explore.worker); cancelling a job, or starting a new one, ends that process, so no
+    replay goes on after the page stops it."""
 
     KEEP = 4  # finished jobs kept for the page to read
 
@@ -113,11 +125,11 @@ class _Jobs:
         points, command = views.serve_job(body)
         with self.lock:
             for job in self.jobs.values():
-                job["cancelled"] = True
+                _end(job)
             job_id = next(self.ids)
             job = {"id": job_id, "total": len(points), "rows": [], "finished": False, "error": None,
                    "cancelled": False, "command": command, "target_ms": points[0][1].target_ms,
-                   "labels": list(dict.fromkeys(label for label, _p in points))}
+                   "labels": list(dict.fromkeys(label for label, _p in points)), "proc": worker.start()}
             self.jobs = {k: v for k, v in self.jobs.items() if not v["finished"] or k > job_id - self.KEEP}
             self.jobs[job_id] = job
         threading.Thread(target=self._run, args=(job, points), daemon=True, name=f"serve-{job_id}").start()
@@ -127,39 +139,28 @@ class _Jobs:
         if not isinstance(job_id, int) or isinstance(job_id, bool):
             raise FormError("decodesim: form: job: expected a job number")
         with self.lock:
-            job = self.jobs.get(job_id)
-            if job is not None:
-                job["cancelled"] = True
+            if job_id in self.jobs:
+                _end(self.jobs[job_id])
         return self.status(job_id)
 
     def _run(self, job: dict, points) -> None:
-        pool = None
+        proc = job["proc"]
         try:
-            pool = multiprocessing.get_context("spawn").Pool(1)
-            results = pool.imap(run_point, [p.model_dump_json() for _label, p in points])
-            for label, _point in points:
-                row = self._next(job, results)
-                if row is None:
+            worker.send(proc, {"kind": "serve", "points": [p.model_dump_json() for _label, p in points]})
+            labels = iter(label for label, _p in points)
+            for row in worker.results(proc):
+                if "error" in row and len(row) == 1:
+                    job["error"] = row["error"]
                     break
                 with self.lock:
-                    job["rows"].append({"setup": label, **plain(row)})
-        except Exception as err:  # a bug in a replay: say so on the page, keep serving
-            job["error"] = f"decodesim: internal error in the replay ({type(err).__name__}): {err}"
-            _log(job["error"])
+                    job["rows"].append({"setup": next(labels), **row})
+        except (OSError, ValueError) as err:  # the worker ended (cancelled) mid-line, or never started
+            if not job["cancelled"]:
+                job["error"] = f"decodesim: the replay's worker failed ({type(err).__name__}): {err}"
+                _log(job["error"])
         finally:
-            if pool is not None:
-                pool.terminate()  # ends a replay still running (cancelled), else the idle worker
-                pool.join()
+            worker.stop(proc)
             job["finished"] = True
-
-    @staticmethod
-    def _next(job: dict, results):
-        while not job["cancelled"]:
-            try:
-                return results.next(timeout=JOB_POLL_S)
-            except multiprocessing.TimeoutError:
-                continue
-        return None
 
     def status(self, job_id: int) -> dict:
         with self.lock:
@@ -174,6 +175,72 @@ class _Jobs:
                 "table": export.serving_table(rows), "csv": export.serving_csv(rows)}
 
 
+class _Searches:
+    """Searches from the page (``decodesim search``, sim.api.search), one at a time, each in a
+    worker process of its own that a cancel, or a new search, ends."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.jobs: dict[int, dict] = {}
+        self.ids = itertools.count(1)
+
+    def start(self, body) -> dict:
+        if not isinstance(body, dict) or not isinstance(body.get("search"), dict):
+            raise FormError("decodesim: form: expected {\"search\": {fields}}")
+        options = views.search_options(body["search"])
+        with self.lock:
+            for job in self.jobs.values():
+                _end(job)
+            job_id = next(self.ids)
+            job = {"id": job_id, "finished": False, "cancelled": False, "error": None, "result": None,
+                   "started": time.monotonic(), "elapsed_s": 0.0, "proc": worker.start(),
+                   "command": views.command_line("search", api_argv("search", options)[1:])}
+            self.jobs = {k: v for k, v in self.jobs.items() if k > job_id - _Jobs.KEEP}
+            self.jobs[job_id] = job
+        threading.Thread(target=self._run, args=(job, options), daemon=True, name=f"search-{job_id}").start()
+        return self.status(job_id)
+
+    def _run(self, job: dict, options: dict) -> None:
+        proc = job["proc"]
+        try:
+            worker.send(proc, {"kind": "search", "options": options})
+            for result in worker.results(proc):
+                job["error"] = result.get("error")
+                job["result"] = None if job["error"] else result
+        except (OSError, ValueError) as err:
+            if not job["cancelled"]:
+                job["error"] = f"decodesim: the search's worker failed ({type(err).__name__}): {err}"
+                _log(job["error"])
+        finally:
+            worker.stop(proc)
+            job["elapsed_s"] = time.monotonic() - job["started"]
+            job["finished"] = True
+
+    def cancel(self, body) -> dict:
+        job_id = body.get("job") if isinstance(body, dict) else None
+        if not isinstance(job_id, int) or isinstance(job_id, bool):
+            raise FormError("decodesim: form: expected {\"job\": ID}")
+        with self.lock:
+            if job_id in self.jobs:
+                _end(self.jobs[job_id])
+        return self.status(job_id)
+
+    def status(self, job_id: int) -> dict:
+        with self.lock:
+            job = self.jobs.get(job_id)
+            if job is None:
+                raise FormError(f"decodesim: form: job: no search {job_id} (start one with Search)")
+            out = {k: job[k] for k in ("id", "finished", "cancelled", "error", "command")}
+            out["elapsed_s"] = job["elapsed_s"] if job["finished"] else time.monotonic() - job["started"]
+            result = job["result"]
+        if result is not None:
+            front = result.get("front") or []
+            out.update(front=front, chosen=result.get("chosen"), counts=result.get("counts"),
+                       plots={"fig-search": figures.search_front(front, result.get("chosen"))},
+                       csv=export.records_csv(front))
+        return out
+
+
 # -- what the routes compute ---------------------------------------------------------------------
 
 
@@ -186,6 +253,7 @@ class Explorer:
 
     def __init__(self):
         self.jobs = _Jobs()
+        self.searches = _Searches()
         self.curves_seq = 0
         self.lock = threading.Lock()
         self.cache: dict[tuple, dict] = {}
@@ -524,10 +592,11 @@ class ExplorerServer(HTTPServer):
         super().server_close()
         self.intake.stop()
         self.workers.shutdown(wait=False, cancel_futures=True)
-        jobs = self.RequestHandlerClass.explorer.jobs
-        with jobs.lock:
-            for job in jobs.jobs.values():
-                job["cancelled"] = True  # their worker processes end
+        explorer = self.RequestHandlerClass.explorer
+        for jobs in (explorer.jobs, explorer.searches):
+            with jobs.lock:
+                for job in jobs.jobs.values():
+                    _end(job)  # their worker processes end
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -647,11 +716,12 @@ class Handler(BaseHTTPRequestHandler):
             self._send(200, export.plotly_js().encode(), "text/javascript; charset=utf-8")
         elif url.path == "/api/options":
             self._json(200, views.options())
-        elif url.path == "/api/serve":
+        elif url.path in ("/api/serve", "/api/search"):
             job = parse_qs(url.query).get("job", [""])[0]
             if not job.isdigit() or len(job) > 12:
                 raise FormError(f"decodesim: form: job: expected a job number, got {job[:40]!r}")
-            self._json(200, self.explorer.jobs.status(int(job)))
+            jobs = self.explorer.jobs if url.path == "/api/serve" else self.explorer.searches
+            self._json(200, jobs.status(int(job)))
         else:
             self._json(404, {"error": f"decodesim: no such page {url.path[:80]!r}"})
 
@@ -671,7 +741,8 @@ class Handler(BaseHTTPRequestHandler):
     def _post(self):
         url = urlsplit(self.path)
         routes = {"/api/view": self.explorer.view, "/api/curves": self.explorer.curves,
-                  "/api/serve": self.explorer.jobs.start, "/api/serve/cancel": self._cancel}
+                  "/api/serve": self.explorer.jobs.start, "/api/serve/cancel": self._cancel,
+                  "/api/search": self.explorer.searches.start, "/api/search/cancel": self.explorer.searches.cancel}
         if url.path in routes:
             self._json(200, routes[url.path](self._body()))
         elif url.path == "/api/export":

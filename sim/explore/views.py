@@ -26,6 +26,7 @@ import shlex
 from functools import lru_cache
 from pathlib import Path
 
+from sim import api
 from sim.config.defaults import RUN_DEFAULTS
 from sim.config.loader import validate
 from sim.config.software import software_dir
@@ -119,6 +120,13 @@ HELP = {
     "duration_s": "serving: seconds of arrivals replayed (at most 120; rate x seconds at most 20,000 requests); "
                   "--duration-s",
     "rates": "serving: requested rates (requests per second), a comma list; one replay each; --rates",
+    "search_hardware": "search: the profiles to search, a comma list (at most 4); --hardware",
+    "ttft_ms": "search: the time-to-first-token target (ms) a deployment must hold at p99; --ttft-ms",
+    "tpot_ms": "search: the time-per-output-token target (ms) a deployment must hold at p99; --tpot-ms",
+    "search_rate": "search: requests per second every deployment is judged at; empty: each at 90% of its own "
+                   "capacity; --rate",
+    "max_replays": "search: how many front deployments are confirmed by a serving replay (at most 8); "
+                   "--max-replays",
 }
 
 
@@ -387,6 +395,58 @@ def serve_job(body) -> tuple[list[tuple[str, object]], str]:
     return points, "\n".join(lines)
 
 
+SEARCH_KEYS = ("model", "hardware", "ttft_ms", "tpot_ms", "rate", "requests", "duration_s", "max_replays")
+MAX_SEARCH_HARDWARE = 4
+MAX_SEARCH_REPLAYS = 8
+MAX_SEARCH_DURATION_S = 60.0
+
+
+def search_options(form) -> dict:
+    """The ``decodesim search`` options (keywords of sim.api.search) the page's search form asks
+    for, checked: bundled names only, at most ``MAX_SEARCH_HARDWARE`` profiles,
+    ``MAX_SEARCH_REPLAYS`` confirming replays and ``MAX_SEARCH_DURATION_S`` s of arrivals each;
+    the CLI's parser checks the rest (FormError with its line)."""
+    form = _check_form(form, frozenset(SEARCH_KEYS))
+    text = {k: _text(form, k) for k in SEARCH_KEYS if k in form and _text(form, k) != ""}
+    hardware = [h.strip() for h in text.get("hardware", "h200-sxm").split(",") if h.strip()]
+    if not 1 <= len(hardware) <= MAX_SEARCH_HARDWARE:
+        raise FormError(f"decodesim: form: hardware: the explorer searches 1 to {MAX_SEARCH_HARDWARE} profiles, "
+                        f"got {len(hardware)}")
+    for name in hardware:
+        check_name("hardware", name)
+    check_name("model", text.get("model", "llama-3-8b"))
+    requests = text.get("requests", "synthetic")
+    if requests not in SERVE_REQUESTS:
+        raise FormError(f"decodesim: form: requests: the explorer replays bundled sources only; expected one of: "
+                        f"{', '.join(SERVE_REQUESTS)}, got {requests[:80]!r}")
+    options = {"model": text.get("model", "llama-3-8b"), "hardware": ",".join(hardware),
+               "ttft_ms": text.get("ttft_ms", "2000"), "tpot_ms": text.get("tpot_ms", "50"),
+               "rate": text.get("rate"), "requests": requests, "duration_s": text.get("duration_s", "30"),
+               "max_replays": text.get("max_replays", "4"), "jobs": "1", "quiet": True}
+    try:
+        args = api.parse(api.argv_of("search", options))
+    except TypeError as err:
+        raise FormError(f"decodesim: form: {err}") from None
+    except ConfigError as err:
+        raise FormError(error_line(err, COMMAND_LINE)) from None
+    if args.duration_s is not None and not 0 < args.duration_s <= MAX_SEARCH_DURATION_S:
+        raise FormError(f"decodesim: form: duration_s: the explorer's search replays at most "
+                        f"{MAX_SEARCH_DURATION_S:g} s of arrivals, got {args.duration_s:g}")
+    if args.max_replays is not None and not 0 <= args.max_replays <= MAX_SEARCH_REPLAYS:
+        raise FormError(f"decodesim: form: max_replays: the explorer confirms at most {MAX_SEARCH_REPLAYS} "
+                        f"deployments by replay, got {args.max_replays}")
+    return {k: v for k, v in options.items() if v is not None}
+
+
+def search_run(options: dict) -> dict:
+    """``decodesim search ... --json`` (sim.api.search) in a worker process: the CLI's object,
+    or ``{"error": line}`` for input the search refuses."""
+    try:
+        return plain(dict(api.search(**options)))
+    except (ConfigError, SimulationError) as err:
+        return {"error": error_line(err, COMMAND_LINE)}
+
+
 def serve_row(point) -> dict:
     """One replay of the sweep as ``decodesim serve --rates`` tabulates it (sim.serve.sweep.run_point)."""
     return plain(run_point(point.model_dump_json()))
@@ -394,4 +454,4 @@ def serve_row(point) -> dict:
 
 __all__ = ["FormError", "options", "check_name", "run_argv", "command_line", "spec_of", "config_view",
            "curves_of", "label_of", "serve_points", "serve_row", "serve_job", "setups_of", "HELP", "MAX_STEPS",
-           "MAX_SETUPS"]
+           "MAX_SETUPS", "search_options", "search_run"]
