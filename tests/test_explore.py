@@ -394,3 +394,70 @@ def plain_row(row: dict) -> dict:
     for key in ("timing", "wall_s"):
         out.pop(key, None)
     return out
+
+
+def test_a_curve_far_below_the_target_keeps_its_own_scale():
+    from sim.explore import figures
+
+    low = [{"label": "wafer", "summary": {"target_ms": 10.0}, "curves": {"batch": [
+        {"x": 1, "ms_p99": 0.3, "ms_p50": 0.3, "bound": "kernels", "verdict": "meets-target"},
+        {"x": 8, "ms_p99": 0.4, "ms_p50": 0.4, "bound": "kernels", "verdict": "meets-target"}]}}]
+    fig = figures.curve(low, "batch")
+    assert "shapes" not in fig["layout"] and "above every point" in fig["layout"]["annotations"][0]["text"]
+    low[0]["curves"]["batch"][1]["ms_p99"] = 12.0
+    fig = figures.curve(low, "batch")
+    assert fig["layout"]["shapes"][0]["y0"] == 10.0 and "10 ms target" in fig["layout"]["annotations"][0]["text"]
+
+
+def test_the_page_roofline_names_the_sustained_vector_ceiling_the_study_draws():
+    from sim.explore import figures
+
+    view = views.config_view({"engine": "analytic", "steps": "1", "weights": "int4-g128"})
+    roof = view["roofline"]
+    hardware = sim_load_profile("h200-sxm")
+    assert roof["vector_sustained_Tops"] == pytest.approx(roof["vector_peak_Tops"]
+                                                          * hardware.compute.vector_efficiency.value)
+    names = [t["name"] for t in figures.roofline(view)["data"]]
+    assert any("sustained" in n and f"{roof['vector_sustained_Tops']:,.1f}" in n and "peak" in n for n in names)
+
+
+def sim_load_profile(name: str):
+    import sim
+
+    return sim.load_profile(name)
+
+
+def test_axis_ticks_of_a_geometric_sweep_are_short():
+    from sim.report.labels import axis_tick
+
+    assert [axis_tick(v) for v in (50, 99.78, 199.1, 397.4, 793.1, 1583, 18.75, 12.5, "fp8")] == \
+        ["50", "99.8", "199", "397", "793", "1583", "18.75", "12.5", "fp8"]
+
+
+def test_the_energy_plot_names_its_target_line_and_counts_each_group(tmp_path):
+    import matplotlib
+    import pandas as pd
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    from sim.report import energy_plot
+
+    grid = pd.DataFrame({"status": ["ok"] * 4, "dispatch": ["device", "device", "sram", "sram"],
+                         "p99_ms": [5.0, 8.0, 5.0, 8.0], "energy_J_per_token": [1.0, 2.0, 1.0, 2.0],
+                         "target_ms": [10.0] * 4})
+    grid = grid.rename(columns={"p99_ms": energy_plot.LATENCY})
+    seen = {}
+    real_save = energy_plot.save
+
+    def keep(fig, folder, name):
+        seen["legend"] = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+        return real_save(fig, folder, name)
+
+    energy_plot.save = keep
+    try:
+        energy_plot.energy(grid, {"study": {}, "axes": {"dispatch": ["device", "sram"]}}, tmp_path)
+    finally:
+        energy_plot.save = real_save
+        plt.close("all")
+    assert "latency target 10 ms" in seen["legend"] and sum("(2)" in t for t in seen["legend"]) == 2

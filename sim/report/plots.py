@@ -143,7 +143,7 @@ def _bar_ticks(data: pd.DataFrame, label_axes: list[str]) -> tuple[list[str], bo
     """One tick per bar (the value of the one labelled axis, or every labelled setting) and
     whether they must be tilted to fit."""
     if len(label_axes) == 1:
-        ticks = [labels.tick(r[label_axes[0]]) for _, r in data.iterrows()]
+        ticks = [labels.axis_tick(r[label_axes[0]]) for _, r in data.iterrows()]
     else:
         sep = "\n" if len(data) <= 8 else ", "
         ticks = [sep.join(labels.setting(a, r[a]) for a in label_axes) or "base" for _, r in data.iterrows()]
@@ -363,8 +363,8 @@ def _draw_panel(ax, panel: Panel, xs: list, ys: list, norm, target: float):
                              colors="crimson", linewidths=2)
         if contour.allsegs and any(len(seg) for seg in contour.allsegs[0]):
             ax.clabel(contour, fmt=f"{target:g} ms", fontsize=7)
-    ax.set_xticks(range(len(xs)), [labels.tick(v) for v in xs], fontsize=7, rotation=45 if len(xs) > 6 else 0)
-    ax.set_yticks(range(len(ys)), [labels.tick(v) for v in ys], fontsize=7)
+    ax.set_xticks(range(len(xs)), [labels.axis_tick(v) for v in xs], fontsize=7, rotation=45 if len(xs) > 6 else 0)
+    ax.set_yticks(range(len(ys)), [labels.axis_tick(v) for v in ys], fontsize=7)
     return image
 
 
