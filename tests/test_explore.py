@@ -461,3 +461,12 @@ def test_the_energy_plot_names_its_target_line_and_counts_each_group(tmp_path):
         energy_plot.save = real_save
         plt.close("all")
     assert "latency target 10 ms" in seen["legend"] and sum("(2)" in t for t in seen["legend"]) == 2
+
+
+def test_an_override_keeps_the_profile_stack():
+    """``--set batch=2`` on a wafer keeps the wafer's own stack (it used to fall back to fused)."""
+    form = {**PAGE_DEFAULTS, "hardware": "cerebras-wse3", "engine": "analytic", "steps": "1", "overrides": "batch=2"}
+    page = views.config_view(form)["summary"]
+    cli = cli_json("--hardware", "cerebras-wse3", "--engine", "analytic", "--steps", "1", "--set", "batch=2")
+    assert page["software"] == cli["software"] == "static-schedule" and page["batch"] == cli["batch"] == 2
+    assert page["per_token_ms_p50"] == cli["per_token_ms_p50"]
