@@ -470,3 +470,16 @@ def test_an_override_keeps_the_profile_stack():
     cli = cli_json("--hardware", "cerebras-wse3", "--engine", "analytic", "--steps", "1", "--set", "batch=2")
     assert page["software"] == cli["software"] == "static-schedule" and page["batch"] == cli["batch"] == 2
     assert page["per_token_ms_p50"] == cli["per_token_ms_p50"]
+
+
+def test_hbm_channel_ticks_carry_the_whole_memory_bandwidth():
+    from sim.report.figures import axis_ticks, axis_title
+
+    settings = {"axes": {"hardware.hbm.channel_bandwidth_GBps": [12.5, 25]},
+                "hardware_sources": [["memory.hbm.stacks", 6, "s", False], ["memory.hbm.channels_per_stack", 32, "s",
+                                                                               False]]}
+    axis = "hardware.hbm.channel_bandwidth_GBps"
+    assert axis_ticks(axis, [12.5, 25], settings) == ["12.5\n2.4 TB/s", "25\n4.8 TB/s"]
+    assert axis_title(axis, settings).endswith("below: all channels")
+    swept = {**settings, "axes": {**settings["axes"], "hardware": ["h200-sxm", "b200"]}}
+    assert axis_ticks(axis, [25], swept) == ["25"]  # two profiles: no one total to give
