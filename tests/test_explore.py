@@ -126,6 +126,9 @@ def test_any_form_value_gives_a_view_or_one_line(form):
             assert line.startswith("decodesim: ") and "\n" not in line and "Traceback" not in line
 
 
+TOKENS: dict[int, str] = {}  # port -> the session's token (the page carries it; tests/test_explore_security.py)
+
+
 @pytest.fixture(scope="module")
 def server():
     from sim.explore.server import make_server
@@ -133,6 +136,7 @@ def server():
     srv = make_server(0)
     thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
+    TOKENS[srv.server_address[1]] = srv.token
     yield srv.server_address[1]
     srv.shutdown()
     srv.server_close()
@@ -140,7 +144,7 @@ def server():
 
 def request(port: int, method: str, path: str, body: bytes | None = None, headers=None):
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    conn.request(method, path, body=body, headers=headers or {})
+    conn.request(method, path, body=body, headers={"X-Decodesim-Token": TOKENS.get(port, ""), **(headers or {})})
     r = conn.getresponse()
     data = r.read()
     conn.close()
@@ -177,7 +181,68 @@ def test_the_server_survives_any_request(server, path, body):
 
 def test_a_bad_length_is_refused(server):
     status, data = request(server, "POST", "/api/view", b"{}", {"Content-Length": "99999999999"})
-    assert status == 400 and b"at most" in data
+    assert status in (400, 413) and b"at most" in data
+
+
+PAGE_DEFAULTS = {k: ("" if v is None else str(v)) for k, v in views.options()["defaults"].items()
+                 if k in views.FORM_KEYS}  # what the page's form sends before anything is changed
+
+
+@pytest.mark.parametrize("profile", views.options()["hardware"])
+def test_every_profile_on_the_page_is_the_cli(profile):
+    """The page's untouched form, for each bundled profile, is ``decodesim run --hardware P``:
+    the profile's own stack and defaults (a wafer's static-schedule, not the GPU's fused)."""
+    assert PAGE_DEFAULTS["software"] == "" and "" in views.options()["software"]
+    view = views.config_view({**PAGE_DEFAULTS, "hardware": profile, "engine": "analytic", "steps": "1"})
+    cli = cli_json("--hardware", profile, "--engine", "analytic", "--steps", "1")
+    page = dict(view["summary"])
+    for s in (page, cli):
+        for key in ("wall_s", "schema_version", "kind"):
+            s.pop(key, None)
+    assert page == cli
+    assert "--software" not in view["command"]
+
+
+def test_the_format_menus_offer_only_valid_formats():
+    from sim.formats.base import list_formats
+
+    o = views.options()
+    assert o["weights"] == [f.name for f in list_formats("weights")] and set(o["weights"]) < set(o["formats"])
+    assert o["kv"] == [f.name for f in list_formats("kv")] and set(o["kv"]) < set(o["formats"])
+    for name in o["weights"]:
+        views.run_argv({"weights": name})
+    refused = sorted(set(o["formats"]) - set(o["weights"]))[0]
+    with pytest.raises(FormError):
+        views.config_view({"weights": refused, "engine": "analytic", "steps": "1"})
+
+
+def test_every_field_has_help_and_the_tables_download_as_csv():
+    import csv
+    import io
+
+    from sim.explore.server import Explorer
+
+    o = views.options()
+    for field in views.FORM_KEYS | {"requests", "duration_s", "rates"}:
+        assert len(o["help"].get(field, "")) > 20, field
+    for field in ("dispatch", "placement", "routing"):
+        assert "MoE" in o["help"][field]
+    forms = [{"engine": "analytic", "steps": "1"}, {"engine": "analytic", "steps": "1", "kv": "int8"},
+             {"engine": "analytic", "steps": "1", "hardware": "cerebras-wse3", "label": "wafer"}]
+    got = Explorer().view({"setups": forms})
+    rows = list(csv.DictReader(io.StringIO(got["csv"]["summary"])))
+    assert [r["label"] for r in rows] == ["A", "B", "wafer"]
+    for row, form in zip(rows, forms, strict=True):
+        cli = cli_json(*views.run_argv(form))
+        assert float(row["per_token_ms_p50"]) == cli["per_token_ms_p50"]
+        assert row["software"] == cli["software"]
+        assert float(row["J_per_token"]) == cli["energy"]["J_per_token"]
+    breakdown = list(csv.DictReader(io.StringIO(got["csv"]["breakdown"])))
+    assert {r["row"] for r in breakdown} and set(breakdown[0]) == {"row", "A_ms", "B_ms", "wafer_ms"}
+    assert "energy" in got["cards"][0] and "J per token" in got["cards"][0]
+    assert len(got["plots"]) == 1 + 3  # the breakdown and one roofline per setup
+    with pytest.raises(FormError, match="1 to 6 setups"):
+        Explorer().view({"setups": [{}] * 7})
 
 
 def test_serving_rows_are_the_cli_sweep_rows():
@@ -293,3 +358,128 @@ def test_the_server_reuses_a_computed_view_and_keeps_labels_apart():
     for batch in ("3", "4", "5"):
         e.view({"a": {"batch": batch}})
     assert len(e.cache) == 2
+
+
+def test_a_search_from_the_page_is_the_cli_search():
+    import time
+
+    from sim import api
+    from sim.explore.server import Explorer
+
+    form = {"model": "llama-3-8b", "hardware": "h200-sxm", "rate": "4", "duration_s": "10", "max_replays": "2",
+            "requests": "synthetic"}
+    e = Explorer()
+    job = e.searches.start({"search": form})
+    deadline = time.monotonic() + 120
+    while not e.searches.status(job["id"])["finished"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    got = e.searches.status(job["id"])
+    assert got["error"] is None and got["front"]
+    want = api.search(**views.search_options(form))
+    for row in (*got["front"], got["chosen"]):
+        for key in ("timing", "wall_s"):
+            row.pop(key, None)
+    assert got["front"] == [plain_row(r) for r in want["front"]] and got["chosen"] == plain_row(want["chosen"])
+    assert got["command"].startswith("decodesim search --model llama-3-8b --hardware h200-sxm")
+    assert got["plots"]["fig-search"]["data"] and got["csv"].startswith("index,")
+    for bad, match in (({"hardware": "a,b,c,d,e"}, "1 to 4 profiles"), ({"max_replays": "99"}, "at most 8"),
+                       ({"duration_s": "600"}, "at most 60"), ({"hardware": "/etc/passwd"}, "bundled names"),
+                       ({"requests": "x.csv"}, "bundled sources"), ({"ttft_ms": "x"}, "ttft-ms")):
+        with pytest.raises(FormError, match=match):
+            views.search_options({**form, **bad})
+
+
+def plain_row(row: dict) -> dict:
+    out = compute.plain(dict(row))
+    for key in ("timing", "wall_s"):
+        out.pop(key, None)
+    return out
+
+
+def test_a_curve_far_below_the_target_keeps_its_own_scale():
+    from sim.explore import figures
+
+    low = [{"label": "wafer", "summary": {"target_ms": 10.0}, "curves": {"batch": [
+        {"x": 1, "ms_p99": 0.3, "ms_p50": 0.3, "bound": "kernels", "verdict": "meets-target"},
+        {"x": 8, "ms_p99": 0.4, "ms_p50": 0.4, "bound": "kernels", "verdict": "meets-target"}]}}]
+    fig = figures.curve(low, "batch")
+    assert "shapes" not in fig["layout"] and "above every point" in fig["layout"]["annotations"][0]["text"]
+    low[0]["curves"]["batch"][1]["ms_p99"] = 12.0
+    fig = figures.curve(low, "batch")
+    assert fig["layout"]["shapes"][0]["y0"] == 10.0 and "10 ms target" in fig["layout"]["annotations"][0]["text"]
+
+
+def test_the_page_roofline_names_the_sustained_vector_ceiling_the_study_draws():
+    from sim.explore import figures
+
+    view = views.config_view({"engine": "analytic", "steps": "1", "weights": "int4-g128"})
+    roof = view["roofline"]
+    hardware = sim_load_profile("h200-sxm")
+    assert roof["vector_sustained_Tops"] == pytest.approx(roof["vector_peak_Tops"]
+                                                          * hardware.compute.vector_efficiency.value)
+    names = [t["name"] for t in figures.roofline(view)["data"]]
+    assert any("sustained" in n and f"{roof['vector_sustained_Tops']:,.1f}" in n and "peak" in n for n in names)
+
+
+def sim_load_profile(name: str):
+    import sim
+
+    return sim.load_profile(name)
+
+
+def test_axis_ticks_of_a_geometric_sweep_are_short():
+    from sim.report.labels import axis_tick
+
+    assert [axis_tick(v) for v in (50, 99.78, 199.1, 397.4, 793.1, 1583, 18.75, 12.5, "fp8")] == \
+        ["50", "99.8", "199", "397", "793", "1583", "18.75", "12.5", "fp8"]
+
+
+def test_the_energy_plot_names_its_target_line_and_counts_each_group(tmp_path):
+    import matplotlib
+    import pandas as pd
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    from sim.report import energy_plot
+
+    grid = pd.DataFrame({"status": ["ok"] * 4, "dispatch": ["device", "device", "sram", "sram"],
+                         "p99_ms": [5.0, 8.0, 5.0, 8.0], "energy_J_per_token": [1.0, 2.0, 1.0, 2.0],
+                         "target_ms": [10.0] * 4})
+    grid = grid.rename(columns={"p99_ms": energy_plot.LATENCY})
+    seen = {}
+    real_save = energy_plot.save
+
+    def keep(fig, folder, name):
+        seen["legend"] = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+        return real_save(fig, folder, name)
+
+    energy_plot.save = keep
+    try:
+        energy_plot.energy(grid, {"study": {}, "axes": {"dispatch": ["device", "sram"]}}, tmp_path)
+    finally:
+        energy_plot.save = real_save
+        plt.close("all")
+    assert "latency target 10 ms" in seen["legend"] and sum("(2)" in t for t in seen["legend"]) == 2
+
+
+def test_an_override_keeps_the_profile_stack():
+    """``--set batch=2`` on a wafer keeps the wafer's own stack (it used to fall back to fused)."""
+    form = {**PAGE_DEFAULTS, "hardware": "cerebras-wse3", "engine": "analytic", "steps": "1", "overrides": "batch=2"}
+    page = views.config_view(form)["summary"]
+    cli = cli_json("--hardware", "cerebras-wse3", "--engine", "analytic", "--steps", "1", "--set", "batch=2")
+    assert page["software"] == cli["software"] == "static-schedule" and page["batch"] == cli["batch"] == 2
+    assert page["per_token_ms_p50"] == cli["per_token_ms_p50"]
+
+
+def test_hbm_channel_ticks_carry_the_whole_memory_bandwidth():
+    from sim.report.figures import axis_ticks, axis_title
+
+    settings = {"axes": {"hardware.hbm.channel_bandwidth_GBps": [12.5, 25]},
+                "hardware_sources": [["memory.hbm.stacks", 6, "s", False], ["memory.hbm.channels_per_stack", 32, "s",
+                                                                               False]]}
+    axis = "hardware.hbm.channel_bandwidth_GBps"
+    assert axis_ticks(axis, [12.5, 25], settings) == ["12.5\n2.4 TB/s", "25\n4.8 TB/s"]
+    assert axis_title(axis, settings).endswith("below: all channels")
+    swept = {**settings, "axes": {**settings["axes"], "hardware": ["h200-sxm", "b200"]}}
+    assert axis_ticks(axis, [25], swept) == ["25"]  # two profiles: no one total to give

@@ -33,7 +33,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("sim.study", "sim.report", "sim.serve", "sim.search", "sim.explore.html", "sim.explore.figures",
      "sim.explore.compute"),
     ("sim.options",),  # the command-line options both front ends (commands, explore) parse
-    ("sim.commands", "sim.cli", "sim.__main__", "sim.__api__", "sim", "sim.explore"),
+    ("sim.commands", "sim.cli", "sim.__main__", "sim.__api__", "sim", "sim.explore", "sim.api"),
 ]
 
 

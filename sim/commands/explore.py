@@ -13,4 +13,7 @@ def register(sub) -> None:
                                    "latency against batch and context, two setups side by side, and short serving "
                                    "replays; every view exports as a self-contained HTML file. Ctrl-C stops it.")
     p.add_argument("--port", type=int, default=8765, help="TCP port on 127.0.0.1 (default 8765; 0 picks a free one)")
+    p.add_argument("--allow-host", dest="allow_hosts", action="append", default=[], metavar="NAME",
+                   help="a further name the Host and Origin headers may give (e.g. a name this machine is reached "
+                        "by through an SSH tunnel); by default only 127.0.0.1, localhost and [::1] may drive it")
     p.set_defaults(handler="sim.commands.handlers.explore")

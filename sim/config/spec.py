@@ -157,9 +157,9 @@ def apply_run_overrides(spec: RunSpec) -> RunSpec:
             updates[path] = value
     if not updates:
         return spec
-    data = spec.model_dump()
+    data = spec.model_dump(exclude_unset=True)  # a field left unset stays unset (software: the profile's own)
     for key, value in updates.items():
-        current = data.get(key)
+        current = getattr(spec, key)
         if isinstance(value, dict) and set(value) <= {"scale", "add"}:
             if not isinstance(current, (int, float)) or isinstance(current, bool):
                 raise ConfigError("--set", key, "a scale or add override needs a number to act on", current)

@@ -54,7 +54,7 @@ def _stored_per_token(name: str, res) -> float:
 
 def _fidelity(name: str, sample, seed: int) -> dict:
     fid = measure(get_format(name), sample, seed=seed)
-    return {"attn_output_rel_error": fid["output_rel_error"], "attn_kl": fid["attn_kl"],
+    return {"output_rel_error": fid["output_rel_error"], "attn_kl": fid["attn_kl"],
             "score_rel_error": fid["score_rel_error"], "fidelity_tokens": sample.k_pre.shape[0]}
 
 

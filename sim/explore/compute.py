@@ -62,7 +62,9 @@ def roofline_of(result) -> dict | None:
     except Exception:  # a dtype the profile has no rate for: the bf16 peak, as the study's detail plot does
         matrix = hardware.compute.matrix_peak_TFLOPs("bf16")
     return {"peaks_GBps": {lv: peaks[lv] for lv in levels}, "matrix_peak_TFLOPs": matrix,
-            "vector_peak_Tops": vector_peak_Tops(hardware), "matmul_dtype": dtype,
+            "vector_peak_Tops": vector_peak_Tops(hardware),
+            "vector_sustained_Tops": vector_peak_Tops(hardware) * hardware.compute.vector_efficiency.value,
+            "matmul_dtype": dtype,
             "points": _level_points(result.ops, levels)}
 
 

@@ -18,7 +18,7 @@ LEVEL_SYMBOLS = ("circle", "square", "triangle-up", "diamond", "triangle-down", 
 
 def _layout(title: str, **extra) -> dict:
     base = {"title": {"text": title, "font": {"size": 14}, "x": 0.01, "xanchor": "left"}, "margin": {"l": 60, "r": 20, "t": 50, "b": 50},
-            "legend": {"orientation": "h", "y": -0.2}, "template": "plotly_white", "height": 360}
+            "legend": {"orientation": "h", "y": -0.25, "yanchor": "top"}, "template": "plotly_white", "height": 360}
     base.update(extra)
     return base
 
@@ -31,6 +31,19 @@ def _target_line(target_ms: float) -> dict:
 def _target_note(target_ms: float) -> dict:
     return {"xref": "paper", "x": 1, "y": target_ms, "xanchor": "right", "yanchor": "bottom",
             "text": f"{target_ms:g} ms target", "showarrow": False, "font": {"size": 11, "color": "#444"}}
+
+
+def _target(layout: dict, target_ms: float, ys: list) -> None:
+    """The target line on ``layout``, or, where every point lies far below it (a wafer at
+    0.3 ms against 10 ms), a note instead, so the axis is not stretched to the target and the
+    curves flattened against zero."""
+    top = max((y for y in ys if isinstance(y, (int, float))), default=None)
+    if top is not None and target_ms > 2.5 * top:
+        layout["annotations"] = [{"xref": "paper", "yref": "paper", "x": 1, "y": 1.0, "xanchor": "right",
+                                  "yanchor": "bottom", "showarrow": False, "font": {"size": 11, "color": "#444"},
+                                  "text": f"{target_ms:g} ms target: above every point (off this scale)"}]
+        return
+    layout["shapes"], layout["annotations"] = [_target_line(target_ms)], [_target_note(target_ms)]
 
 
 def breakdown_rows(views: list[dict]) -> list[str]:
@@ -83,9 +96,10 @@ def roofline(view: dict) -> dict:
         data.append({"type": "scatter", "mode": "lines", "x": xs, "y": roof_y,
                      "name": f"{level} roof ({gbps:,.0f} GB/s)",
                      "line": {"color": COLOURS[i % len(COLOURS)], "width": 1.5}, "hoverinfo": "name"})
-    data.append({"type": "scatter", "mode": "lines", "x": [lo, hi], "y": [roof["vector_peak_Tops"]] * 2,
-                 "name": f"vector units ({roof['vector_peak_Tops']:,.1f} T ops/s)",
-                 "line": {"color": "#777", "dash": "dash", "width": 1}, "hoverinfo": "name"})
+    sustained = roof.get("vector_sustained_Tops") or roof["vector_peak_Tops"]
+    data.append({"type": "scatter", "mode": "lines", "x": [lo, hi], "y": [sustained] * 2,
+                 "name": f"vector units, sustained ({sustained:,.1f} T ops/s; peak {roof['vector_peak_Tops']:,.1f})",
+                 "line": {"color": "#9467bd", "width": 1.2}, "hoverinfo": "name"})
     for i, (level, pts) in enumerate(roof["points"].items()):
         colour = COLOURS[list(roof["peaks_GBps"]).index(level) % len(COLOURS)] if level in roof["peaks_GBps"] \
             else "#555"
@@ -119,27 +133,65 @@ def curve(views: list[dict], axis: str) -> dict:
                      xaxis={"type": "log", "title": {"text": f"{axis} ({word})"}},
                      yaxis={"title": {"text": "p99 ms per token"}, "rangemode": "tozero"}, showlegend=True)
     if target is not None:
-        layout["shapes"], layout["annotations"] = [_target_line(target)], [_target_note(target)]
+        _target(layout, target, [y for trace in data for y in trace["y"]])
     return {"data": data, "layout": layout}
 
 
 def serving(rows: list[dict], target_ms: float, metric: str) -> dict:
-    """``metric`` (``tpot`` or ``ttft``) p50 and p99 against the offered request rate, from
-    the serve sweep's rows (those that ran)."""
+    """``metric`` (``tpot`` or ``ttft``) p50 (dashed) and p99 (solid) against the offered
+    request rate, one colour per setup (the rows' ``setup``), from the serve sweep's rows
+    (those that ran)."""
     ok = sorted((r for r in rows if r.get("status") == "ok"), key=lambda r: r["rate_per_s"])
+    setups = list(dict.fromkeys(r.get("setup", "") for r in ok))
     data = []
-    for q, dash in (("p50", "dash"), ("p99", "solid")):
-        data.append({"type": "scatter", "mode": "lines+markers", "name": f"{metric.upper()} {q}",
-                     "x": [r["rate_per_s"] for r in ok], "y": [r[f"{metric}_ms_{q}"] for r in ok],
-                     "line": {"color": COLOURS[0 if metric == "tpot" else 1], "dash": dash},
-                     "hovertemplate": "%{x:.3g} req/s: %{y:.2f} ms<extra>" + f"{metric.upper()} {q}</extra>"})
-    name = "time per output token" if metric == "tpot" else "time to first token"
-    layout = _layout(f"{metric.upper()} ({name}) against request rate",
-                     xaxis={"title": {"text": "offered rate (requests per second)"}},
-                     yaxis={"title": {"text": f"{metric.upper()} (ms)"}, "rangemode": "tozero"})
+    for i, setup in enumerate(setups):
+        mine = [r for r in ok if r.get("setup", "") == setup]
+        for q, dash in (("p50", "dash"), ("p99", "solid")):
+            name = f"{setup + ': ' if setup else ''}{metric.upper()} {q}"
+            data.append({"type": "scatter", "mode": "lines+markers", "name": name,
+                         "x": [r["rate_per_s"] for r in mine], "y": [r[f"{metric}_ms_{q}"] for r in mine],
+                         "line": {"color": COLOURS[i % len(COLOURS)], "dash": dash},
+                         "hovertemplate": "%{x:.3g} req/s offered: %{y:.2f} ms<extra>" + name + "</extra>"})
+    title = "time per output token" if metric == "tpot" else "time to first token"
+    layout = _layout(f"{metric.upper()} ({title}) against request rate",
+                     xaxis={"title": {"text": "offered rate (requests per second arriving)"}},
+                     yaxis={"title": {"text": f"{metric.upper()} (ms)"}, "rangemode": "tozero"}, showlegend=True)
     if metric == "tpot":
-        layout["shapes"], layout["annotations"] = [_target_line(target_ms)], [_target_note(target_ms)]
+        _target(layout, target_ms, [y for trace in data for y in trace["y"]])
     return {"data": data, "layout": layout}
 
 
-__all__ = ["breakdown_rows", "breakdown", "roofline", "curve", "serving"]
+def search_front(front: list[dict], chosen: dict | None) -> dict:
+    """A search's Pareto front: output tokens/s per chip against tokens/s per user, each
+    deployment as the search judged it (confirmed by replay where it was), the chosen one ringed."""
+    data = []
+    for i, verdict in enumerate(sorted({str(r.get("verdict")) for r in front})):
+        mine = [r for r in front if str(r.get("verdict")) == verdict]
+        data.append({"type": "scatter", "mode": "markers", "name": verdict,
+                     "x": [_first(r, "replay_tokens_per_s_per_user", "tokens_per_s_per_user") for r in mine],
+                     "y": [_first(r, "replay_tokens_per_s_per_chip", "tokens_per_s_per_chip") for r in mine],
+                     "text": [r.get("label", "") for r in mine], "customdata": [r.get("index") for r in mine],
+                     "marker": {"size": 10, "color": COLOURS[i % len(COLOURS)]},
+                     "hovertemplate": "%{text}<br>%{x:.0f} tok/s per user, %{y:.0f} tok/s per chip<extra>"
+                                      + verdict + "</extra>"})
+    if chosen:
+        data.append({"type": "scatter", "mode": "markers", "name": "chosen",
+                     "x": [_first(chosen, "replay_tokens_per_s_per_user", "tokens_per_s_per_user")],
+                     "y": [_first(chosen, "replay_tokens_per_s_per_chip", "tokens_per_s_per_chip")],
+                     "text": [chosen.get("label", "")], "hovertemplate": "chosen: %{text}<extra></extra>",
+                     "marker": {"size": 18, "color": "rgba(0,0,0,0)", "line": {"color": "#111", "width": 2}}})
+    layout = _layout("Search: the Pareto front (replayed where confirmed)",
+                     xaxis={"title": {"text": "output tokens/s per user"}, "rangemode": "tozero"},
+                     yaxis={"title": {"text": "output tokens/s per chip"}, "rangemode": "tozero"}, showlegend=True)
+    if not front:
+        layout["annotations"] = [{"text": "no deployment meets the targets", "showarrow": False, "xref": "paper",
+                                  "yref": "paper", "x": 0.5, "y": 0.5}]
+    return {"data": data, "layout": layout}
+
+
+def _first(row: dict, *keys):
+    """The first of ``keys`` that ``row`` has a number for (a replayed figure before its estimate)."""
+    return next((row[k] for k in keys if isinstance(row.get(k), (int, float))), None)
+
+
+__all__ = ["breakdown_rows", "breakdown", "roofline", "curve", "serving", "search_front"]

@@ -9,7 +9,9 @@ study report's PNG plots are inlined as ``data:`` URIs. Nothing is fetched when 
 from __future__ import annotations
 
 import base64
+import csv
 import html
+import io
 import importlib.util
 import json
 import re
@@ -55,15 +57,22 @@ def _script_json(obj) -> str:
     return json.dumps(obj, allow_nan=False).replace("</", "<\\/")
 
 
+# Plotly's own buttons that could send a chart off the machine stay off ("Edit in Chart
+# Studio", "Share chart"), and so does its logo link: the page and its exports are local only.
+PLOTLY_CONFIG = {"displaylogo": False, "showSendToCloud": False, "showLink": False, "showEditInChartStudio": False,
+                 "responsive": True}
+
+
 def document(title: str, body: str, plots: dict[str, dict] | None = None) -> str:
     """A whole HTML file: ``body`` and the Plotly ``plots`` (element id -> figure), with
     plotly.js inlined when there is a plot."""
     plots = plots or {}
     scripts = ""
     if plots:
-        draw = "".join(f"Plotly.newPlot({json.dumps(k)},F[{json.dumps(k)}].data,F[{json.dumps(k)}].layout,"
-                       "{displaylogo:false,responsive:true});" for k in plots)
-        scripts = (f"<script>{plotly_js()}</script>\n<script>const F={_script_json(plots)};{draw}"
+        draw = "".join(f"Plotly.newPlot({json.dumps(k)},F[{json.dumps(k)}].data,F[{json.dumps(k)}].layout,C);"
+                       for k in plots)
+        scripts = (f"<script>{plotly_js()}</script>\n<script>const F={_script_json(plots)};"
+                   f"const C={_script_json(PLOTLY_CONFIG)};{draw}"
                    "document.body.dataset.ready='1';</script>")
     return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
@@ -93,12 +102,78 @@ def headline(view: dict) -> str:
                      f"(margin {s['margin_ms']:+.3f} ms)</div>"
                      f"<div class=\"muted\">byte floor {s['byte_floor_ms']:.3f} ms at peak bandwidth; achieved "
                      f"{s['hbm_achieved_GBps']:.0f} GB/s = {100 * s['hbm_fraction_of_peak']:.1f}% of "
-                     f"{s['hbm_peak_GBps']:.0f} GB/s</div>")
+                     f"{s['hbm_peak_GBps']:.0f} GB/s</div>" + _energy_line(s))
     parts.append(f"<div class=\"muted\">batch {s['batch']}, context {s['context']}, {s['steps']} steps, "
                  f"{e(s['engine'])} engine, {'graph' if s['graph'] else 'eager'} launch, stack {e(s['software'])}, "
                  f"tp {s['tp']} x pp {s['pp']}; {mem}</div>"
                  f"<div class=\"muted\">same figure from the CLI: <code>{e(view['command'])}</code></div></div>")
     return "".join(parts)
+
+
+def _energy_line(s: dict) -> str:
+    """The energy per token, where the profile has an energy section (else nothing)."""
+    energy = s.get("energy") or {}
+    if not energy.get("J_per_token"):
+        return ""
+    limit = energy.get("power_limit_W")
+    over = " <b>above the power limit</b>" if energy.get("above_power_limit") else ""
+    return (f"<div class=\"muted energy\" data-j=\"{energy['J_per_token']!r}\">energy {energy['J_per_token']:.3g} J per "
+            f"token ({energy.get('tokens_per_J', 0):.3g} tokens/J), average {energy.get('avg_W', 0):.0f} W"
+            + (f" of a {limit:.0f} W limit" if limit else "") + f"{over}</div>")
+
+
+SUMMARY_COLUMNS = (("label", "setup"), ("hardware", "hardware"), ("model", "model"), ("weights", "weights"),
+                   ("kv", "KV"), ("software", "stack"), ("batch", "batch"), ("context", "context"),
+                   ("tp", "tp"), ("pp", "pp"), ("per_token_ms_p50", "ms/token p50"),
+                   ("per_token_ms_p99", "ms/token p99"), ("bound", "bound"), ("verdict", "verdict"),
+                   ("throughput_tokens_per_s", "tokens/s"), ("hbm_fraction_of_peak", "HBM fraction of peak"),
+                   ("J_per_token", "J/token"))
+
+
+def summary_rows(views: list[dict]) -> list[dict]:
+    """One row per setup: the summary's headline figures (``SUMMARY_COLUMNS``), as the CSV has them."""
+    rows = []
+    for view in views:
+        s = view["summary"]
+        row = {key: s.get(key) for key, _title in SUMMARY_COLUMNS}
+        row["label"] = view["label"]
+        row["J_per_token"] = (s.get("energy") or {}).get("J_per_token")
+        rows.append(row)
+    return rows
+
+
+def _cell(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return "" if value is None else str(value)
+
+
+def summary_table(views: list[dict]) -> str:
+    """The setups' headline figures side by side (one row each)."""
+    head = "".join(f"<th>{html.escape(title)}</th>" for _key, title in SUMMARY_COLUMNS)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(_cell(r[k]))}</td>" for k, _t in SUMMARY_COLUMNS) + "</tr>"
+                   for r in summary_rows(views))
+    return f"<table class=\"summary\"><tr>{head}</tr>{body}</table>"
+
+
+def _csv(header: list[str], rows: list[list]) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(header)
+    writer.writerows([["" if v is None else (repr(v) if isinstance(v, float) else v) for v in r] for r in rows])
+    return out.getvalue()
+
+
+def summary_csv(views: list[dict]) -> str:
+    """``summary_table`` as CSV (full precision, the JSON's keys as column names)."""
+    return _csv([k for k, _t in SUMMARY_COLUMNS], [[r[k] for k, _t in SUMMARY_COLUMNS] for r in summary_rows(views)])
+
+
+def breakdown_csv(views: list[dict]) -> str:
+    """``breakdown_table`` as CSV: one row per breakdown row, one ``<label>_ms`` column per setup."""
+    rows = [[name, *((v["summary"].get("breakdown_ms") or {}).get(name) for v in views)]
+            for name in figures.breakdown_rows(views)]
+    return _csv(["row", *(f"{v['label']}_ms" for v in views)], rows)
 
 
 def breakdown_table(views: list[dict]) -> str:
@@ -137,7 +212,7 @@ def view_document(views: list[dict], serving: dict | None = None, title: str = "
     """A view as one self-contained HTML file."""
     plots = view_plots(views, serving)
     body = [f"<h1>{html.escape(title)}</h1>", "<div class=\"cards\">", *(headline(v) for v in views), "</div>",
-            breakdown_table(views), "<div class=\"plots\">",
+            summary_table(views), breakdown_table(views), "<div class=\"plots\">",
             *(f"<div id=\"{k}\" class=\"plot\"></div>" for k in plots), "</div>"]
     if serving and serving.get("rows"):
         body.append(f"<p class=\"muted\">serving: <code>{html.escape(serving.get('command', ''))}</code></p>")
@@ -146,19 +221,40 @@ def view_document(views: list[dict], serving: dict | None = None, title: str = "
     return document(title, "\n".join(body), plots)
 
 
+SERVING_COLUMNS = (("setup", "setup"), ("rate_request", "requested (req/s)"), ("rate_per_s", "offered (req/s)"),
+                   ("throughput_req_per_s", "achieved (req/s)"), ("ttft_ms_p50", "TTFT p50 (ms)"),
+                   ("ttft_ms_p99", "TTFT p99 (ms)"), ("tpot_ms_p50", "TPOT p50 (ms)"),
+                   ("tpot_ms_p99", "TPOT p99 (ms)"), ("throughput_tokens_per_s", "tokens/s"),
+                   ("J_per_output_token", "J/output token"), ("verdict", "verdict"))
+
+
 def serving_table(rows: list[dict]) -> str:
-    head = ("<tr><th>rate (req/s)</th><th>TTFT p50 (ms)</th><th>TTFT p99 (ms)</th><th>TPOT p50 (ms)</th>"
-            "<th>TPOT p99 (ms)</th><th>tok/s</th><th>verdict</th></tr>")
+    """The serving sweep's rows: requested, offered (arrivals in the window) and achieved
+    (completed) rates side by side, with TTFT, TPOT, throughput, energy and verdict."""
+    head = "".join(f"<th>{html.escape(t)}</th>" for _k, t in SERVING_COLUMNS)
     lines = []
     for r in rows:
         if r.get("status") != "ok":
-            lines.append(f"<tr><td>{r.get('rate_request')}</td><td colspan=\"6\">{html.escape(str(r.get('status')))}: "
+            lines.append(f"<tr><td>{html.escape(str(r.get('setup', '')))}</td><td>{_cell(r.get('rate_request'))}</td>"
+                         f"<td colspan=\"{len(SERVING_COLUMNS) - 2}\">{html.escape(str(r.get('status')))}: "
                          f"{html.escape(str(r.get('reason')))}</td></tr>")
             continue
-        lines.append(f"<tr><td>{r['rate_per_s']:.3g}</td><td>{r['ttft_ms_p50']:.1f}</td><td>{r['ttft_ms_p99']:.1f}</td>"
-                     f"<td>{r['tpot_ms_p50']:.2f}</td><td>{r['tpot_ms_p99']:.2f}</td>"
-                     f"<td>{r['throughput_tokens_per_s']:.0f}</td><td>{html.escape(r['verdict'])}</td></tr>")
-    return f"<table class=\"serving\">{head}{''.join(lines)}</table>"
+        lines.append("<tr>" + "".join(f"<td>{html.escape(_cell(r.get(k)))}</td>" for k, _t in SERVING_COLUMNS)
+                     + "</tr>")
+    return f"<table class=\"serving\"><tr>{head}</tr>{''.join(lines)}</table>"
+
+
+def records_csv(rows: list[dict]) -> str:
+    """Records as CSV, one column per key any of them has (in first-seen order)."""
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    return _csv(keys, [[r.get(k) if not isinstance(r.get(k), (dict, list)) else json.dumps(r.get(k)) for k in keys]
+                       for r in rows])
+
+
+def serving_csv(rows: list[dict]) -> str:
+    """``serving_table`` as CSV (full precision, with each row's status and reason)."""
+    keys = [k for k, _t in SERVING_COLUMNS] + ["status", "reason"]
+    return _csv(keys, [[r.get(k) for k in keys] for r in rows])
 
 
 # -- a study report as HTML ----------------------------------------------------------------------
@@ -277,4 +373,5 @@ def write_study_html(out_dir: str | Path) -> Path:
 
 
 __all__ = ["plotly_js", "plotly_js_path", "document", "headline", "view_plots", "serving_plots", "serving_table", "view_document", "markdown_html",
-           "write_study_html"]
+           "write_study_html", "PLOTLY_CONFIG", "summary_table", "summary_csv", "breakdown_csv", "serving_csv",
+           "summary_rows", "records_csv"]

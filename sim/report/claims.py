@@ -297,6 +297,7 @@ def _draw(ax, panel: ClaimPanel, claim: dict, target: float | None) -> None:
     positive = [v for v in values if v and v > 0]
     if positive and max(positive) / min(positive) > 8:
         ax.set_xscale("log")
+        ax.set_xlim(min(positive) / 2.2, max(positive) * 1.6)  # room for the change labels left of the markers
     eng_axis(ax, "x")
     ax.set_ylim(-0.7, n - 0.3)
     _place_notes(ax, notes)

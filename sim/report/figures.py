@@ -174,6 +174,34 @@ def rate_text(GBps: float) -> str:
     return f"{GBps / GB_PER_TB:.3g} TB/s" if GBps >= GB_PER_TB else f"{GBps:.3g} GB/s"
 
 
+HBM_CHANNEL_AXIS = "hardware.hbm.channel_bandwidth_GBps"
+
+
+def hbm_channels(settings: dict) -> int | None:
+    """The study's HBM channel count (stacks x channels per stack of its one hardware
+    profile), or None where the hardware is swept or the profile does not say."""
+    if "hardware" in study_axes(settings) and len(study_axes(settings)["hardware"]) > 1:
+        return None
+    given = {path: value for path, value, *_rest in settings.get("hardware_sources", [])}
+    stacks, per_stack = given.get("memory.hbm.stacks"), given.get("memory.hbm.channels_per_stack")
+    return int(stacks * per_stack) if isinstance(stacks, (int, float)) and isinstance(per_stack, (int, float)) \
+        else None
+
+
+def axis_ticks(axis: str, values: list, settings: dict) -> list[str]:
+    """Tick labels of a swept axis: each value (labels.axis_tick), and for the HBM channel
+    bandwidth the whole memory's bandwidth under it ("25" over "4.8 TB/s")."""
+    channels = hbm_channels(settings) if axis == HBM_CHANNEL_AXIS else None
+    return [labels.axis_tick(v) + (f"\n{rate_text(v * channels)}" if channels and isinstance(v, (int, float))
+                                   else "") for v in values]
+
+
+def axis_title(axis: str, settings: dict) -> str:
+    """An axis title (labels.label), saying what a second tick line is where there is one."""
+    extra = "; below: all channels" if axis == HBM_CHANNEL_AXIS and hbm_channels(settings) else ""
+    return labels.label(axis) + extra
+
+
 def slug(value) -> str:
     """A facet value as part of a file name."""
     text = "".join(c if c.isalnum() or c in "-_." else "-" for c in labels.tick(value))

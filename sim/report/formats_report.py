@@ -165,7 +165,7 @@ def _section_run(res: FormatsResults) -> list[str]:
                    "dequant ms", "attention output error", "KL", "bound", "verdict"],
                   [[f"`{r['kv']}`", f"{r['per_token_ms_p50']:.3f}", f"{r['latency_cut_pct']:.1f}%",
                     f"{r['kv_stored_bytes_per_token'] / 1024:.1f}", f"{r['reduction_pct']:.1f}%",
-                    f"{r['kv_bytes_share_pct']:.1f}%", f"{r['dequant_ms']:.2f}", f"{r['attn_output_rel_error']:.4f}",
+                    f"{r['kv_bytes_share_pct']:.1f}%", f"{r['dequant_ms']:.2f}", f"{r['output_rel_error']:.4f}",
                     f"{r['attn_kl']:.5f}", r["bound"], r["verdict"]] for r in res.compare_rows]) + [""]
     return out
 

@@ -94,6 +94,17 @@ def tick(value) -> str:
     return eng(float(value), 4)
 
 
+def axis_tick(value) -> str:
+    """A swept value as an axis tick: as ``tick``, but other numbers with 3 significant digits
+    (a geometric sweep's 99.78 / 199.1 / 397.4 read 99.8 / 199 / 397), except a quarter that 4
+    digits write exactly (18.75 stays 18.75)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and not float(value).is_integer():
+        number = float(value)
+        quarter = float(f"{number:.4g}") == number and (number * 4).is_integer()
+        return eng(number, 4 if quarter else 3)
+    return tick(value)
+
+
 def name(path: str) -> str:
     """What a dotted path or run field is, without its unit: "HBM bandwidth per channel"."""
     if path.endswith(".value"):

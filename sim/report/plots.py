@@ -39,6 +39,8 @@ from sim.report.figures import (
     LATENCY,
     MAX_PANELS,
     ROW_ORDER,
+    axis_ticks,
+    axis_title,
     detail_values,
     eng_axis,
     held,
@@ -121,7 +123,7 @@ def breakdown(grid: pd.DataFrame, settings: dict, folder: Path) -> list[str]:
     rows = stacked_rows([{c[3:]: float(sel[c].fillna(0.0).abs().max()) for c in sel.columns if c.startswith("ms_")}])
     cols = [f"ms_{r}" for r in rows]
     data = _mean_over_seeds(sel.fillna({c: 0.0 for c in cols}), label_axes, cols + [LATENCY]).head(40)
-    ticks, tilt = _bar_ticks(data, label_axes)
+    ticks, tilt = _bar_ticks(data, label_axes, settings)
     fig, ax = plt.subplots(figsize=(max(6.0, 0.55 * len(data) + 2), 4.8))
     _stack_bars(ax, data, rows, [str(v) for v in sel["kv"].dropna().unique()] if "kv" in sel else [])
     target = target_ms(grid, default=0.0)
@@ -129,7 +131,7 @@ def breakdown(grid: pd.DataFrame, settings: dict, folder: Path) -> list[str]:
         ax.axhline(target, color="crimson", lw=1.2, ls="--", label=f"target {target:g} ms")
     ax.set_xticks(range(len(data)), ticks, fontsize=7, rotation=45 if tilt else 0, ha="right" if tilt else "center")
     ax.set_ylabel("time per decode step (ms, mean over steps)")
-    ax.set_xlabel(_axes_label(label_axes))
+    ax.set_xlabel(axis_title(label_axes[0], settings) if len(label_axes) == 1 else _axes_label(label_axes))
     note = settings_text(held(sel, [a for a in vary if a not in label_axes]))
     ax.set_title(f"{settings['name']}: time per decode step by part" + (f"\n(at {note})" if note else ""),
                  fontsize=10)
@@ -139,11 +141,11 @@ def breakdown(grid: pd.DataFrame, settings: dict, folder: Path) -> list[str]:
     return save(fig, folder, "breakdown")
 
 
-def _bar_ticks(data: pd.DataFrame, label_axes: list[str]) -> tuple[list[str], bool]:
+def _bar_ticks(data: pd.DataFrame, label_axes: list[str], settings: dict) -> tuple[list[str], bool]:
     """One tick per bar (the value of the one labelled axis, or every labelled setting) and
     whether they must be tilted to fit."""
     if len(label_axes) == 1:
-        ticks = [labels.tick(r[label_axes[0]]) for _, r in data.iterrows()]
+        ticks = axis_ticks(label_axes[0], list(data[label_axes[0]]), settings)
     else:
         sep = "\n" if len(data) <= 8 else ", "
         ticks = [sep.join(labels.setting(a, r[a]) for a in label_axes) or "base" for _, r in data.iterrows()]
@@ -310,8 +312,11 @@ def _feasibility_figure(panels: list[Panel], dropped: list[Panel], settings: dic
     for k, panel in enumerate(panels):
         ax = grid_axes[k // ncols][k % ncols]
         image = _draw_panel(ax, panel, xs, ys, norm, target)
-        ax.set_xlabel(labels.label(x_axis))
-        ax.set_ylabel(labels.label(y_axis))
+        ax.set_xticks(range(len(xs)), axis_ticks(x_axis, xs, settings), fontsize=7,
+                      rotation=45 if len(xs) > 6 else 0)
+        ax.set_yticks(range(len(ys)), axis_ticks(y_axis, ys, settings), fontsize=7)
+        ax.set_xlabel(axis_title(x_axis, settings))
+        ax.set_ylabel(axis_title(y_axis, settings))
         own = {a: v for a, v in panel.settings.items() if a not in shared}
         ax.set_title(settings_text(own) or settings["name"], fontsize=9)
     for k in range(n, nrows * ncols):
@@ -363,8 +368,8 @@ def _draw_panel(ax, panel: Panel, xs: list, ys: list, norm, target: float):
                              colors="crimson", linewidths=2)
         if contour.allsegs and any(len(seg) for seg in contour.allsegs[0]):
             ax.clabel(contour, fmt=f"{target:g} ms", fontsize=7)
-    ax.set_xticks(range(len(xs)), [labels.tick(v) for v in xs], fontsize=7, rotation=45 if len(xs) > 6 else 0)
-    ax.set_yticks(range(len(ys)), [labels.tick(v) for v in ys], fontsize=7)
+    ax.set_xticks(range(len(xs)), [labels.axis_tick(v) for v in xs], fontsize=7, rotation=45 if len(xs) > 6 else 0)
+    ax.set_yticks(range(len(ys)), [labels.axis_tick(v) for v in ys], fontsize=7)
     return image
 
 

@@ -103,7 +103,7 @@ def render(spec, rows: list[dict]) -> str:
             share = f"{r['kv_bytes_share_pct']:.1f}%" if r["kv_bytes_share_pct"] is not None else "-"
             deq = f"{r['dequant_ms']:.2f}"
         lines.append(f"  {r['kv']:<19}{ms:>9}{cut:>9}{r['kv_stored_bytes_per_token'] / 1024:>11.1f}"
-                     f"{r['reduction_pct']:>7.1f}%{share:>9}{deq:>8}{r['attn_output_rel_error']:>9.4f}"
+                     f"{r['reduction_pct']:>7.1f}%{share:>9}{deq:>8}{r['output_rel_error']:>9.4f}"
                      f"{r['attn_kl']:>9.5f}  {r['bound']:<9}{r['verdict']}")
     lines.append(f"  KV KiB/tok: KV stored per token over all layers at the context; KV bytes: KV (incl. "
                  f"outliers) share of the bytes read from the backing store per step; dequant: ms per step "
