@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from operator import attrgetter
@@ -188,10 +189,13 @@ class _Step:
 
 
 def simulate(spec: RunSpec | dict | None = None, *, keep_ops: bool = False, keep_log: bool = False,
-             check_capacity: bool = True, **fields) -> RunResult:
+             check_capacity: bool = True, stop: Callable[[], bool] | None = None, **fields) -> RunResult:
     """Run a spec (or keyword fields of one) and return its RunResult. With
     ``check_capacity=False`` a setup that does not fit is simulated anyway (for speed
-    benchmarks and what-ifs); its summary still carries the capacity figures."""
+    benchmarks and what-ifs); its summary still carries the capacity figures. ``stop``, asked
+    before each step after the first, ends the run early when it answers True (the CLI's first
+    Ctrl-C): the result holds the steps that finished, its summary ``partial: true`` and
+    ``steps_done``."""
     if spec is None:
         spec = validate(RunSpec, fields, "simulate()")
     elif isinstance(spec, dict):
@@ -214,6 +218,9 @@ def simulate(spec: RunSpec | dict | None = None, *, keep_ops: bool = False, keep
     step_joules = []
     state: _Step | None = None
     for position, step in enumerate(setup.steps):
+        if position and stop is not None and stop():
+            base.update(partial=True, steps_done=position)
+            break
         graph = cache.lower(step.contexts, step.index, position)
         state = _advance(state, graph, costs, cache.changed)
         if des:

@@ -3,10 +3,14 @@ trace and HTML view."""
 
 from __future__ import annotations
 
-from sim.commands.common import emit_json, fmt_bytes, to_json, write_atomic, write_frame
+import sys
+from contextlib import nullcontext
+
+from sim.commands.common import Interrupt, emit_json, fmt_bytes, to_json, write_atomic, write_frame
 from sim.energy import render_lines
 from sim.errors import COMMAND_LINE, ConfigError
 from sim.explore.compute import run_view
+from sim.io import output_set, writer_lock
 from sim.options.spec import spec_from_args
 from sim.report.timeline import trace_of
 from sim.run import simulate
@@ -34,7 +38,25 @@ def handle(args) -> int:
     trace_steps = step_range(args.trace_steps, spec.steps)
     keep = args.out is not None or args.trace_out is not None
     html = getattr(args, "html", None)
-    result = simulate(spec, keep_ops=keep or html is not None, keep_log=keep)
+    # one writer per --out folder; Ctrl-C stops after the step under way and keeps the steps done
+    with writer_lock(args.out) if args.out is not None else nullcontext(), Interrupt() as interrupt:
+        result = simulate(spec, keep_ops=keep or html is not None, keep_log=keep, stop=interrupt)
+        with output_set():  # every file of the run lands together, or none does
+            _write(args, spec, result, trace_steps, html)
+    if result.summary.get("partial"):
+        done = result.summary["steps_done"]
+        sys.stderr.write(f"decodesim: interrupted after {done} of {spec.steps} steps; the results are of those "
+                         "steps, marked partial" + (f" (partial: true in {args.out / 'summary.json'})"
+                                                    if args.out is not None else "") + "\n")
+    if args.json:
+        emit_json("run", result.summary)
+    else:
+        print(render(result.summary))
+    return interrupt.exit_code
+
+
+def _write(args, spec, result, trace_steps, html) -> None:
+    """The files ``run`` was asked for: --out's tables and summary, --trace-out, --html."""
     if args.out is not None and result.steps:
         steps, ops, log = result.tables()
         write_frame(steps, args.out / "steps")
@@ -45,11 +67,6 @@ def handle(args) -> int:
         write_atomic(args.trace_out, trace_of(result, trace_steps))
     if html is not None:
         write_atomic(html, run_view(spec, result))
-    if args.json:
-        emit_json("run", result.summary)
-    else:
-        print(render(result.summary))
-    return 0
 
 
 def _notes(s: dict) -> list[str]:
@@ -78,6 +95,9 @@ def render(s: dict) -> str:
         lines.append("  tiers per chip: " + ", ".join(f"{name} {fmt_bytes(t['needed_bytes'])} of "
                                                       f"{fmt_bytes(t['available_bytes'])}" for name, t in tiers.items()))
     lines.extend(_notes(s))
+    if s.get("partial"):
+        lines.append(f"  PARTIAL: interrupted after {s['steps_done']} of {s['steps']} steps; the figures below are "
+                     "of those steps")
     if s["verdict"] == "does-not-fit":
         lines.append(f"  verdict: DOES NOT FIT: {s['reason']}")
         return "\n".join(lines)
