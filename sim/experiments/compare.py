@@ -127,9 +127,13 @@ def attention_rows(spec, kv_formats: list[str], stacks: list[str], baseline: str
     out = []
     for software in stacks:
         base = _attention(spec.model_copy(update={"kv": baseline, "software": software}))
+        if base["step_ms"] is None:  # the baseline does not fit: nothing to set against it
+            continue
         for name in kv_formats:
             run = spec.model_copy(update={"kv": name, "software": software})
             row = _attention(run)
+            if row["step_ms"] is None:  # this format does not fit (its row in the table says why)
+                continue
             row.update(kv=name, software=software, attention_vs_baseline=row["attention_ms"] / base["attention_ms"],
                        break_even=break_even(run, base["step_ms"]) if name != baseline else None)
             out.append(row)
@@ -227,6 +231,8 @@ def kv_qualities(spec, kv_formats: list[str], published: tuple[float, str] | Non
             stacks["published"] = _quality_stack(base, [dict(one, impl="quality")], impl, folder, "published")
         fp16 = {q: simulate(spec.model_copy(update={"kv": BASELINE, "software": s})).summary["per_token_ms_p50"]
                 for q, s in stacks.items()}
+        if None in fp16.values():  # the fp16 reference does not fit: no verdict against it
+            return []
         for name in kv_formats:
             fmt = get_format(name)
             if name == BASELINE or (fmt.k.bits >= 16 and fmt.v.bits >= 16):

@@ -22,7 +22,7 @@ from collections import Counter, OrderedDict
 from dataclasses import asdict, dataclass, field
 
 from sim.errors import ConfigError
-from sim.search.front import Confirmed, chosen, confirmed_front
+from sim.search.front import Confirmed, chosen, confirmed_front, pareto
 from sim.search.screen import SetupScreen, screen
 from sim.search.space import Deployment, Space
 from sim.search.verify import verify
@@ -189,6 +189,7 @@ class SearchResult:
     complete: bool
     counts: dict
     timing: dict = field(default_factory=dict)
+    interrupted: bool = False  # Ctrl-C during the replays: the front is of the checks that finished
 
     def table(self):
         import pandas as pd
@@ -213,9 +214,36 @@ def _workload(space: Space, traffic: dict, slo: dict) -> Workload:
         raise named_at(err, requests, space.file, "traffic.requests") from None
 
 
+def _confirm(pool: Executor, base: dict, candidates: list[dict], budget: int, bar, keep: bool) -> tuple[Confirmed, bool]:
+    """Replay the candidates' front until it is confirmed (sim.search.front); (the result, whether
+    Ctrl-C ended it). ``keep``: an interrupt keeps the replays that finished, their passing ones'
+    front and ``complete=False``; else it propagates."""
+    checks: dict[int, dict] = {}  # the replays that finished, kept through an interrupt
+
+    def confirm(batch: list[dict]) -> list[dict]:
+        bar.total += len(batch)
+        bar.refresh()
+        tasks = [{**base, "rate": r["rate_per_s"], "tpot_ms": r["est_tpot_ms"],
+                  "deployment": {k: r[k] for k in Deployment.__dataclass_fields__}} for r in batch]
+        done = pool.map(verify_task, tasks, bar)
+        checks.update((r["index"], c) for r, c in zip(batch, done, strict=True))
+        return done
+
+    try:
+        return confirmed_front(candidates, confirm, budget, lambda row: row["verdict"] == "meets-slo"), False
+    except KeyboardInterrupt:
+        if not keep:
+            raise
+        passed = [c for c in candidates if checks.get(c["index"], {}).get("verdict") == "meets-slo"]
+        return Confirmed(pareto(passed), checks, complete=False), True
+
+
 def run_search(space: Space, *, executor: str = "local", jobs: int | None = None, address=None,
-               progress: bool = True) -> SearchResult:
-    """Screen every deployment of ``space`` and confirm the front (module docstring)."""
+               progress: bool = True, progress_kept: bool = False) -> SearchResult:
+    """Screen every deployment of ``space`` and confirm the front (module docstring). With
+    ``progress_kept``, Ctrl-C (KeyboardInterrupt) during the replays ends the search there: the
+    result holds every screened row, the replays that finished, the front of those that passed,
+    and ``interrupted``; without it (or during the screen) the interrupt propagates."""
     spec = space.spec
     slo, traffic = spec.slo.model_dump(), spec.traffic.model_dump()
     overrides = tuple(spec.overrides.items())
@@ -241,16 +269,8 @@ def run_search(space: Space, *, executor: str = "local", jobs: int | None = None
         candidates = [r for r in rows if r.get("screen_ok")]
         bar = _bar(0, "confirm the front", "replay", progress)
 
-        def confirm(batch: list[dict]) -> list[dict]:
-            bar.total += len(batch)
-            bar.refresh()
-            tasks = [{**base, "rate": r["rate_per_s"], "tpot_ms": r["est_tpot_ms"],
-                      "deployment": {k: r[k] for k in Deployment.__dataclass_fields__}} for r in batch]
-            return pool.map(verify_task, tasks, bar)
-
         try:
-            confirmed: Confirmed = confirmed_front(candidates, confirm, spec.max_replays,
-                                                   lambda row: row["verdict"] == "meets-slo")
+            confirmed, interrupted = _confirm(pool, base, candidates, spec.max_replays, bar, progress_kept)
         finally:
             bar.close()
     finally:
@@ -273,7 +293,7 @@ def run_search(space: Space, *, executor: str = "local", jobs: int | None = None
               "rounds": confirmed.rounds, "front": len(front)}
     timing = {"workload_s": t1 - t0, "screen_s": t2 - t1, "confirm_s": t3 - t2, "wall_s": t3 - t0,
               "executor": executor, "jobs": pool.jobs if executor == "local" else None}
-    return SearchResult(space, work, rows, front, pick, confirmed.complete, counts, timing)
+    return SearchResult(space, work, rows, front, pick, confirmed.complete, counts, timing, interrupted)
 
 
 __all__ = ["Executor", "SearchResult", "SetupCache", "run_search", "screen_task", "verify_task"]
