@@ -30,6 +30,7 @@ from sim.decode_trace import length_counts
 from sim.energy import EnergyModel, summarize
 from sim.engine.records import LOG_COLUMNS, Span
 from sim.engine.simulation import Simulation
+from sim.errors import SimulationError
 from sim.lowering.cache import GraphCache
 from sim.lowering.decode import StageWeights, largest_staged_reads, stage_weight_bytes
 from sim.lowering.placement import staging_limit
@@ -241,6 +242,10 @@ def simulate(spec: RunSpec | dict | None = None, *, keep_ops: bool = False, keep
             op_rows.extend(ledger.op_table(graph, state.costs, outcome))
         if keep_log:
             log.extend(outcome.log)
+    if check_floors(setup, step_rows, clamp=not des):
+        base["engine_note"] = (base.get("engine_note", "") + "; " if base.get("engine_note") else "") + (
+            "a step below its byte or compute floor (streams that overlap on one link, each timed alone) is raised "
+            "to the floor; the excess shows as contention")
     base.update(_summary(setup, step_rows, events, time.perf_counter() - wall))
     if joules is not None:
         base["energy"] = summarize(step_joules, joules.power_limit_W)
@@ -325,6 +330,45 @@ def _count(keys: dict, key: tuple, ops, delta: int, idx: int | None = None) -> N
     entry = keys[key] = [entry[0] + delta, entry[1] if idx is None else ops[idx]]
     if entry[0] == 0:
         del keys[key]
+
+
+FLOOR_SLACK = 2.0 ** -20  # relative (~1 ppm): rounding to the clock and float sums, never a physical margin
+
+
+def check_floors(setup: RunSetup, rows: list[dict], clamp: bool = False) -> bool:
+    """Physics as a validator: no step may take less than its byte floor (the bytes it moves in
+    the backing store at peak bandwidth) or its compute floor (its FLOPs at the fastest peak
+    rate of any dtype); the ``pp`` pipeline stages' chips may work at once, so each floor is over
+    all of them. A step below a floor means a configuration or stack that skipped work (or a
+    rate above a peak): a SimulationError naming both figures, never a result. ``clamp`` (the
+    analytic engine, whose overlapping streams each take a link alone): the step is raised to
+    the floor instead, the excess a ``contention`` row; True if any step was."""
+    hw = setup.hardware
+    c = hw.compute
+    peak_GBps = hw.store.peak_GBps * setup.pp  # bytes/ns
+    peak_flops_per_ns = c.tiles.value * c.clock_GHz.value * setup.pp * max(
+        q.value for q in (*c.matrix_flops_per_cycle.values(), *c.vector_flops_per_cycle.values()))
+    raised = False
+    for r in rows:
+        for what, floor_ns in (("byte", r["store_bytes"] / peak_GBps), ("compute", r["flops"] / peak_flops_per_ns)):
+            if r["time_ns"] >= floor_ns * (1 - FLOOR_SLACK):
+                continue
+            if not clamp:
+                raise SimulationError(_below_floor(setup, r, what, floor_ns))
+            r["ms_contention"] = r.get("ms_contention", 0.0) + ns_to_ms(floor_ns - r["time_ns"])
+            r["time_ns"], raised = floor_ns, True
+    return raised
+
+
+def _below_floor(setup: RunSetup, r: dict, what: str, floor_ns: float) -> str:
+    """The one line for step ``r`` below its ``what`` floor."""
+    amount = (f"{r['store_bytes']:,} bytes in {setup.store} at {setup.hardware.store.peak_GBps:g} GB/s peak"
+              if what == "byte" else f"{r['flops']:,} FLOPs at the chip's fastest peak rate")
+    stages = f" over {setup.pp} pipeline stages" if setup.pp > 1 else ""
+    return (f"{setup.spec.software or f'software stack {setup.stack.name}'}: step {r['step']} takes "
+            f"{ns_to_ms(r['time_ns']):.4g} ms, below its {what} floor of {ns_to_ms(floor_ns):.4g} ms ({amount}{stages}); "
+            "expected a step no faster than the bytes and FLOPs it needs allow (a kernel that skips work or a rate "
+            "above a peak)")
 
 
 def _step_row(setup: RunSetup, step, graph, outcome, sums, breakdown) -> dict:

@@ -111,7 +111,10 @@ def render(s: dict) -> str:
     lines.append(f"  bytes per step: {fmt_bytes(s['hbm_bytes_per_token'])} from the backing store "
                  f"(weights {fmt_bytes(s['weight_bytes_per_token'])}, KV {fmt_bytes(s['kv_bytes_per_token'])})")
     lines.append(f"  achieved bandwidth: {s['hbm_achieved_GBps']:.0f} GB/s = "
-                 f"{100 * s['hbm_fraction_of_peak']:.1f}% of {s['hbm_peak_GBps']:.0f} GB/s peak")
+                 f"{100 * s['hbm_fraction_of_peak']:.1f}% of {s['hbm_peak_GBps']:.0f} GB/s peak"
+                 + (f" (one chip's; its {s['pp']} pipeline stages work at once: "
+                    f"{100 * s['hbm_fraction_of_peak'] / s['pp']:.1f}% of their {s['pp']} x "
+                    f"{s['hbm_peak_GBps']:.0f} GB/s)" if s["pp"] > 1 and s["hbm_fraction_of_peak"] > 1 else ""))
     if s.get("batch_over_time"):
         b = s["batch_over_time"]
         lines.append(f"  batch over the trace: min {min(b)}, median {sorted(b)[len(b) // 2]}, max {max(b)}")
