@@ -80,6 +80,17 @@ def _notes(s: dict) -> list[str]:
     return lines
 
 
+def _bandwidth_line(s: dict) -> str:
+    """The achieved bandwidth against the peak: one chip's, and (a pipeline whose stages work at
+    once, past one chip's peak) all its stages' chips'."""
+    line = (f"  achieved bandwidth: {s['hbm_achieved_GBps']:.0f} GB/s = "
+            f"{100 * s['hbm_fraction_of_peak']:.1f}% of {s['hbm_peak_GBps']:.0f} GB/s peak")
+    if s["pp"] > 1 and s["hbm_fraction_of_peak"] > 1:
+        line += (f" (one chip's; its {s['pp']} pipeline stages work at once: {100 * s['hbm_fraction_of_peak'] / s['pp']:.1f}%"
+                 f" of their {s['pp']} x {s['hbm_peak_GBps']:.0f} GB/s)")
+    return line
+
+
 def render(s: dict) -> str:
     lines = [f"decodesim: {s['model']} on {s['hardware']} ({s['chips']} chip{'s' if s['chips'] > 1 else ''}, "
              f"tp {s['tp']} x pp {s['pp']}), weights {s['weights']}, KV {s['kv']}",
@@ -110,11 +121,7 @@ def render(s: dict) -> str:
             lines.append(f"    {row:<16}{ms:9.3f}  {100 * ms / total:5.1f}%")
     lines.append(f"  bytes per step: {fmt_bytes(s['hbm_bytes_per_token'])} from the backing store "
                  f"(weights {fmt_bytes(s['weight_bytes_per_token'])}, KV {fmt_bytes(s['kv_bytes_per_token'])})")
-    lines.append(f"  achieved bandwidth: {s['hbm_achieved_GBps']:.0f} GB/s = "
-                 f"{100 * s['hbm_fraction_of_peak']:.1f}% of {s['hbm_peak_GBps']:.0f} GB/s peak"
-                 + (f" (one chip's; its {s['pp']} pipeline stages work at once: "
-                    f"{100 * s['hbm_fraction_of_peak'] / s['pp']:.1f}% of their {s['pp']} x "
-                    f"{s['hbm_peak_GBps']:.0f} GB/s)" if s["pp"] > 1 and s["hbm_fraction_of_peak"] > 1 else ""))
+    lines.append(_bandwidth_line(s))
     if s.get("batch_over_time"):
         b = s["batch_over_time"]
         lines.append(f"  batch over the trace: min {min(b)}, median {sorted(b)[len(b) // 2]}, max {max(b)}")
