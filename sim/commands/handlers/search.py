@@ -36,6 +36,16 @@ def _against_options(err: ConfigError, changes: dict) -> ConfigError:
     return err if given is None else ConfigError(COMMAND_LINE, FLAGS[given], err.expected, err.got)
 
 
+def _bounded(space, limit: int) -> None:
+    """Refuse, before any screening, a space of more deployments than ``limit`` (--max-deployments)."""
+    if limit < 1:
+        raise ConfigError(COMMAND_LINE, "--max-deployments", "must be >= 1", limit)
+    if len(space.deployments) > limit:
+        raise ConfigError(space.file, "space.grid", f"{len(space.deployments):,} deployments ({len(space.setups):,} "
+                          f"setups) to screen; expected at most {limit:,} (--max-deployments N raises the bound; "
+                          "or narrow some axes)")
+
+
 def handle(args) -> int:
     if args.jobs is not None and args.jobs < 1:
         raise ConfigError(COMMAND_LINE, "--jobs", "must be >= 1", args.jobs)
@@ -46,6 +56,7 @@ def handle(args) -> int:
     with writer_lock(args.out) if args.out is not None else nullcontext():
         try:
             space = load_space(args.space, changes)
+            _bounded(space, args.max_deployments)
             result = run_search(space, executor=args.executor, jobs=args.jobs, address=args.address,
                                 progress=not args.quiet, progress_kept=True)
         except ConfigError as err:
