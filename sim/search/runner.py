@@ -110,21 +110,25 @@ class Executor:
         self._pool = self._client = None
         self._own_client = False
 
-    def map(self, fn, payloads: list, bar=None) -> list:
+    def map(self, fn, payloads: list, bar=None, done: dict | None = None) -> list:
+        """``fn`` over ``payloads``, results in their order; ``done`` (if given) gets each result
+        by its payload's index as it arrives, so an interrupted map keeps what finished."""
         if not payloads:
             return []
         if self.kind == "dask":
-            return self._map_dask(fn, payloads, bar)
+            return self._map_dask(fn, payloads, bar, done)
         if self.jobs == 1 or len(payloads) == 1:
             out = []
             for p in payloads:
                 out.append(fn(p, self.cache))
+                if done is not None:
+                    done[len(out) - 1] = out[-1]
                 if bar is not None:
                     bar.update()
             return out
-        return self._map_pool(fn, payloads, bar)
+        return self._map_pool(fn, payloads, bar, done)
 
-    def _map_pool(self, fn, payloads, bar):
+    def _map_pool(self, fn, payloads, bar, done=None):
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor, as_completed
 
@@ -137,11 +141,13 @@ class Executor:
         out: list = [None] * len(payloads)
         for future in as_completed(futures):
             out[futures[future]] = future.result()
+            if done is not None:
+                done[futures[future]] = out[futures[future]]
             if bar is not None:
                 bar.update()
         return out
 
-    def _map_dask(self, fn, payloads, bar):
+    def _map_dask(self, fn, payloads, bar, done=None):
         from dask.distributed import Client
         from dask.distributed import as_completed as dask_completed
 
@@ -160,6 +166,8 @@ class Executor:
         out: list = [None] * len(payloads)
         for future in dask_completed(futures):
             out[where[future.key]] = future.result()
+            if done is not None:
+                done[where[future.key]] = out[where[future.key]]
             if bar is not None:
                 bar.update()
         return out
@@ -225,9 +233,11 @@ def _confirm(pool: Executor, base: dict, candidates: list[dict], budget: int, ba
         bar.refresh()
         tasks = [{**base, "rate": r["rate_per_s"], "tpot_ms": r["est_tpot_ms"],
                   "deployment": {k: r[k] for k in Deployment.__dataclass_fields__}} for r in batch]
-        done = pool.map(verify_task, tasks, bar)
-        checks.update((r["index"], c) for r, c in zip(batch, done, strict=True))
-        return done
+        finished: dict[int, dict] = {}
+        try:
+            return pool.map(verify_task, tasks, bar, finished)
+        finally:  # also when interrupted: the replays of the batch that finished
+            checks.update((batch[i]["index"], c) for i, c in finished.items())
 
     try:
         return confirmed_front(candidates, confirm, budget, lambda row: row["verdict"] == "meets-slo"), False
