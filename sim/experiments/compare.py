@@ -22,6 +22,12 @@ from sim.setup import resolve
 from sim.units import ns_to_ms
 
 
+def _dump(data) -> str:
+    """``yaml.safe_dump`` of a stack written for ``load_stack`` to read back: the same safe
+    representer, libyaml's emitter where PyYAML has it (a break-even bisection writes dozens)."""
+    return yaml.dump(data, Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper))
+
+
 def compare_rows(spec, kv_formats: list[str], fidelity_tokens: int = 2048) -> list[dict]:
     """One run per KV format (the rest of ``spec`` fixed) and its fidelity."""
     rows = []
@@ -163,7 +169,7 @@ def break_even(spec, target_ms: float) -> float:
             name: {k: (dict(v, value=v["value"] * scale) if k.endswith("_ps") and isinstance(v, dict) else v)
                    for k, v in impl.items()} for name, impl in raw["attention"].items()}
         path = folder / f"stack-{scale:.6g}.yaml"
-        path.write_text(yaml.safe_dump(scaled))
+        path.write_text(_dump(scaled))
         return simulate(spec.model_copy(update={"software": str(path)})).summary["per_token_ms_p50"]
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -197,7 +203,7 @@ def _quality_stack(base, attention_kernels: list[dict], impl: dict | None, folde
     if impl is not None:
         raw.setdefault("attention", {})["quality"] = impl
     path = folder / f"{tag}.yaml"
-    path.write_text(yaml.safe_dump(raw))
+    path.write_text(_dump(raw))
     return str(path)
 
 
