@@ -15,11 +15,14 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib
+import io
+import os
 import pkgutil
 import sys
 
 import sim.commands as commands
 from sim.errors import ConfigError, SimulationError, error_line
+from sim.io import os_error_line
 
 
 class _Parser(argparse.ArgumentParser):
@@ -86,21 +89,50 @@ def handler(target):
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = _parser()
-    args = parser.parse_args(argv or ["run"])
-    if not getattr(args, "handler", None):
-        parser.print_help()
-        return 2
+    args = None
     try:
-        return int(handler(args.handler)(args) or 0)
+        try:
+            args = _parser().parse_args(argv or ["run"])
+            code = _dispatch(args)
+        except SystemExit:  # --help, --version, a usage error: what they printed must reach stdout too
+            sys.stdout.flush()
+            raise
+        sys.stdout.flush()  # here, not at exit: a full disk or closed pipe is then one line below
+        return code
     except (ConfigError, SimulationError) as err:
         sys.stderr.write(error_line(err, getattr(args, "spec_source", None)) + "\n")
         return 2
     except KeyboardInterrupt:
         sys.stderr.write("decodesim: interrupted\n")
         return 130
-    except BrokenPipeError:
+    except BrokenPipeError:  # `decodesim ... | head -1`: the reader has what it wanted
+        _discard_stdout()
         return 0
+    except OSError as err:  # an I/O failure no writer turned into a ConfigError: one line, exit 2
+        on_stdout = err.filename is None  # every file writer names its file (sim.io); print() cannot
+        if on_stdout:
+            _discard_stdout()
+        sys.stderr.write(os_error_line(err, on_stdout) + "\n")
+        return 2
+
+
+def _dispatch(args) -> int:
+    """Run the command ``args`` names (its handler's exit status); none named: the help, status 2."""
+    if not getattr(args, "handler", None):
+        _parser().print_help()
+        return 2
+    return int(handler(args.handler)(args) or 0)
+
+
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null, dropping what it still holds, so that the flush at exit cannot
+    fail again and print a traceback of its own."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):  # no file behind stdout (a test's)
+        pass
 
 
 if __name__ == "__main__":

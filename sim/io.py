@@ -24,6 +24,7 @@ import math
 import os
 import re
 import tempfile
+from contextvars import ContextVar
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -76,11 +77,14 @@ class AtomicFile:
             pass
 
 
+_PENDING: ContextVar[list[AtomicFile] | None] = ContextVar("decodesim_output_set", default=None)
+
+
 @contextmanager
 def atomic_path(path: Path | str, suffix: str = "") -> Iterator[Path]:
-    """A temp path beside ``path`` to write; renamed onto ``path`` when the block succeeds,
-    removed when it raises. An unwritable place (or an OSError while writing) is a
-    ConfigError naming ``path``."""
+    """A temp path beside ``path`` to write; renamed onto ``path`` when the block succeeds
+    (inside ``output_set``: when the set is complete), removed when it raises. An unwritable
+    place (or an OSError while writing) is a ConfigError naming ``path``."""
     target = AtomicFile(path, suffix)
     try:
         yield target.tmp
@@ -89,17 +93,108 @@ def atomic_path(path: Path | str, suffix: str = "") -> Iterator[Path]:
         if isinstance(err, OSError):
             raise ConfigError(str(target.path), None, f"cannot write here ({_reason(err)})") from None
         raise
-    target.commit()
+    pending = _PENDING.get()
+    if pending is None:
+        target.commit()
+    else:
+        pending.append(target)
+
+
+@contextmanager
+def output_set() -> Iterator[None]:
+    """Write several files as one result: every file written in the block (through
+    ``atomic_path`` and the writers built on it) stays a temp file until the block ends, then all
+    are renamed into place (renames need no room, so a full disk fails before any file lands);
+    if the block raises, every temp file is removed and no target changes. So a result folder
+    holds the old result or the whole new one, never the tables of one run beside the summary of
+    another, nor a table with no summary."""
+    pending: list[AtomicFile] = []
+    token = _PENDING.set(pending)
+    try:
+        yield
+    except BaseException:
+        for target in pending:
+            target.abort()
+        raise
+    finally:
+        _PENDING.reset(token)
+    for i, target in enumerate(pending):
+        try:
+            target.commit()
+        except ConfigError:
+            for rest in pending[i + 1:]:
+                rest.abort()
+            raise
+
+
+@contextmanager
+def writer_lock(folder: Path | str) -> Iterator[None]:
+    """Hold an exclusive lock on the output folder ``folder`` (created if missing) while a
+    command writes there; a second writer to the same folder is refused at once with a
+    ConfigError naming it (rather than two runs' tables mixed in one folder). The lock is
+    ``flock`` on the folder itself (no lock file left behind), released when the process ends
+    however it ends; where there is no ``fcntl`` (not POSIX) nothing is locked."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    path = Path(folder)
+    made = not path.exists()
+    make_folder(path)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as err:
+        raise ConfigError(str(path), None, f"cannot open the folder ({_reason(err)})") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            made = False
+            raise ConfigError(str(path), None, "another decodesim command is writing to this folder; expected one "
+                                               "writer per output folder (wait for it or pick another)") from None
+        yield
+    finally:
+        os.close(fd)
+        if made:  # a folder this writer made and left empty (it failed before writing) goes again
+            try:
+                path.rmdir()
+            except OSError:
+                pass
 
 
 def _reason(err: OSError) -> str:
     return err.strerror or type(err).__name__
 
 
+STDOUT = "standard output"  # what an error names for the command's printed output
+
+
+def os_error_line(err: OSError, stdout_failed: bool = False) -> str:
+    """The one line for an I/O failure no writer turned into a ConfigError (output on a full
+    disk or a closed stream, a name too long, a folder that went away): the file it names, or
+    ``standard output`` (``stdout_failed``), the system's reason and what was expected."""
+    where = STDOUT if stdout_failed and err.filename is None else err.filename
+    doing = "cannot write" if where == STDOUT else "cannot read or write"
+    text = f"{doing} ({_reason(err)}); expected " + (
+        "room for the command's output (a full disk or a closed stream?)" if where == STDOUT
+        else "a path that can be read or written")
+    return f"decodesim: {where}: {text}" if where is not None else f"decodesim: {text}"
+
+
 def output_problem(path: Path | str, *, folder: bool = False) -> str | None:
     """Why ``path`` cannot be written as a file (``folder``: made or used as a folder), or
-    None when it looks writable. Checks without creating anything."""
-    path = Path(path)
+    None when it looks writable. Checks without creating anything; a path the system will not
+    even look up (a name too long, a loop of symbolic links) is a problem, not an OSError."""
+    try:
+        return _output_problem(Path(path), folder)
+    except (OSError, ValueError) as err:  # ValueError: a NUL byte in the path
+        return f"cannot be used as a path ({_reason(err) if isinstance(err, OSError) else err})"
+
+
+def _output_problem(path: Path, folder: bool) -> str | None:
+    if path.is_symlink() and not path.exists():
+        return f"is a symbolic link to {os.readlink(path)}, which does not exist; expected a path that can be written"
     if folder and path.exists() and not path.is_dir():
         return "exists and is not a folder; expected a folder to write into"
     if not folder and path.is_dir():

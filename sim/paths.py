@@ -61,16 +61,20 @@ def resolve(name_or_path: str, folder: Path, what: str, suffixes=(".yaml", ".yml
     """A bundled name (``h200-sxm``) or a path to a file. Raises ConfigError if neither, listing
     the bundled names and ``builtin`` (names the caller answers itself, e.g. generated routing)."""
     # os.path on strings: a study resolves its profiles once per point
-    if os.path.splitext(name_or_path)[1] in suffixes or "/" in name_or_path or os.path.isfile(name_or_path):
-        candidate = Path(name_or_path)
-        if not candidate.is_file():
-            problem = f"is a folder; expected a {what} file" if candidate.is_dir() else f"{what} file not found"
-            raise ConfigError(str(candidate), None, problem)
-        return candidate
-    for suffix in suffixes:
-        path = _bundled_path(folder, f"{name_or_path}{suffix}")
-        if path.is_file():
-            return path
+    try:
+        if os.path.splitext(name_or_path)[1] in suffixes or "/" in name_or_path or os.path.isfile(name_or_path):
+            candidate = Path(name_or_path)
+            if not candidate.is_file():
+                problem = f"is a folder; expected a {what} file" if candidate.is_dir() else f"{what} file not found"
+                raise ConfigError(str(candidate), None, problem)
+            return candidate
+        for suffix in suffixes:
+            path = _bundled_path(folder, f"{name_or_path}{suffix}")
+            if path.is_file():
+                return path
+    except (OSError, ValueError) as err:  # a name the system will not look up (too long, a NUL byte)
+        reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+        raise ConfigError(None, what, f"not a usable {what} name or path ({reason})", name_or_path) from None
     known = [*builtin, *sorted({p.name[: -len(suffix)] for suffix in suffixes for p in folder.glob(f"*{suffix}")})]
     raise ConfigError(
         None, what, f"unknown {what} {name_or_path!r}; expected a path or one of: {', '.join(known)}"

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from operator import attrgetter
@@ -194,10 +195,13 @@ class _Step:
 
 
 def simulate(spec: RunSpec | dict | None = None, *, keep_ops: bool = False, keep_log: bool = False,
-             check_capacity: bool = True, **fields) -> RunResult:
+             check_capacity: bool = True, stop: Callable[[], bool] | None = None, **fields) -> RunResult:
     """Run a spec (or keyword fields of one) and return its RunResult. With
     ``check_capacity=False`` a setup that does not fit is simulated anyway (for speed
-    benchmarks and what-ifs); its summary still carries the capacity figures."""
+    benchmarks and what-ifs); its summary still carries the capacity figures. ``stop``, asked
+    before each step after the first, ends the run early when it answers True (the CLI's first
+    Ctrl-C): the result holds the steps that finished, its summary ``partial: true`` and
+    ``steps_done``."""
     if spec is None:
         spec = validate(RunSpec, fields, "simulate()")
     elif isinstance(spec, dict):
@@ -218,6 +222,9 @@ def simulate(spec: RunSpec | dict | None = None, *, keep_ops: bool = False, keep
     joules = EnergyModel(setup.hardware, setup.tp, setup.pp) if setup.hardware.energy is not None else None
     step_joules = []
     for position, step in enumerate(setup.steps):
+        if position and stop is not None and stop():
+            base.update(partial=True, steps_done=position)
+            break
         graph, state, outcome = stepper.step(step.contexts, step.index, position)
         if position == 0 and not stepper.des:
             base.update(_analytic_note(graph))
@@ -232,6 +239,10 @@ def simulate(spec: RunSpec | dict | None = None, *, keep_ops: bool = False, keep
             op_rows.extend(ledger.op_table(graph, state.costs, outcome))
         if keep_log:
             log.extend(outcome.log)
+    if check_floors(setup, step_rows, clamp=not stepper.des):
+        base["engine_note"] = (base.get("engine_note", "") + "; " if base.get("engine_note") else "") + (
+            "a step below its byte or compute floor (streams that overlap on one link, each timed alone) is raised "
+            "to the floor; the excess shows as contention")
     base.update(_summary(setup, step_rows, events, time.perf_counter() - wall))
     if setup.moe is not None and setup.moe.ep > 1:  # expert load per EP rank and the straggler
         base["moe"].update(ep_load(setup, costs, [r["time_ns"] for r in step_rows]))
@@ -522,6 +533,45 @@ def _count(keys: dict, key: tuple, ops, delta: int, idx: int | None = None) -> N
     entry = keys[key] = [entry[0] + delta, entry[1] if idx is None else ops[idx]]
     if entry[0] == 0:
         del keys[key]
+
+
+FLOOR_SLACK = 2.0 ** -20  # relative (~1 ppm): rounding to the clock and float sums, never a physical margin
+
+
+def check_floors(setup: RunSetup, rows: list[dict], clamp: bool = False) -> bool:
+    """Physics as a validator: no step may take less than its byte floor (the bytes it moves in
+    the backing store at peak bandwidth) or its compute floor (its FLOPs at the fastest peak
+    rate of any dtype); the ``pp`` pipeline stages' chips may work at once, so each floor is over
+    all of them. A step below a floor means a configuration or stack that skipped work (or a
+    rate above a peak): a SimulationError naming both figures, never a result. ``clamp`` (the
+    analytic engine, whose overlapping streams each take a link alone): the step is raised to
+    the floor instead, the excess a ``contention`` row; True if any step was."""
+    hw = setup.hardware
+    c = hw.compute
+    peak_GBps = hw.store.peak_GBps * setup.pp  # bytes/ns
+    peak_flops_per_ns = c.tiles.value * c.clock_GHz.value * setup.pp * max(
+        q.value for q in (*c.matrix_flops_per_cycle.values(), *c.vector_flops_per_cycle.values()))
+    raised = False
+    for r in rows:
+        for what, floor_ns in (("byte", r["store_bytes"] / peak_GBps), ("compute", r["flops"] / peak_flops_per_ns)):
+            if r["time_ns"] >= floor_ns * (1 - FLOOR_SLACK):
+                continue
+            if not clamp:
+                raise SimulationError(_below_floor(setup, r, what, floor_ns))
+            r["ms_contention"] = r.get("ms_contention", 0.0) + ns_to_ms(floor_ns - r["time_ns"])
+            r["time_ns"], raised = floor_ns, True
+    return raised
+
+
+def _below_floor(setup: RunSetup, r: dict, what: str, floor_ns: float) -> str:
+    """The one line for step ``r`` below its ``what`` floor."""
+    amount = (f"{r['store_bytes']:,} bytes in {setup.store} at {setup.hardware.store.peak_GBps:g} GB/s peak"
+              if what == "byte" else f"{r['flops']:,} FLOPs at the chip's fastest peak rate")
+    stages = f" over {setup.pp} pipeline stages" if setup.pp > 1 else ""
+    return (f"{setup.spec.software or f'software stack {setup.stack.name}'}: step {r['step']} takes "
+            f"{ns_to_ms(r['time_ns']):.4g} ms, below its {what} floor of {ns_to_ms(floor_ns):.4g} ms ({amount}{stages}); "
+            "expected a step no faster than the bytes and FLOPs it needs allow (a kernel that skips work or a rate "
+            "above a peak)")
 
 
 def _step_row(setup: RunSetup, step, graph, outcome, sums, breakdown) -> dict:

@@ -130,6 +130,12 @@ def _format(role: str, name: str) -> Format:
     return fmt
 
 
+def format_for(role: str, name: str) -> Format:
+    """The format ``name`` checked for ``role`` (weights or kv), as a run resolves it: for a
+    command that takes several and wants each refused before any work (compare's ``--kv``)."""
+    return _format(role, name)
+
+
 class _Machine(NamedTuple):
     """What a run resolves to whatever its batch, contexts and engine: the validated profile and
     model, the stack, the formats, the parallelism and the per-chip widths."""

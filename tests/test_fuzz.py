@@ -30,13 +30,13 @@ FAST = dict(SLOW, derandomize=True)
 
 
 def check(argv: list[str], allowed=(0, 2)) -> tuple[int, str, str]:
-    """Run ``decodesim ARGV``; assert a clean ending (status, one line, time). The time is this
-    process's CPU time (a loaded 2-core machine stretches wall time, not work); wall time gets
-    three times the room."""
-    start, start_cpu = time.perf_counter(), time.process_time()
+    """Run ``decodesim ARGV``; assert a clean ending (status, one line, work). The work bound is
+    this process's CPU time, never wall time (a loaded 2-core machine stretches wall time, not
+    work: no test asserts a wall-clock bound)."""
+    start_cpu = time.process_time()
     code, out, err = run_cli(*argv)
-    elapsed, cpu = time.perf_counter() - start, time.process_time() - start_cpu
-    assert cpu < CASE_LIMIT_S and elapsed < 3 * CASE_LIMIT_S, f"{cpu:.1f} s CPU, {elapsed:.1f} s wall for {argv}"
+    cpu = time.process_time() - start_cpu
+    assert cpu < CASE_LIMIT_S, f"{cpu:.1f} s CPU for {argv}"
     assert code in allowed, (argv, code, err)
     if code == 2:
         assert err.startswith("decodesim: ") and err.count("\n") == 1 and "Traceback" not in err, (argv, err)

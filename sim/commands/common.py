@@ -16,7 +16,7 @@ from sim.io import to_json, write_atomic, write_frame
 from sim.schema import SCHEMA_VERSION
 from sim.units import GB, KB, MB, TB
 
-__all__ = ["comma_list", "fmt_bytes", "to_json", "write_atomic", "write_frame", "emit_json", "envelope"]
+__all__ = ["comma_list", "fmt_bytes", "to_json", "write_atomic", "write_frame", "emit_json", "envelope", "Interrupt"]
 
 MAX_LIST = 1000  # items of one comma list (names, rates, batch sizes)
 
@@ -54,3 +54,50 @@ def envelope(kind: str, payload: dict) -> dict:
 def emit_json(kind: str, payload: dict) -> None:
     """Print one ``--json`` output: the envelope and ``payload`` (sim/schema/output.schema.json)."""
     print(to_json(envelope(kind, payload)))
+
+
+class Interrupt:
+    """SIGINT / SIGTERM while a command works: the first asks the work to stop where it is
+    (``interrupt()`` answers True; the command then writes what finished, marked partial); a
+    second raises KeyboardInterrupt at once. A signal the parent process ignores (a shell's
+    background job) stays ignored; off the main thread (the explorer) nothing is installed.
+    (The same contract as ``decodesim serve``'s replay interrupt.)"""
+
+    SIGNALS = ("SIGINT", "SIGTERM")
+
+    def __init__(self):
+        self.signal: int | None = None
+        self._previous: dict = {}
+
+    def __enter__(self):
+        import signal
+        import threading
+
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        for name in self.SIGNALS:
+            number = getattr(signal, name)
+            if signal.getsignal(number) is signal.SIG_IGN:
+                continue
+            self._previous[number] = signal.signal(number, self._handle)
+        return self
+
+    def _handle(self, number, frame):
+        if self.signal is not None:
+            raise KeyboardInterrupt
+        self.signal = number
+
+    def __call__(self) -> bool:
+        return self.signal is not None
+
+    def __exit__(self, *exc):
+        import signal
+
+        for number, previous in self._previous.items():
+            signal.signal(number, previous)
+        return False
+
+    @property
+    def exit_code(self) -> int:
+        """128 + the signal's number (130 for Ctrl-C), as a shell reports it; 0 when none came."""
+        return 128 + self.signal if self.signal is not None else 0

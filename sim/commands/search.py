@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from sim.options.run import output_dir
 
+MAX_SCREENED = 100_000  # deployments one search screens unless --max-deployments says more
+
 
 def register(sub) -> None:
     p = sub.add_parser("search", help="the best deployments under TTFT/TPOT targets, as a Pareto front",
@@ -45,4 +47,7 @@ def register(sub) -> None:
     p.add_argument("--address", default=None, help="Dask scheduler address (with --executor dask)")
     p.add_argument("--quiet", action="store_true", help="no progress bars on stderr")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--max-deployments", type=int, default=MAX_SCREENED, metavar="N",
+                   help=f"refuse a space of more than N deployments before screening any (default {MAX_SCREENED:,}; "
+                        "screening takes minutes per hundred thousand on two cores)")
     p.set_defaults(handler="sim.commands.handlers.search")

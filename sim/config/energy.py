@@ -33,14 +33,17 @@ ENERGY_DTYPES = {"fp32", "tf32", "bf16", "fp16", "fp8", "int8", "int4", "fp4"}
 class Energy(Strict):
     """Energy figures of one chip (and its host)."""
 
-    memory_pJ_per_bit: dict[str, Num]
+    # physics: moving a bit out of a memory tier, a FLOP and a powered chip each cost energy (> 0;
+    # a section of zeros would report free tokens, infinitely many per joule); a link or the NoC
+    # may be 0 where a tier's figure already covers the path
+    memory_pJ_per_bit: dict[str, Pos]
     noc_pJ_per_bit: Num
     host_link_pJ_per_bit: Num
     chip_link_pJ_per_bit: Num
     scaleout_pJ_per_bit: Num | None = None  # links between chip groups; without it: chip_link_pJ_per_bit
-    matrix_pJ_per_flop: dict[str, Num]
-    vector_pJ_per_flop: Num
-    static_W: Num
+    matrix_pJ_per_flop: dict[str, Pos]
+    vector_pJ_per_flop: Pos
+    static_W: Pos
     idle_W: Num
     host_W: Num
     power_limit_W: Pos | None = None

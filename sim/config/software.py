@@ -212,7 +212,7 @@ class AttentionImpl(Strict):
     for a codebook lookup. The dequantization runs beside the loads: the kernel takes the
     longer of the two."""
 
-    efficiency: Num
+    efficiency: Frac  # of the attention class's rate: 0 would never finish, above 1 beat the class's own measure
     value_ps: Num
     unpack_ps: Num
     group_ps: Num
@@ -330,6 +330,24 @@ class SoftwareStack(Strict):
                     return f"kv_formats.{fmt}.{op}", f"unknown op {op!r}; ops: {', '.join(OPS)}"
         return None
 
+    def stream_problem(self) -> tuple[str, str] | None:
+        """(key path, what is wrong) for the first side stream that could never finish: one that
+        joins an op the lowering does not have (nothing would wait for it) or joins its own op
+        (the op would wait for itself: a deadlock); None if every side stream joins a later op.
+        (An op named here that this model's step lacks is refused when the step is lowered.)"""
+        for key, entry in self.ops.items():
+            if entry.join is None:
+                continue
+            op = key.partition("@")[0]
+            own = set(self.groups.get(op, (op,)))
+            if entry.join not in OPS:
+                return f"ops.{key}.join", (f"unknown op {entry.join!r}: a side stream must join an op of the "
+                                           f"lowering that runs after it; ops: {', '.join(OPS)}")
+            if entry.join in own:
+                return f"ops.{key}.join", (f"a side stream cannot join its own op {entry.join!r} (the op would wait "
+                                           "for itself: a deadlock); expected a later op")
+        return None
+
     def prologue(self, dtype: str) -> tuple[Kernel, ...]:
         """The kernels before each matrix kernel of a matmul in ``dtype`` (none: ())."""
         entry = self.matrix_prologue.get(dtype, ())
@@ -384,7 +402,7 @@ def load_stack(name_or_path: str) -> SoftwareStack:
     """A bundled software stack by name, or a stack YAML file, validated."""
     path = resolve_path(name_or_path, software_dir(), "software stack")
     stack = validate(SoftwareStack, load_yaml(path), path)
-    bad = stack.unknown_key()
+    bad = stack.unknown_key() or stack.stream_problem()
     if bad is not None:
         raise ConfigError(str(path), *bad)
     return stack

@@ -22,6 +22,12 @@ from sim.setup import resolve
 from sim.units import ns_to_ms
 
 
+def _dump(data) -> str:
+    """``yaml.safe_dump`` of a stack written for ``load_stack`` to read back: the same safe
+    representer, libyaml's emitter where PyYAML has it (a break-even bisection writes dozens)."""
+    return yaml.dump(data, Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper))
+
+
 def compare_rows(spec, kv_formats: list[str], fidelity_tokens: int = 2048) -> list[dict]:
     """One run per KV format (the rest of ``spec`` fixed) and its fidelity."""
     rows = []
@@ -127,9 +133,13 @@ def attention_rows(spec, kv_formats: list[str], stacks: list[str], baseline: str
     out = []
     for software in stacks:
         base = _attention(spec.model_copy(update={"kv": baseline, "software": software}))
+        if base["step_ms"] is None:  # the baseline does not fit: nothing to set against it
+            continue
         for name in kv_formats:
             run = spec.model_copy(update={"kv": name, "software": software})
             row = _attention(run)
+            if row["step_ms"] is None:  # this format does not fit (its row in the table says why)
+                continue
             row.update(kv=name, software=software, attention_vs_baseline=row["attention_ms"] / base["attention_ms"],
                        break_even=break_even(run, base["step_ms"]) if name != baseline else None)
             out.append(row)
@@ -159,7 +169,7 @@ def break_even(spec, target_ms: float) -> float:
             name: {k: (dict(v, value=v["value"] * scale) if k.endswith("_ps") and isinstance(v, dict) else v)
                    for k, v in impl.items()} for name, impl in raw["attention"].items()}
         path = folder / f"stack-{scale:.6g}.yaml"
-        path.write_text(yaml.safe_dump(scaled))
+        path.write_text(_dump(scaled))
         return simulate(spec.model_copy(update={"software": str(path)})).summary["per_token_ms_p50"]
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -193,7 +203,7 @@ def _quality_stack(base, attention_kernels: list[dict], impl: dict | None, folde
     if impl is not None:
         raw.setdefault("attention", {})["quality"] = impl
     path = folder / f"{tag}.yaml"
-    path.write_text(yaml.safe_dump(raw))
+    path.write_text(_dump(raw))
     return str(path)
 
 
@@ -227,6 +237,8 @@ def kv_qualities(spec, kv_formats: list[str], published: tuple[float, str] | Non
             stacks["published"] = _quality_stack(base, [dict(one, impl="quality")], impl, folder, "published")
         fp16 = {q: simulate(spec.model_copy(update={"kv": BASELINE, "software": s})).summary["per_token_ms_p50"]
                 for q, s in stacks.items()}
+        if None in fp16.values():  # the fp16 reference does not fit: no verdict against it
+            return []
         for name in kv_formats:
             fmt = get_format(name)
             if name == BASELINE or (fmt.k.bits >= 16 and fmt.v.bits >= 16):

@@ -215,6 +215,7 @@ def lower_one(setup: RunSetup, contexts: tuple[int, ...], step: int = 0, positio
             gather = collective(setup, b, "gather_tokens", -1, "allgather", logits * 8, setup.tp)
             last = gather or tokens
             ops[last.idx] = _synced(last)
+        _check_joined(setup, b, stage)
         repeats.extend(b.repeats)
     placed = place_ops(setup, ops)
     return make_graph(placed, step=step, contexts=contexts, stages=setup.pp,
@@ -231,6 +232,16 @@ def stage_link(setup: RunSetup, stage: int) -> str:
 
 def _synced(op: Op) -> Op:
     return op._replace(host_sync=True)
+
+
+def _check_joined(setup: RunSetup, b: Builder, stage: int) -> None:
+    """Refuse a step whose side stream no later op joins (the stack names a join op this model's
+    step does not have after it): such a stream could not finish as the stack describes."""
+    for join, op in b.unjoined().items():
+        where = f" of pipeline stage {stage}" if setup.pp > 1 else ""
+        raise SimulationError(f"{setup.spec.software or setup.stack.name}: ops.{op}.join: the side stream of {op!r} is never "
+                              f"joined: no op {join!r} follows it in {setup.model.name}'s step{where}; expected the "
+                              "name of an op that runs after it in every layer")
 
 
 def lower_units(setup: RunSetup, b: Builder, units: tuple[tuple[int, str], ...], contexts: tuple[int, ...],

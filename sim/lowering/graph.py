@@ -646,3 +646,8 @@ class Builder:
 
     def last(self, stream: str = "main") -> int | None:
         return self._last.get((self.stage, stream))
+
+    def unjoined(self) -> dict[str, str]:
+        """Side-stream ops still waiting for the op that joins them: join op name -> the name of
+        the first such op (empty once every side stream met its join)."""
+        return {join: self.ops[idxs[0]].name for join, idxs in self._joins.items() if idxs}

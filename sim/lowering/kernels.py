@@ -109,6 +109,9 @@ def expand(specs: tuple[Kernel, ...] | None, kind: str, accesses: tuple[Access, 
         sizes=sizes)
 
 
+FLOOR_CATEGORIES = ("weights", "expert", "kv", "outliers")  # what a step's byte floor reads: its weights and cache
+
+
 class Plan:
     """What of an op's expansion its kernels' specs, its kind and its parts fix, the same for
     the op in every layer and step (a caller that keeps one expands the op again without
@@ -162,6 +165,25 @@ class Plan:
                 launches * (max(1, active) if per_expert else 1), impl, values if cache_dequant else 0,
                 quant if cache_dequant else None, dispatched, self.host_ns[i])))
         return tuple(out)
+
+    def uncovered(self, accesses: tuple[Access, ...], store: str) -> tuple[str, bool, int, float] | None:
+        """(role, write, bytes, share) for the first of the op's roles of weights or cache in the
+        backing store ``store`` that its kernels move less than whole (their shares of it sum below 1),
+        else None. Physics: a stack cannot make an op cheaper than its byte floor by not moving
+        its weights or cache (an attention that skips the KV cache); what a fused stack keeps on
+        chip (an intermediate it never writes out) is its own choice."""
+        if self.specs is None:
+            return None
+        cover: dict[tuple[str, bool], float] = {}
+        for kernel in self.roles:
+            for role, share, write in kernel:
+                cover[role, write] = cover.get((role, write), 0.0) + share
+        for a in accesses:
+            if a.bytes and a.level == store and a.category in FLOOR_CATEGORIES \
+                    and cover.get((a.role, a.write), 0.0) < 1.0 - 2.0 ** -30:  # shares that sum to 1, up to float rounding
+                moved = sum(b.bytes for b in accesses if (b.role, b.write) == (a.role, a.write))
+                return a.role, a.write, moved, cover.get((a.role, a.write), 0.0)
+        return None
 
     def _accesses(self, i: int, by_role: dict[tuple[str, bool], list[Access]]) -> list[Access]:
         """Kernel ``i``'s share of the op's accesses (``by_role``: by (role, write)), in its roles' order."""

@@ -94,7 +94,16 @@ def op_expander(setup: RunSetup):
         if name == "rope_append":  # the new token's K and V, as bf16
             x = sum(a.bytes for a in accesses if a.role == "x" and not a.write)
             sizes["new_kv"] = (setup.act_level, round(x * new_kv_share))
-        return plan_of(name, kind, parts).kernels(
+        plan = plan_of(name, kind, parts)
+        short = plan.uncovered(accesses, setup.store)
+        if short is not None:
+            role, write, moved, share = short
+            raise ConfigError(setup.spec.software or f"software stack {stack.name}", f"ops.{name}",
+                              f"its kernels {'write' if write else 'read'} {share:.0%} of the op's {role!r} "
+                              f"({moved:,} bytes in {setup.store}); expected each byte the op moves in the backing "
+                              "store moved by one of its kernels (a role's shares summing to 1): a stack cannot "
+                              "skip them and run below the byte floor")
+        return plan.kernels(
             accesses, matrix_flops=work.get("matrix_flops", 0), matrix_m=work.get("matrix_m", 1),
             vector_ops=work.get("vector_ops", 0), dequant_ops=work.get("dequant_ops", 0),
             dtype=work.get("dtype", "bf16"), parallelism=work.get("parallelism", 1), active=active, values=values,

@@ -173,7 +173,8 @@ def write_report(data: dict, path: Path, *, command: str | None = None, notes: s
         f"{c['saturated']:,} cannot carry the rate -> {c['screen_ok']:,} meet the SLOs on the analytic screen -> "
         f"{c['replays']} serving replays in {c['rounds']} rounds ({c['replays_failed']} missed the SLOs) -> "
         f"**{c['front']} on the confirmed front**" +
-        ("" if data["complete"] else " (incomplete: replay budget spent)") +
+        ("" if data["complete"] else " (PARTIAL: interrupted during the replays)" if data.get("partial")
+         else " (incomplete: replay budget spent)") +
         f". Wall time {data['timing']['wall_s']:.1f} s (screen {data['timing']['screen_s']:.1f} s, replays "
         f"{data['timing']['confirm_s']:.1f} s).",
         "",

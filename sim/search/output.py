@@ -45,7 +45,7 @@ def payload(result: SearchResult, files: list[str] | None = None, command: str |
         "traffic": spec.traffic.model_dump(), "mode": "rate" if spec.traffic.rate is not None else "goodput" if spec.traffic.goodput else "load",
         "workload": result.workload.as_dict(), "axes": {k: v for k, v in space.axes.items() if v is not None},
         "excluded": [{"where": rule.where, "reason": rule.reason, "deployments": n} for rule, n in space.excluded],
-        "counts": result.counts, "complete": result.complete,
+        "counts": result.counts, "complete": result.complete, **({"partial": True} if result.interrupted else {}),
         "front": [point(r, pct) for r in result.front],
         "chosen": point(result.chosen, pct) if result.chosen else None,
         "timing": result.timing, "files": files or [], "command": command, "notes": spec.notes,
@@ -77,7 +77,8 @@ def text(result: SearchResult) -> str:
         + (f"{c['errors']:,} FAILED (see the table's reason column), " if c["errors"] else "") +
         f"{c['screened'] - c['screen_ok']:,} miss the SLOs on the screen, {c['screen_ok']:,} meet them; "
         f"{c['replays']} replayed ({c['replays_failed']} missed), "
-        f"{c['front']} on the front" + ("" if result.complete else " (INCOMPLETE: the replay budget ran out)"),
+        f"{c['front']} on the front" + ("" if result.complete else " (INCOMPLETE: interrupted during the replays)"
+                                        if result.interrupted else " (INCOMPLETE: the replay budget ran out)"),
         "",
     ]
     head = ("", "deployment", "req/s", "tok/s/chip", "tok/s/user", f"TTFT p{pct}", f"TPOT p{pct}", "bound", "verdict")
@@ -95,6 +96,8 @@ def text(result: SearchResult) -> str:
                                           enumerate(zip(x, widths, strict=True))))
         lines += ["", "  tok/s/chip and tok/s/user: the screen's steady state at the rate shown; TTFT and TPOT: "
                   "the replay's; * the chosen deployment (most tok/s/chip)"]
+    elif result.interrupted:
+        lines.append("  no replay confirmed a deployment before the interrupt")
     else:
         lines.append("  no deployment meets the SLOs at this traffic")
     tm = result.timing

@@ -23,7 +23,7 @@ from collections import Counter, OrderedDict
 from dataclasses import asdict, dataclass, field
 
 from sim.errors import ConfigError
-from sim.search.front import Confirmed, chosen, confirmed_front
+from sim.search.front import Confirmed, chosen, confirmed_front, pareto
 from sim.search.screen import Correction, SetupScreen, screen
 from sim.search.space import Deployment, Space
 from sim.search.verify import verify
@@ -190,21 +190,25 @@ class Executor:
         self._pool = self._client = None
         self._own_client = False
 
-    def map(self, fn, payloads: list, bar=None) -> list:
+    def map(self, fn, payloads: list, bar=None, done: dict | None = None) -> list:
+        """``fn`` over ``payloads``, results in their order; ``done`` (if given) gets each result
+        by its payload's index as it arrives, so an interrupted map keeps what finished."""
         if not payloads:
             return []
         if self.kind == "dask":
-            return self._map_dask(fn, payloads, bar)
+            return self._map_dask(fn, payloads, bar, done)
         if self.jobs == 1 or len(payloads) == 1:
             out = []
             for p in payloads:
                 out.append(fn(p, self.cache))
+                if done is not None:
+                    done[len(out) - 1] = out[-1]
                 if bar is not None:
                     bar.update()
             return out
-        return self._map_pool(fn, payloads, bar)
+        return self._map_pool(fn, payloads, bar, done)
 
-    def _map_pool(self, fn, payloads, bar):
+    def _map_pool(self, fn, payloads, bar, done=None):
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor, as_completed
 
@@ -217,11 +221,13 @@ class Executor:
         out: list = [None] * len(payloads)
         for future in as_completed(futures):
             out[futures[future]] = future.result()
+            if done is not None:
+                done[futures[future]] = out[futures[future]]
             if bar is not None:
                 bar.update()
         return out
 
-    def _map_dask(self, fn, payloads, bar):
+    def _map_dask(self, fn, payloads, bar, done=None):
         from dask.distributed import Client
         from dask.distributed import as_completed as dask_completed
 
@@ -240,6 +246,8 @@ class Executor:
         out: list = [None] * len(payloads)
         for future in dask_completed(futures):
             out[where[future.key]] = future.result()
+            if done is not None:
+                done[where[future.key]] = out[where[future.key]]
             if bar is not None:
                 bar.update()
         return out
@@ -269,6 +277,7 @@ class SearchResult:
     complete: bool
     counts: dict
     timing: dict = field(default_factory=dict)
+    interrupted: bool = False  # Ctrl-C during the replays: the front is of the checks that finished
 
     def table(self):
         import pandas as pd
@@ -293,9 +302,41 @@ def _workload(space: Space, traffic: dict, slo: dict) -> Workload:
         raise named_at(err, requests, space.file, "traffic.requests") from None
 
 
+def _confirm(pool: Executor, base: dict, candidates: list[dict], budget: int, bar, keep: bool) -> tuple[Confirmed, bool]:
+    """Replay the candidates' front until it is confirmed (sim.search.front); (the result, whether
+    Ctrl-C ended it). ``keep``: an interrupt keeps the replays that finished, their passing ones'
+    front and ``complete=False``; else it propagates."""
+    checks: dict[int, dict] = {}  # the replays that finished, kept through an interrupt
+
+    def confirm(batch: list[dict]) -> list[dict]:
+        bar.total += len(batch)
+        bar.refresh()
+        tasks = [{**base, "rate": r["rate_per_s"], "tpot_ms": r["est_tpot_ms"], "row": r,
+                  "deployment": {k: r[k] for k in Deployment.__dataclass_fields__}} for r in batch]
+        finished: dict[int, dict] = {}
+        try:
+            done = pool.map(verify_task, tasks, bar, finished)
+            for r, check in zip(batch, done, strict=True):  # a corrected screen moves the point
+                r.update(check.pop("screen", None) or {})
+            return done
+        finally:  # also when interrupted: the replays of the batch that finished
+            checks.update((batch[i]["index"], c) for i, c in finished.items())
+
+    try:
+        return confirmed_front(candidates, confirm, budget, lambda row: row["verdict"] == "meets-slo"), False
+    except KeyboardInterrupt:
+        if not keep:
+            raise
+        passed = [c for c in candidates if checks.get(c["index"], {}).get("verdict") == "meets-slo"]
+        return Confirmed(pareto(passed), checks, complete=False), True
+
+
 def run_search(space: Space, *, executor: str = "local", jobs: int | None = None, address=None,
-               progress: bool = True) -> SearchResult:
-    """Screen every deployment of ``space`` and confirm the front (module docstring)."""
+               progress: bool = True, progress_kept: bool = False) -> SearchResult:
+    """Screen every deployment of ``space`` and confirm the front (module docstring). With
+    ``progress_kept``, Ctrl-C (KeyboardInterrupt) during the replays ends the search there: the
+    result holds every screened row, the replays that finished, the front of those that passed,
+    and ``interrupted``; without it (or during the screen) the interrupt propagates."""
     spec = space.spec
     slo, traffic = spec.slo.model_dump(), spec.traffic.model_dump()
     overrides = tuple(spec.overrides.items())
@@ -321,19 +362,8 @@ def run_search(space: Space, *, executor: str = "local", jobs: int | None = None
         candidates = [r for r in rows if r.get("screen_ok")]
         bar = _bar(0, "confirm the front", "replay", progress)
 
-        def confirm(batch: list[dict]) -> list[dict]:
-            bar.total += len(batch)
-            bar.refresh()
-            tasks = [{**base, "rate": r["rate_per_s"], "tpot_ms": r["est_tpot_ms"], "row": r,
-                      "deployment": {k: r[k] for k in Deployment.__dataclass_fields__}} for r in batch]
-            checks = pool.map(verify_task, tasks, bar)
-            for r, check in zip(batch, checks, strict=True):  # a corrected screen moves the point
-                r.update(check.pop("screen", None) or {})
-            return checks
-
         try:
-            confirmed: Confirmed = confirmed_front(candidates, confirm, spec.max_replays,
-                                                   lambda row: row["verdict"] == "meets-slo")
+            confirmed, interrupted = _confirm(pool, base, candidates, spec.max_replays, bar, progress_kept)
         finally:
             bar.close()
     finally:
@@ -356,7 +386,7 @@ def run_search(space: Space, *, executor: str = "local", jobs: int | None = None
               "rounds": confirmed.rounds, "front": len(front)}
     timing = {"workload_s": t1 - t0, "screen_s": t2 - t1, "confirm_s": t3 - t2, "wall_s": t3 - t0,
               "executor": executor, "jobs": pool.jobs if executor == "local" else None}
-    return SearchResult(space, work, rows, front, pick, confirmed.complete, counts, timing)
+    return SearchResult(space, work, rows, front, pick, confirmed.complete, counts, timing, interrupted)
 
 
 __all__ = ["Executor", "SearchResult", "SetupCache", "run_search", "screen_task", "verify_task"]

@@ -53,7 +53,7 @@ from sim.serve.scheduler import Scheduler, Sequence
 from sim.serve.spec import ServeSetup, ServeSpec, build
 from sim.serve.speculative import SpeculativeStepModel
 from sim.serve.stepmodel import SimulatorStepModel, StepModel, serve_resolved
-from sim.units import ns_to_ms, ns_to_s
+from sim.units import ns_to_ms, ns_to_s, s_to_ns
 
 ROW_GROUP = 65_536
 PROGRESS_EVERY = 512  # steps between progress calls

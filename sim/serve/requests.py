@@ -260,7 +260,12 @@ def _read_jsonl(path: Path):
 def _azure_arrays(frame, path: Path):
     import pandas as pd
 
-    times = pd.to_datetime(frame["TIMESTAMP"], format="mixed")
+    stamps = frame["TIMESTAMP"]
+    times = pd.to_datetime(stamps.where(stamps.map(lambda v: isinstance(v, str))), format="mixed", errors="coerce")
+    if times.isna().any():  # a cell that is no date and time: the first one named (its CSV line: row + 2)
+        row = int(times.isna().to_numpy().nonzero()[0][0])
+        raise ConfigError(str(path), f"TIMESTAMP (row {row + 1})", "expected a date and time such as "
+                          "2023-11-16 18:15:46.6805900", stamps.astype(object).iloc[row])
     seconds = (times - times.min()).dt.total_seconds().to_numpy()
     return _checked(seconds, frame["ContextTokens"].to_numpy(), frame["GeneratedTokens"].to_numpy(), path,
                     ("TIMESTAMP", "ContextTokens", "GeneratedTokens"))

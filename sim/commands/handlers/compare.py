@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from sim.commands.common import comma_list, emit_json
+from sim.config.software import load_stack
 from sim.errors import COMMAND_LINE, ConfigError
 from sim.experiments.compare import attention_rows, compare_rows, kv_qualities
 from sim.options.spec import spec_from_args
+from sim.run import simulate
+from sim.setup import format_for
 
 MAX_FORMATS = 64  # KV formats (and stacks) per compare: each is a simulated run and a fidelity measurement
 
@@ -17,8 +20,12 @@ def handle(args) -> int:
     if args.fidelity_tokens <= 0:
         raise ConfigError(COMMAND_LINE, "--fidelity-tokens", "must be > 0", args.fidelity_tokens)
     spec = spec_from_args(args)
-    rows = compare_rows(spec, names, fidelity_tokens=args.fidelity_tokens)
     published = _published(args.published_kernel)
+    for name in names:  # every format and stack refused before the first run, not after the others ran
+        format_for("kv", name)
+    for stack in stacks:
+        load_stack(stack)
+    rows = compare_rows(spec, names, fidelity_tokens=args.fidelity_tokens)
     qualities = []
     if not args.no_qualities:
         qualities = kv_qualities(spec, names, published)
@@ -36,7 +43,15 @@ def handle(args) -> int:
         print(render_qualities(qualities, published))
     if kernels:
         print(render_kernels(kernels))
+    if (not args.no_qualities and not qualities or args.kernels and not kernels) and _reference_misfits(spec):
+        print("  kernel qualities" + (" and --kernels" if args.kernels else "") + ": not shown: the fp16 reference "
+              "does not fit this setup (a verdict against fp16 needs an fp16 step to set it against)")
     return 0
+
+
+def _reference_misfits(spec) -> bool:
+    """Whether the fp16-KV run of ``spec`` does not fit (then nothing is judged against it)."""
+    return simulate(spec.model_copy(update={"kv": "fp16"})).summary["verdict"] == "does-not-fit"
 
 
 def _published(text: str | None) -> tuple[float, str] | None:

@@ -3,10 +3,14 @@ trace and HTML view."""
 
 from __future__ import annotations
 
-from sim.commands.common import emit_json, fmt_bytes, to_json, write_atomic, write_frame
+import sys
+from contextlib import nullcontext
+
+from sim.commands.common import Interrupt, emit_json, fmt_bytes, to_json, write_atomic, write_frame
 from sim.energy import render_lines
 from sim.errors import COMMAND_LINE, ConfigError
 from sim.explore.compute import run_view
+from sim.io import output_set, writer_lock
 from sim.options.spec import spec_from_args
 from sim.report.timeline import trace_of
 from sim.run import simulate
@@ -35,7 +39,25 @@ def handle(args) -> int:
     trace_steps = step_range(args.trace_steps, spec.steps)
     keep = args.out is not None or args.trace_out is not None
     html = getattr(args, "html", None)
-    result = simulate(spec, keep_ops=keep or html is not None, keep_log=keep)
+    # one writer per --out folder; Ctrl-C stops after the step under way and keeps the steps done
+    with writer_lock(args.out) if args.out is not None else nullcontext(), Interrupt() as interrupt:
+        result = simulate(spec, keep_ops=keep or html is not None, keep_log=keep, stop=interrupt)
+        with output_set():  # every file of the run lands together, or none does
+            _write(args, spec, result, trace_steps, html)
+    if result.summary.get("partial"):
+        done = result.summary["steps_done"]
+        sys.stderr.write(f"decodesim: interrupted after {done} of {spec.steps} steps; the results are of those "
+                         "steps, marked partial" + (f" (partial: true in {args.out / 'summary.json'})"
+                                                    if args.out is not None else "") + "\n")
+    if args.json:
+        emit_json("run", result.summary)
+    else:
+        print(render(result.summary))
+    return interrupt.exit_code
+
+
+def _write(args, spec, result, trace_steps, html) -> None:
+    """The files ``run`` was asked for: --out's tables and summary, --trace-out, --html."""
     if args.out is not None and result.steps:
         steps, ops, log = result.tables()
         write_frame(steps, args.out / "steps")
@@ -46,11 +68,6 @@ def handle(args) -> int:
         write_atomic(args.trace_out, trace_of(result, trace_steps))
     if html is not None:
         write_atomic(html, run_view(spec, result))
-    if args.json:
-        emit_json("run", result.summary)
-    else:
-        print(render(result.summary))
-    return 0
 
 
 def _notes(s: dict) -> list[str]:
@@ -62,6 +79,17 @@ def _notes(s: dict) -> list[str]:
         lines.append("  kernel costs: derived from the profile's own figures (no measured kernels: section; "
                      "`decodesim profiles --sources` states the rule)")
     return lines
+
+
+def _bandwidth_line(s: dict) -> str:
+    """The achieved bandwidth against the peak: one chip's, and (a pipeline whose stages work at
+    once, past one chip's peak) all its stages' chips'."""
+    line = (f"  achieved bandwidth: {s['hbm_achieved_GBps']:.0f} GB/s = "
+            f"{100 * s['hbm_fraction_of_peak']:.1f}% of {s['hbm_peak_GBps']:.0f} GB/s peak")
+    if s["pp"] > 1 and s["hbm_fraction_of_peak"] > 1:
+        line += (f" (one chip's; its {s['pp']} pipeline stages work at once: {100 * s['hbm_fraction_of_peak'] / s['pp']:.1f}%"
+                 f" of their {s['pp']} x {s['hbm_peak_GBps']:.0f} GB/s)")
+    return line
 
 
 def _speculation_lines(s: dict) -> list[str]:
@@ -119,6 +147,9 @@ def render(s: dict) -> str:
         lines.append("  tiers per chip: " + ", ".join(f"{name} {fmt_bytes(t['needed_bytes'])} of "
                                                       f"{fmt_bytes(t['available_bytes'])}" for name, t in tiers.items()))
     lines.extend(_notes(s))
+    if s.get("partial"):
+        lines.append(f"  PARTIAL: interrupted after {s['steps_done']} of {s['steps']} steps; the figures below are "
+                     "of those steps")
     if s["verdict"] == "does-not-fit":
         lines.append(f"  verdict: DOES NOT FIT: {s['reason']}")
         return "\n".join(lines)
@@ -131,8 +162,7 @@ def render(s: dict) -> str:
             lines.append(f"    {row:<16}{ms:9.3f}  {100 * ms / total:5.1f}%")
     lines.append(f"  bytes per step: {fmt_bytes(s['hbm_bytes_per_token'])} from the backing store "
                  f"(weights {fmt_bytes(s['weight_bytes_per_token'])}, KV {fmt_bytes(s['kv_bytes_per_token'])})")
-    lines.append(f"  achieved bandwidth: {s['hbm_achieved_GBps']:.0f} GB/s = "
-                 f"{100 * s['hbm_fraction_of_peak']:.1f}% of {s['hbm_peak_GBps']:.0f} GB/s peak")
+    lines.append(_bandwidth_line(s))
     if s.get("batch_over_time"):
         b = s["batch_over_time"]
         lines.append(f"  batch over the trace: min {min(b)}, median {sorted(b)[len(b) // 2]}, max {max(b)}")
