@@ -57,9 +57,12 @@ def _notes(s: dict) -> list[str]:
     streams that share a stage, MoE options given to a dense model, kernel costs derived rather
     than measured."""
     lines = [f"  note: {s[note]}" for note in ("software_note", "engine_note", "moe_note") if s.get(note)]
-    if s.get("kernel_costs", "").startswith("derived"):
+    origin = s.get("kernel_costs", "")
+    if origin.startswith("derived"):
         lines.append("  kernel costs: derived from the profile's own figures (no measured kernels: section; "
                      "`decodesim profiles --sources` states the rule)")
+    elif origin:
+        lines.append(f"  kernel costs: {origin}")
     return lines
 
 
