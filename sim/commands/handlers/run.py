@@ -6,6 +6,7 @@ from __future__ import annotations
 from sim.commands.common import emit_json, fmt_bytes, to_json, write_atomic, write_frame
 from sim.energy import render_lines
 from sim.errors import COMMAND_LINE, ConfigError
+from sim.experiments.band import band
 from sim.explore.compute import run_view
 from sim.options.spec import spec_from_args
 from sim.report.timeline import trace_of
@@ -45,6 +46,8 @@ def handle(args) -> int:
         write_atomic(args.trace_out, trace_of(result, trace_steps))
     if html is not None:
         write_atomic(html, run_view(spec, result))
+    if getattr(args, "band", False):
+        result.summary["band"] = band(spec, result.summary["per_token_ms_p50"])
     if args.json:
         emit_json("run", result.summary)
     else:
@@ -57,6 +60,11 @@ def _notes(s: dict) -> list[str]:
     streams that share a stage, MoE options given to a dense model, kernel costs derived rather
     than measured."""
     lines = [f"  note: {s[note]}" for note in ("software_note", "engine_note", "moe_note") if s.get(note)]
+    if s.get("band"):
+        b = s["band"]
+        lines.append(f"  band p10-p90: {b['p10_ms']:.3f} - {b['p90_ms']:.3f} ms per token (sigma {b['sigma_ms']:.3f} ms); "
+                     "deciding: " + ", ".join(f"{g['group']} {g['variance_share']:.0%} ({g['why']})"
+                                              for g in b["groups"][:3] if g["variance_share"] >= 0.05))
     origin = s.get("kernel_costs", "")
     if origin.startswith("derived"):
         lines.append("  kernel costs: derived from the profile's own figures (no measured kernels: section; "
