@@ -21,7 +21,7 @@ from functools import lru_cache
 from operator import attrgetter
 
 from sim.analytic import analyse
-from sim.config.hardware import kernel_costs_kind, kernel_costs_origin
+from sim.config.hardware import kernel_costs_origin
 from sim.config.loader import validate
 from sim.config.spec import RUN_FIELDS, RunSpec, apply_run_overrides
 from sim.costs import CostModel, OpCost, cost_model
@@ -360,7 +360,6 @@ def _identity(setup: RunSetup, cap: dict) -> dict:
         "trace": spec.trace, "steps": len(setup.steps), "engine": spec.engine, "graph": setup.graph,
         "tp": setup.tp, "pp": setup.pp, "chips": setup.hardware.chips, "software": spec.software if "software" in spec.model_fields_set else setup.software,
         "target_ms": spec.target_ms, "capacity": cap, "kernel_costs": kernel_costs_origin(setup.hardware),
-        "kernel_costs_kind": kernel_costs_kind(setup.hardware),
         "placement": {what: dict(_dumped(setup.hardware.place(what))) for what in ("weights", "experts", "kv")},
         **_software_note(setup), **_moe_note(setup),
     }
