@@ -82,3 +82,15 @@ def test_from_dir_writes_a_profile_that_names_the_run(tmp_path, capsys):
     assert profile.host.kernel_gap_ns.value == 1100
     assert foreign_measurements(profile) == []  # what is still the H200's says borrowed
     assert "HBM stream 30" in capsys.readouterr().out
+
+
+def test_cpu_plumbing_runs_every_section(tmp_path, capsys):
+    """`calibrate --cpu` runs every benchmark code path with tiny sizes on the CPU (where PyTorch is
+    installed) without a failed row, and writes rows and a fit but no profile."""
+    pytest.importorskip("torch")
+    assert main(["calibrate", "--cpu", "--out", str(tmp_path)]) == 0
+    run = json.loads((tmp_path / "calibrate_run.json").read_text())
+    assert run["report"]["failed"] == {} and run["report"]["rows"] >= 40
+    rows = pd.read_csv(tmp_path / "calibrate.csv")
+    assert rows.error.isna().all() and set(rows.section) == {"hbm", "l2", "classes", "matrix", "attention", "peak"}
+    assert not list(tmp_path.glob("*.yaml")) and "no profile is written" in capsys.readouterr().out

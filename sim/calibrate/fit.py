@@ -162,7 +162,7 @@ def stream(rows: pd.DataFrame) -> dict:
     t0, _ = linfit(read.size_bytes.to_numpy(float), read.median_us.to_numpy(float) * NS_PER_US)
     copy = rows[(rows.impl == "copy") & (rows.size_bytes >= 2**30)]
     copy_GBps = float(np.median(2 * copy.size_bytes / (copy.median_us * NS_PER_US))) if len(copy) else None
-    return {"sustained_GBps": round(sustained, 1), "t0_ns": round(t0, 1), "copy_GBps": copy_GBps and round(copy_GBps, 1)}
+    return {"sustained_GBps": round(sustained, 4), "t0_ns": round(t0, 1), "copy_GBps": copy_GBps and round(copy_GBps, 1)}
 
 
 CLASS_FIT = {"elementwise": "linear", "cast": "linear", "copy": "linear", "reduction": "rows", "index": "rows"}

@@ -24,6 +24,8 @@ def register(sub) -> None:
                                                 "(default: chosen from the GPU's name, e.g. h100-sxm)")
     p.add_argument("--name", default=None, help="name of the written profile (default: <base>-calibrated)")
     p.add_argument("--quick", action="store_true", help="about 2 minutes: fewer sizes and shapes")
+    p.add_argument("--cpu", action="store_true", help="plumbing check of every code path on the CPU with tiny sizes "
+                                                      "(needs PyTorch, no GPU; its numbers mean nothing)")
     p.add_argument("--budget-s", type=float, default=None, help="start no new configuration after this many "
                                                                 "seconds (default 150 quick, 540 full)")
     p.add_argument("--only", default=None, help="comma-separated sections (host,hbm,l2,classes,matrix,attention,peak)")

@@ -22,12 +22,12 @@ SWEEP = Path(bench.__file__).with_name("sweeps.yaml")
 BASES = (("H200", "h200-sxm"), ("H100", "h100-sxm"), ("A100", "a100-sxm-80g"), ("B200", "b200"), ("MI300X", "mi300x"))
 
 
-def gpu_problem() -> str | None:
-    """Why this machine cannot be measured (one line), or None."""
+def gpu_problem(cpu: bool = False) -> str | None:
+    """Why this machine cannot be measured (one line), or None (``cpu``: only PyTorch is needed)."""
     if torch is None:
         return ("decodesim calibrate: PyTorch is not installed here; install torch with CUDA or ROCm support "
                 "(https://pytorch.org) on the machine with the GPU, or refit earlier rows with --from DIR")
-    if not torch.cuda.is_available():
+    if not cpu and not torch.cuda.is_available():
         return (f"decodesim calibrate: PyTorch {torch.__version__} sees no GPU (torch.cuda.is_available() is False); "
                 "run it on a machine with an NVIDIA (CUDA) or AMD (ROCm) GPU, or refit earlier rows with --from DIR")
     return None
@@ -53,12 +53,13 @@ def driver() -> str:
 
 def measure(args) -> dict:
     """Run the benchmarks into args.out; the run's facts and section report."""
-    mode = "quick" if args.quick else "full"
+    mode = "cpu" if args.cpu else "quick" if args.quick else "full"
     sweep = yaml.safe_load(SWEEP.read_text())
     budget = args.budget_s or (150.0 if args.quick else 540.0)
     only = tuple(args.only.split(",")) if args.only else bench.SECTIONS
-    facts = machine_facts(True)
-    facts["driver"] = driver()
+    facts = machine_facts(not args.cpu)
+    facts["driver"] = driver() if not args.cpu else "none (CPU plumbing check)"
+    facts.setdefault("gpu_name", "CPU plumbing check")
     t0 = time.time()
     log(f"calibrate: {facts.get('gpu_name')} ({mode}, budget {budget:.0f} s) -> {args.out}")
     report = bench.run(sweep, mode, args.out / "calibrate.csv", budget, only)
@@ -68,7 +69,7 @@ def measure(args) -> dict:
 
 def handle(args) -> int:
     if args.from_dir is None:
-        problem = gpu_problem()
+        problem = gpu_problem(args.cpu)
         if problem:
             sys.stderr.write(problem + "\n")
             return 2
@@ -88,7 +89,7 @@ def handle(args) -> int:
 
 def write(args, folder: Path, run: dict) -> int:
     facts, mode = run["facts"], run["mode"]
-    base = base_for(facts.get("gpu_name", ""), args.base)
+    base = base_for(facts.get("gpu_name", ""), args.base or ("h200-sxm" if mode == "cpu" else None))
     profile = load_profile(base)
     rows = pd.read_csv(folder / "calibrate.csv")
     store = profile.store
@@ -99,6 +100,9 @@ def write(args, folder: Path, run: dict) -> int:
     overlay.write_json(args.out / "calibrate_fit.json", {"base": base, "facts": facts, "fit": result,
                                                          "power": run["report"].get("power")})
     overlay.write_json(args.out / "overlay.json", figs)
+    if mode == "cpu":
+        print_summary(result, None)
+        return 0
     path = hardware_dir() / f"{base}.yaml" if (hardware_dir() / f"{base}.yaml").exists() else Path(base)
     raw = overlay.apply(yaml.safe_load(path.read_text()), figs)
     raw["name"] = args.name or f"{base}-calibrated"
@@ -110,7 +114,7 @@ def write(args, folder: Path, run: dict) -> int:
     return 0
 
 
-def print_summary(result: dict, out: Path) -> None:
+def print_summary(result: dict, out: Path | None) -> None:
     print(f"HBM stream {result['hbm']['sustained_GBps']} GB/s (efficiency {result['stream_efficiency']}), "
           f"L2 {result['l2_GBps']} GB/s, bf16 matmul {result['matmul_TFLOPs']} TFLOP/s")
     print("host: " + ", ".join(f"{k} {v:.0f}" for k, v in result["host"].items() if v is not None))
@@ -119,4 +123,5 @@ def print_summary(result: dict, out: Path) -> None:
         print(f"{name:<12} {c['startup_ns']:>10.0f} {c['bandwidth_GBps']:>8.0f} {c['stream_fraction']:>8.3f}  "
               f"{c['fit'].get('median_abs_pct')}/{c['fit'].get('worst_abs_pct')}  "
               f"{c['held_out'].get('median_abs_pct')}/{c['held_out'].get('worst_abs_pct')}")
-    print(f"wrote {out}")
+    print(f"wrote {out}" if out is not None else "CPU plumbing check: every section ran; its numbers mean nothing, "
+          "so no profile is written")
