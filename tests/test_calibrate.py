@@ -94,3 +94,29 @@ def test_cpu_plumbing_runs_every_section(tmp_path, capsys):
     rows = pd.read_csv(tmp_path / "calibrate.csv")
     assert rows.error.isna().all() and set(rows.section) == {"hbm", "l2", "classes", "matrix", "attention", "peak"}
     assert not list(tmp_path.glob("*.yaml")) and "no profile is written" in capsys.readouterr().out
+
+
+def test_bundling_an_h100_overlay_makes_h100_sxm_measured(tmp_path, monkeypatch):
+    """What `decodesim calibrate` writes as overlay.json, committed as calibration/data/h100/overlay.json,
+    turns h100-sxm (python -m sim.report.multichip) into a profile measured on the H100, the rest
+    still saying borrowed."""
+    import yaml
+
+    from sim.config.hardware import HardwareProfile
+    from sim.report import multichip
+
+    run = tmp_path / "run"
+    run.mkdir()
+    _rows().to_csv(run / "calibrate.csv", index=False)
+    facts = {"gpu_name": "NVIDIA H100 80GB HBM3", "date_utc": "2026-12-08"}
+    (run / "calibrate_run.json").write_text(json.dumps({"facts": facts, "mode": "full", "report": {}}))
+    assert main(["calibrate", "--from", str(run), "--out", str(tmp_path / "o"), "--data-name",
+                 "calibration/data/h100"]) == 0
+    figs = json.loads((tmp_path / "o" / "overlay.json").read_text())
+    monkeypatch.setattr(multichip, "h100_overlay", lambda: figs)
+    text = multichip.render_h100()
+    hw = HardwareProfile.model_validate(yaml.safe_load(text))
+    assert kernel_costs_origin(hw) == "measured on NVIDIA H100 80GB HBM3 (calibration/data/h100)"
+    assert foreign_measurements(hw) == [] and hw.host.kernel_gap_ns.value == 1100
+    assert hw.memory[0].gather_efficiency.source.startswith("borrowed from h200-sxm")
+    assert "measured on an H100 by `decodesim calibrate`" in text.splitlines()[2]
