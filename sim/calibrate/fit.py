@@ -107,7 +107,7 @@ def fit_matrix(g: pd.DataFrame, peak_TFLOPs: float) -> dict:
     fit, hold = _split(g)
     small = fit[fit.M <= 16]
     a, b = linfit(small.bytes_read.to_numpy(float), small.median_us.to_numpy(float) * NS_PER_US)
-    bw = 1.0 / b
+    bw = 1.0 / b if b > 0 else math.inf
     big = fit[fit.M >= 128]
     best = (math.inf, 0.7)
     for eff in np.linspace(0.3, 0.95, 66):
@@ -129,7 +129,7 @@ def fit_attention(a: pd.DataFrame) -> dict:
     """Decode SDPA: t = startup + KV bytes / BW over the batch x context grid."""
     fit, hold = _split(a)
     start, b = linfit(fit.size_bytes.to_numpy(float), fit.median_us.to_numpy(float) * NS_PER_US)
-    bw = 1.0 / b
+    bw = 1.0 / b if b > 0 else math.inf  # no slope: bytes never showed (start-up bound rows)
 
     def pred(d):
         return (start + d.size_bytes.to_numpy(float) / bw) / NS_PER_US

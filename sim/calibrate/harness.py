@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import csv
 import datetime as _dt
+import importlib.util
 import json
 import os
 import platform
@@ -25,10 +26,24 @@ import time
 
 from sim.units import GB, MS_PER_S, MW_PER_W, US_PER_MS, US_PER_S  # noqa: F401 (GB: the scripts import it from here)
 
-try:  # the measuring needs PyTorch; importing this module (the CLI, the tests) does not
-    import torch
-except ImportError:  # pragma: no cover - depends on the machine
-    torch = None
+
+class _LazyTorch:
+    """PyTorch, imported at the first use of one of its names (importing this module, as the CLI
+    and the tests do, loads nothing heavy; the measuring needs PyTorch)."""
+
+    def __getattr__(self, name: str):
+        import torch as real  # noqa: PLC0415 - deferred on purpose: a heavy third-party library
+
+        globals()["torch"] = real
+        return getattr(real, name)
+
+
+torch = _LazyTorch()
+
+
+def torch_installed() -> bool:
+    """Whether PyTorch can be imported here (without importing it)."""
+    return importlib.util.find_spec("torch") is not None
 
 HBM_PEAK_GBPS = 4800.0  # H200 SXM datasheet
 BF16_DENSE_PEAK_TFLOPS = 989.4  # H100/H200 SXM datasheet, dense

@@ -13,7 +13,7 @@ import pandas as pd
 import yaml
 
 from sim.calibrate import bench, fit, overlay
-from sim.calibrate.harness import log, machine_facts, torch
+from sim.calibrate.harness import log, machine_facts, torch, torch_installed
 from sim.errors import ConfigError
 from sim.paths import hardware_dir
 from sim.setup import load_profile
@@ -24,7 +24,7 @@ BASES = (("H200", "h200-sxm"), ("H100", "h100-sxm"), ("A100", "a100-sxm-80g"), (
 
 def gpu_problem(cpu: bool = False) -> str | None:
     """Why this machine cannot be measured (one line), or None (``cpu``: only PyTorch is needed)."""
-    if torch is None:
+    if not torch_installed():
         return ("decodesim calibrate: PyTorch is not installed here; install torch with CUDA or ROCm support "
                 "(https://pytorch.org) on the machine with the GPU, or refit earlier rows with --from DIR")
     if not cpu and not torch.cuda.is_available():
