@@ -55,7 +55,7 @@ def _rows() -> pd.DataFrame:
         rows.append(dict(section="hbm", impl="read_sum", kclass="reduction", config_id=f"hbm:{mib}", size_bytes=size,
                          bytes_read=size, bytes_written=4, median_us=(5000 + size / 3100.0) / 1e3))
     for impl, us in (("launch_eager", 8.0), ("graph_per_kernel", 1.1), ("graph_launch", 3.5), ("sync_idle", 6.0)):
-        rows.append(dict(section="host", impl=impl, kclass="host", config_id=f"host:{impl}", median_us=us))
+        rows.append(dict(section="overheads", impl=impl, kclass="host", config_id=f"host:{impl}", median_us=us))
     return pd.DataFrame(rows).assign(error="")
 
 
@@ -100,7 +100,7 @@ def test_cpu_plumbing_runs_every_section(tmp_path, capsys):
     run = json.loads((tmp_path / "calibrate_run.json").read_text())
     assert run["report"]["failed"] == {} and run["report"]["rows"] >= 40
     rows = pd.read_csv(tmp_path / "calibrate.csv")
-    assert rows.error.isna().all() and set(rows.section) == {"hbm", "l2", "classes", "matrix", "attention", "peak"}
+    assert rows.error.isna().all() and set(rows.section) == {"hbm", "l2", "classes", "gemm", "sdpa", "peak"}
     assert not list(tmp_path.glob("*.yaml")) and "no profile is written" in done.stdout
 
 

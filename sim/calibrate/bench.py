@@ -3,14 +3,14 @@
 Each section times one kind of figure a hardware profile holds, as the sweep
 (sim/calibrate/sweeps.yaml) lists it for the run mode:
 
-* ``host``: host time of an eager kernel launch behind a busy device, the per-kernel time inside
+* ``overheads``: host time of an eager kernel launch behind a busy device, the per-kernel time inside
   a CUDA graph replay, a graph launch, an idle ``synchronize()`` and a 4-byte ``.item()``;
 * ``hbm``: ``torch.sum`` and ``copy_`` over HBM-cold buffers (a stream and its start-up);
 * ``l2``: a buffer re-read inside one graph (the L2's rate);
 * ``classes``: the kernel classes of sim/kernel_classes.py (element-wise, cast, copy, row
   reduction, gather) over sizes of the main operand;
-* ``matrix``: bf16 ``F.linear`` at decode batch sizes over decode-shaped weights;
-* ``attention``: decode SDPA over a KV cache (the default backend);
+* ``gemm``: bf16 ``F.linear`` at decode batch sizes over decode-shaped weights;
+* ``sdpa``: decode SDPA over a KV cache (the default backend);
 * ``peak``: square bf16 matmuls (the matrix unit's rate), with NVML power samples.
 
 Timing (the house method, calibration/README.md): R invocations captured in one CUDA graph,
@@ -106,12 +106,12 @@ class Bench:
 
     # -- sections -------------------------------------------------------------------------
 
-    def host(self) -> None:
+    def overheads(self) -> None:
         """Launch, graph, sync and D2H overheads (rows in microseconds per call; a GPU's only)."""
         if not self.cuda:
             return
         x = torch.zeros(16, device=self.dev)
-        n = int(self.at("launches", "host"))
+        n = int(self.at("launches", "overheads"))
         for _ in range(3):
             x.add_(1)
         self.sync()
@@ -124,7 +124,7 @@ class Bench:
             samples.append((time.perf_counter() - t0) * US_PER_S / n)
             self.sync()
         self._host_row("launch_eager", samples)
-        k = int(self.at("graph_kernels", "host"))
+        k = int(self.at("graph_kernels", "overheads"))
         graph, _ = capture_graph(lambda i: x.add_(1), k)
         us = queued_replays_us(graph, self.replays, backlog_cycles=2_000_000)
         self._host_row("graph_per_kernel", [t / k for t in us])
@@ -139,7 +139,7 @@ class Bench:
             self.sync()
         self._host_row("graph_launch", launch)
         syncs = []
-        for _ in range(int(self.at("syncs", "host"))):
+        for _ in range(int(self.at("syncs", "overheads"))):
             t0 = time.perf_counter()
             self.sync()
             syncs.append((time.perf_counter() - t0) * US_PER_S)
@@ -153,7 +153,7 @@ class Bench:
 
     def _host_row(self, impl: str, us: list) -> None:
         us = sorted(us)
-        self.csv.row(section="host", impl=impl, kclass="host", config_id=f"host:{impl}", median_us=statistics.median(us),
+        self.csv.row(section="overheads", impl=impl, kclass="host", config_id=f"overheads:{impl}", median_us=statistics.median(us),
                      p10_us=us[len(us) // 10], p90_us=us[-1 - len(us) // 10], invocations=len(us))
         self.rows += 1
 
@@ -225,27 +225,27 @@ class Bench:
             facts = dict(bytes_read=rows * width * 2, bytes_written=rows * width * 2, rows=rows)
         self.row("classes", impl, kclass, call, est, copies, size_bytes=size, **facts)
 
-    def matrix(self) -> None:
+    def gemm(self) -> None:
         """bf16 F.linear at decode batch sizes (weights rotated: read from HBM)."""
-        for n, k in self.at("shapes", "matrix"):
+        for n, k in self.at("shapes", "gemm"):
             wbytes = n * k * 2
             copies = max(1, min(self.copies_for(wbytes), self.pool // wbytes))
             ws = [torch.randn(n, k, device=self.dev, dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
-            for m in self.at("M", "matrix"):
+            for m in self.at("M", "gemm"):
                 if not self.left():
                     return
                 x = torch.randn(m, k, device=self.dev, dtype=torch.bfloat16)
-                self.row("matrix", "F.linear", "matrix", lambda i, x=x, ws=ws, copies=copies: torch.nn.functional.linear(x, ws[i % copies]),
+                self.row("gemm", "F.linear", "matrix", lambda i, x=x, ws=ws, copies=copies: torch.nn.functional.linear(x, ws[i % copies]),
                          5 + wbytes / 3e6, copies, size_bytes=wbytes, bytes_read=wbytes + m * k * 2,
                          bytes_written=m * n * 2, M=m, N=n, K=k, flops=2 * m * n * k)
             del ws
             self.free()
 
-    def attention(self) -> None:
+    def sdpa(self) -> None:
         """Decode SDPA, one query token per sequence, GQA, the default backend."""
-        hq, hkv, d = self.sweep["attention"]["heads"]
-        for b in self.at("batch", "attention"):
-            for ctx in self.at("context", "attention"):
+        hq, hkv, d = self.sweep["sdpa"]["heads"]
+        for b in self.at("batch", "sdpa"):
+            for ctx in self.at("context", "sdpa"):
                 if not self.left():
                     return
                 kv = 2 * b * hkv * ctx * d * 2
@@ -256,7 +256,7 @@ class Bench:
                 vs = [torch.randn(b, hkv, ctx, d, device=self.dev, dtype=torch.bfloat16) for _ in range(copies)]
                 q = torch.randn(b, hq, 1, d, device=self.dev, dtype=torch.bfloat16)
                 sdpa = torch.nn.functional.scaled_dot_product_attention
-                self.row("attention", "sdpa", "attention",
+                self.row("sdpa", "sdpa", "attention",
                          lambda i, q=q, ks=ks, vs=vs, copies=copies, sdpa=sdpa: sdpa(q, ks[i % copies], vs[i % copies], enable_gqa=True), 8 + kv / 3e6, copies,
                          size_bytes=kv, bytes_read=kv + q.numel() * 2, bytes_written=q.numel() * 2, B=b, L=ctx,
                          flops=4 * b * hq * ctx * d)
@@ -311,7 +311,7 @@ def _host_us(call, i: int) -> float:
     return (time.perf_counter() - t0) * US_PER_S
 
 
-SECTIONS = ("host", "hbm", "l2", "classes", "matrix", "attention", "peak")
+SECTIONS = ("overheads", "hbm", "l2", "classes", "gemm", "sdpa", "peak")
 
 
 def run(sweep: dict, mode: str, csv_path, budget_s: float, only: tuple[str, ...] = SECTIONS) -> dict:

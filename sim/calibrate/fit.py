@@ -165,9 +165,6 @@ def stream(rows: pd.DataFrame) -> dict:
     return {"sustained_GBps": round(sustained, 4), "t0_ns": round(t0, 1), "copy_GBps": copy_GBps and round(copy_GBps, 1)}
 
 
-CLASS_FIT = {"elementwise": "linear", "cast": "linear", "copy": "linear", "reduction": "rows", "index": "rows"}
-
-
 def fit_all(df: pd.DataFrame, peak_GBps: float, refresh: float, peak_TFLOPs: float) -> dict:
     """Every figure of a calibration CSV: the store's stream, L2, host, matrix peak and the
     kernel classes (their rates as fractions of the measured sustained stream)."""
@@ -177,15 +174,16 @@ def fit_all(df: pd.DataFrame, peak_GBps: float, refresh: float, peak_TFLOPs: flo
     sustained = hbm["sustained_GBps"]
     classes = {}
     rows = ok[ok.section == "classes"]
-    for kclass, how in CLASS_FIT.items():
-        sub = rows[rows.kclass == kclass]
+    for kclass, sub in rows.groupby("kclass", sort=False):
         if len(sub) < 3:
             continue
-        classes[kclass] = fit_linear_class(sub) if how == "linear" else fit_rows_class(sub, bw_cap=sustained)
-    mat = ok[ok.section == "matrix"]
+        # a class measured by rows (one CTA per row: reductions, gathers) takes the per-CTA fit
+        by_rows = "rows" in sub and sub["rows"].notna().any()
+        classes[kclass] = fit_rows_class(sub, bw_cap=sustained) if by_rows else fit_linear_class(sub)
+    mat = ok[ok.section == "gemm"]
     if len(mat) >= 3:
         classes["matrix"] = fit_matrix(mat, peak_TFLOPs)
-    att = ok[ok.section == "attention"]
+    att = ok[ok.section == "sdpa"]
     if len(att) >= 3:
         classes["attention"] = fit_attention(att)
     for c in classes.values():
@@ -194,7 +192,7 @@ def fit_all(df: pd.DataFrame, peak_GBps: float, refresh: float, peak_TFLOPs: flo
     l2_GBps = float(((l2.bytes_read + l2.bytes_written) / (l2.median_us * NS_PER_US)).max()) if len(l2) else None
     peak = ok[ok.section == "peak"]
     tflops = float((peak.flops / (peak.median_us / US_PER_S) / TB).max()) if len(peak) else None
-    host = host_figures(ok[ok.section == "host"])
+    host = host_figures(ok[ok.section == "overheads"])
     return {"hbm": hbm, "stream_efficiency": round(sustained / peak_GBps / (1 - refresh), 4),
             "l2_GBps": l2_GBps and round(l2_GBps, 0), "matmul_TFLOPs": tflops and round(tflops, 1),
             "matrix_efficiency": tflops and round(tflops / peak_TFLOPs, 4), "host": host, "classes": classes,

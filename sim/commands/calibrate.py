@@ -28,7 +28,7 @@ def register(sub) -> None:
                                                       "(needs PyTorch, no GPU; its numbers mean nothing)")
     p.add_argument("--budget-s", type=float, default=None, help="start no new configuration after this many "
                                                                 "seconds (default 150 quick, 540 full)")
-    p.add_argument("--only", default=None, help="comma-separated sections (host,hbm,l2,classes,matrix,attention,peak)")
+    p.add_argument("--only", default=None, help="comma-separated sections (overheads,hbm,l2,classes,gemm,sdpa,peak)")
     p.add_argument("--from", dest="from_dir", type=Path, default=None,
                    help="refit the rows of an earlier run in DIR (no GPU needed)")
     p.add_argument("--data-name", default=None, help="how the profile names the raw data folder "
