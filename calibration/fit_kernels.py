@@ -440,6 +440,7 @@ def profile_block(fit: dict) -> str:
              "kernels:",
              f"  cta_bandwidth_GBps: {{value: {fit['grid_cta_bandwidth_GBps']}, source: \"" +
              SOURCE.format(csv="kernels/k/kernels.csv (grid: one program's streaming rate)") + "\"}",
+             "  provenance: {kind: measured, device: \"NVIDIA H200\", data: calibration/data/h200}",
              "  classes:"]
     for name, c in fit["classes"].items():
         csv = "kv/kv/kv_attention.csv (sdpa_cudnn bf16)" if name == "attention" else \

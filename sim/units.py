@@ -29,6 +29,8 @@ NS_PER_US = 1e3
 NS_PER_MS = 1e6
 MS_PER_S = 1e3
 US_PER_MS = 1e3
+US_PER_S = 1e6
+MW_PER_W = 1e3  # milliwatts (NVML's power unit) per watt
 S_PER_MIN = 60.0
 S_PER_H = 3600.0
 

@@ -29,7 +29,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("sim.engine", "sim.analytic"),
     ("sim.results", "sim.energy"),
     ("sim.run",),
-    ("sim.experiments",),
+    ("sim.experiments", "sim.calibrate"),
     ("sim.study", "sim.report", "sim.serve", "sim.search", "sim.explore.html", "sim.explore.figures",
      "sim.explore.compute"),
     ("sim.options",),  # the command-line options both front ends (commands, explore) parse

@@ -22,6 +22,7 @@ Units are in the key names: GBps = 1e9 bytes/s, GB = 1e9 bytes, MB = 1e6 bytes, 
 from __future__ import annotations
 
 import functools
+import re
 from typing import Annotated, Literal, Union
 
 from pydantic import Field, field_validator, model_validator
@@ -336,14 +337,45 @@ class KernelClass(Strict):
     cta_bandwidth_GBps: Pos | None = None  # with parallel: rows, what one row's CTA pulls
 
 
+class Provenance(Strict):
+    """Where a profile's kernel costs come from, said once for the whole ``kernels:`` section.
+
+    ``measured``: on this chip, ``device`` (the name the driver reports), raw data under
+    ``data`` (e.g. calibration/data/h100). ``borrowed``: measured on another chip (``device``,
+    ``data``) and carried here by ``rule``. ``transferred``: computed for this chip by ``rule``
+    (the kernel-class efficiencies fitted across the measured GPUs, calibration/transfer.json)
+    from its own figures, ``uncertainty_pct`` being the rule's leave-one-GPU-out error.
+    ``estimate`` marks figures nobody measured for this chip (borrowed and transferred ones)."""
+
+    kind: Literal["measured", "borrowed", "transferred"]
+    device: str
+    data: str
+    rule: str = ""
+    uncertainty_pct: float | None = None
+
+    @model_validator(mode="after")
+    def _rule(self):
+        if self.kind != "measured" and not self.rule:
+            raise ValueError(f"a {self.kind} kernels: section must say by which rule (provenance.rule)")
+        return self
+
+    @property
+    def chip_key(self) -> str:
+        """The measured chip's data folder name (``h200`` for calibration/data/h200)."""
+        return self.data.rstrip("/").rsplit("/", 1)[-1]
+
+
 class KernelCosts(Strict):
-    """Kernel-class costs measured on this chip (calibration/fit_kernels.py): per class, and
-    the bandwidth one CTA can pull (``cta_bandwidth_GBps``: outstanding loads over latency),
-    which caps kernels with few CTAs. Attention implementations' dequantization rates live in
-    the software stacks (they are the kernels' quality, not the chip's)."""
+    """Kernel-class costs of this chip (calibration/fit_kernels.py, ``decodesim calibrate``):
+    per class, and the bandwidth one CTA can pull (``cta_bandwidth_GBps``: outstanding loads
+    over latency), which caps kernels with few CTAs. ``provenance`` says whether they were
+    measured on this chip, borrowed from another or transferred by rule. Attention
+    implementations' dequantization rates live in the software stacks (they are the kernels'
+    quality, not the chip's)."""
 
     cta_bandwidth_GBps: Pos
     classes: dict[str, KernelClass]
+    provenance: Provenance | None = None
 
     @field_validator("classes")
     @classmethod
@@ -486,10 +518,50 @@ KERNEL_RULE = ("derived from this profile's own figures (no kernels: section): e
 
 
 def kernel_costs_origin(profile: HardwareProfile) -> str:
-    """Where a profile's kernel costs come from: its measured ``kernels:`` section or the rule."""
-    if profile.kernels is not None:
-        return "measured: kernels: section (calibration/fit_kernels.py)"
-    return KERNEL_RULE
+    """Where a profile's kernel costs come from, in one line that starts with the kind:
+    ``measured on <device>``, ``borrowed from <device>``, ``transferred`` (with its uncertainty)
+    or ``derived`` (the rule, no ``kernels:`` section)."""
+    k = profile.kernels
+    if k is None:
+        return KERNEL_RULE
+    p = k.provenance
+    if p is None:
+        return "unstated: a kernels: section without provenance (its sources say where each figure comes from)"
+    if p.kind == "measured":
+        return f"measured on {p.device} ({p.data})"
+    if p.kind == "borrowed":
+        return f"borrowed from {p.device} ({p.data}): {p.rule}"
+    band = f" (+-{p.uncertainty_pct:g}%, leave-one-GPU-out)" if p.uncertainty_pct is not None else ""
+    return f"transferred{band}: {p.rule}"
+
+
+def kernel_costs_kind(profile: HardwareProfile) -> str:
+    """measured, borrowed, transferred, derived (or unstated): the first word of the origin."""
+    return kernel_costs_origin(profile).split()[0].rstrip(":")
+
+
+def borrow(raw: dict, base: str, device: str, data: str, rule: str) -> dict:
+    """``raw`` (a profile's YAML data, changed in place and returned) with every figure whose
+    source is a measurement relabelled as borrowed from ``base`` (measured on ``device``, raw
+    data under ``data``) by ``rule``, and its kernels section's provenance saying the same: a
+    profile made from another chip's never claims that chip's measurements as its own."""
+    prefix = f"borrowed from {base} ({device}, {data}; {rule}): "
+
+    def walk(node):
+        if isinstance(node, dict):
+            src = node.get("source")
+            if isinstance(src, str) and src.startswith(("measured", "measurement")):
+                node["source"] = prefix + src
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(raw)
+    if isinstance(raw.get("kernels"), dict):
+        raw["kernels"]["provenance"] = {"kind": "borrowed", "device": device, "data": data, "rule": rule}
+    return raw
 
 
 def sources(profile: HardwareProfile) -> list[tuple[str, object, str, bool]]:
@@ -514,3 +586,26 @@ def sources(profile: HardwareProfile) -> list[tuple[str, object, str, bool]]:
     if profile.kernels is None:
         out.append(("kernels", "derived", KERNEL_RULE, True))
     return out
+
+
+CALIBRATION_CHIP = "h200"  # what calibration/ outside data/<chip>/ holds was measured on the H200 (calibration/README.md)
+
+
+def foreign_measurements(profile: HardwareProfile) -> list[str]:
+    """The figures of ``profile`` that say "measured" for a measurement of another chip: a
+    source starting "measured"/"measurement" that cites calibration/ data of a chip other than
+    the one its kernels: provenance says was measured here (none: no chip was). Empty for an
+    honest profile."""
+    p = profile.kernels.provenance if profile.kernels is not None else None
+    own = p.chip_key if p is not None and p.kind == "measured" else None
+    bad = []
+    for path, _value, source, _estimate in sources(profile):
+        if not source.startswith(("measured", "measurement")) or "calibration/" not in source:
+            continue
+        chips = set(re.findall(r"calibration/data/([A-Za-z0-9_.-]+)", source))
+        bare = re.sub(r"calibration/data/[A-Za-z0-9_.-]+", "", source)
+        if "calibration/" in bare:
+            chips.add(CALIBRATION_CHIP)
+        if chips - {own}:
+            bad.append(f"{path}: measured on {', '.join(sorted(chips))}, not on this chip ({own or 'none measured'})")
+    return bad

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import yaml
 
+from sim.config.hardware import borrow
 from sim.config.loader import load_yaml
 from sim.paths import hardware_dir
 from sim.run import simulate
@@ -78,7 +79,8 @@ def design(bandwidth_GBps: float, capacity_GB: float, base: str = "h200-sxm") ->
     # the base's energy figures name its HBM, not this store; the design's own (estimates by
     # calibration/energy/SOURCES.md's rules) are kept by hand in the profile (sim.report.sram_heavy)
     raw.pop("energy", None)
-    return raw
+    return borrow(raw, base, "NVIDIA H200", "calibration/data/h200",
+                  "a hypothetical H200-class chip: the base's die, host and kernel classes taken as is")
 
 
 def _predict(raw: dict) -> dict:

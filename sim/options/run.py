@@ -97,6 +97,7 @@ def add_run_command_options(p: argparse.ArgumentParser) -> None:
     add_run_options(p)
     p.add_argument("--out", type=output_dir, default=None, help="write per-step and per-op tables (Parquet + CSV) here")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.add_argument("--band", action="store_true", help="add a p10-p90 band on the per-token latency from the uncertainty of the profile's figures, and the figure groups that decide it (sim/experiments/band.py)")
     p.add_argument("--trace-out", type=output_file, default=None,
                    help="write a Chrome/Perfetto trace JSON of the timeline (every step; see --trace-steps)")
     p.add_argument("--html", type=output_file, default=None, metavar="FILE",

@@ -1,9 +1,10 @@
 """Profiles built from a base profile, so shared figures stay in step.
 
 Multi-chip systems copy their single-chip base. ``h100-sxm`` is derived from ``h200-sxm``:
-the same GH100 die, clocks, SMs, host stack and per-kernel overheads (measured on the H200 by
-calibration/), with the H100's own memory system (5 HBM3 stacks at 3.35 TB/s, 80 GB, 50 MB
-L2 from the datasheet and the H800 FlashMLA stream efficiency).
+the same GH100 die, clocks and SMs, with the H100's own memory system (5 HBM3 stacks at
+3.35 TB/s, 80 GB, 50 MB L2 from the datasheet) and the figures `decodesim calibrate` measured
+on an H100 (calibration/data/h100/overlay.json); whatever is still the H200's is relabelled
+"borrowed from h200-sxm", so no figure claims a measurement of another chip.
 
 ``h200-sxm-x8`` is eight ``h200-sxm`` GPUs on one HGX board (NVLink4 through NVSwitch);
 ``h200-sxm-x16`` two such boards joined by InfiniBand NDR (the scale-out links);
@@ -18,13 +19,15 @@ differ.
 from __future__ import annotations
 
 import argparse
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
-from sim.config.hardware import HardwareProfile
+from sim.calibrate import overlay
+from sim.config.hardware import HardwareProfile, borrow
 from sim.config.loader import validate
 from sim.io import write_atomic
 from sim.paths import hardware_dir
@@ -142,6 +145,16 @@ H100_HBM = {  # the H100 SXM5's own memory system (hardware_facts.md 1, N3/N9/N5
 H100_L2 = {"capacity_MB": {"value": 50, "source": "H100 L2 50 MB (hardware_facts.md 1, N9)"}}
 
 
+H100_OVERLAY = Path("calibration/data/h100/overlay.json")  # `decodesim calibrate` on an H100 (figures with sources)
+H100_RULE = "the same GH100 die, clocks and software stack; taken as is, not measured on an H100"
+
+
+def h100_overlay() -> dict:
+    """The figures `decodesim calibrate` measured on an H100 (calibration/data/h100/overlay.json), if committed."""
+    path = Path(__file__).resolve().parents[2] / H100_OVERLAY
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
 def render_h100() -> str:
     raw = yaml.safe_load((hardware_dir() / "h200-sxm.yaml").read_text())
     raw["name"] = "h100-sxm"
@@ -149,10 +162,17 @@ def render_h100() -> str:
     hbm = raw["memory"][0]
     hbm.update(H100_HBM)
     next(level for level in raw["memory"] if level["name"] == "l2").update(H100_L2)
+    borrow(raw, "h200-sxm", "NVIDIA H200", "calibration/data/h200", H100_RULE)
+    figs = h100_overlay()
+    if figs:
+        raw = overlay.apply(raw, figs)
+    measured = ("the kernel classes, host overheads, HBM stream and latency, L2 rate and matrix efficiency measured "
+                "on an H100 by `decodesim calibrate` (calibration/data/h100/overlay.json); the rest "
+                if figs else "")
     header = ("# NVIDIA H100 SXM5 (80 GB HBM3, GH100 die with 132 SMs), generated from h200-sxm.yaml by\n"
-              "# `python -m sim.report.multichip`: the H200's die, clocks, host stack and per-kernel overheads\n"
-              "# (measured on a real H200, calibration/; the same GH100 die and software), with the H100's own\n"
-              "# HBM3 stacks, capacity, stream efficiency and 50 MB L2. Do not edit by hand.\n")
+              "# `python -m sim.report.multichip`: the H100's own HBM3 stacks, capacity and 50 MB L2 (datasheet);\n"
+              f"# {measured}borrowed from the H200 (same die and software), each such source saying so.\n"
+              "# Do not edit by hand.\n")
     return header + yaml.safe_dump(raw, sort_keys=False, default_flow_style=None, width=200)
 
 

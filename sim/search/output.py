@@ -11,11 +11,13 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from sim.config.hardware import kernel_costs_origin
 from sim.io import make_folder, to_json, write_atomic, write_frame
 from sim.paths import display_path
 from sim.report.search import plot_front, write_report
 from sim.search.runner import SearchResult
 from sim.search.space import Deployment
+from sim.setup import load_profile
 
 POINT_FIELDS = (
     "index", *Deployment.__dataclass_fields__, "status", "rate_per_s", "capacity_rate_per_s", "batch_limit",
@@ -49,6 +51,7 @@ def payload(result: SearchResult, files: list[str] | None = None, command: str |
         "front": [point(r, pct) for r in result.front],
         "chosen": point(result.chosen, pct) if result.chosen else None,
         "timing": result.timing, "files": files or [], "command": command, "notes": spec.notes,
+        "kernel_costs": {hw: kernel_costs_origin(load_profile(hw)) for hw in space.axes["hardware"]},
     }
 
 

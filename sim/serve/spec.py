@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import ConfigDict, field_validator, model_validator
 
 from sim import decode_trace as traces
+from sim.config.hardware import kernel_costs_origin
 from sim.config.loader import parse_assignment
 from sim.config.quantity import Strict, real, whole
 from sim.config.spec import MAX_BATCH, MAX_CHIPS, MAX_TARGET_MS, Name, RunSpec
@@ -173,7 +174,8 @@ class ServeSetup:
         a little more per token in short sequences)."""
         res = plan = self.resolved
         token_bytes = self.footprint_bytes(POOL_CONTEXT) / POOL_CONTEXT
-        return {"hardware": res.hardware.name, "model": res.model.name, "weights": self.spec.weights,
+        return {"hardware": res.hardware.name, "kernel_costs": kernel_costs_origin(res.hardware),
+                "model": res.model.name, "weights": self.spec.weights,
                 "kv": self.spec.kv, "software": self.spec.software, "tp": plan.tp, "pp": plan.pp,
                 "chips": res.hardware.chips, "policy": self.spec.policy, "max_batch": self.spec.max_batch,
                 "client": self.spec.client, "concurrency": self.spec.concurrency,

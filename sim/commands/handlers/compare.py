@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from sim.commands.common import comma_list, emit_json
+from sim.config.hardware import kernel_costs_origin
 from sim.config.software import load_stack
 from sim.errors import COMMAND_LINE, ConfigError
 from sim.experiments.compare import attention_rows, compare_rows, kv_qualities
 from sim.options.spec import spec_from_args
 from sim.run import simulate
-from sim.setup import format_for
+from sim.setup import format_for, load_profile
 
 MAX_FORMATS = 64  # KV formats (and stacks) per compare: each is a simulated run and a fidelity measurement
 
@@ -107,6 +108,7 @@ def render(spec, rows: list[dict]) -> str:
     where = f"trace {spec.trace}" if spec.trace else f"batch {spec.batch}, context {spec.context}"
     lines = [f"decodesim compare: {spec.model} on {spec.hardware}, weights {spec.weights}, {where}, "
              f"target {spec.target_ms:g} ms",
+             f"  kernel costs: {kernel_costs_origin(load_profile(spec.hardware))}",
              f"  {'KV format':<19}{'ms/token':>9}{'cut':>9}{'KV KiB/tok':>11}{'reduct.':>8}{'KV bytes':>9}"
              f"{'dequant':>8}{'attn err':>9}{'KL':>9}  {'bound':<9}verdict"]
     for r in rows:

@@ -9,6 +9,7 @@ from contextlib import nullcontext
 from sim.commands.common import Interrupt, emit_json, fmt_bytes, to_json, write_atomic, write_frame
 from sim.energy import render_lines
 from sim.errors import COMMAND_LINE, ConfigError
+from sim.experiments.band import band
 from sim.explore.compute import run_view
 from sim.io import output_set, writer_lock
 from sim.options.spec import spec_from_args
@@ -42,6 +43,8 @@ def handle(args) -> int:
     # one writer per --out folder; Ctrl-C stops after the step under way and keeps the steps done
     with writer_lock(args.out) if args.out is not None else nullcontext(), Interrupt() as interrupt:
         result = simulate(spec, keep_ops=keep or html is not None, keep_log=keep, stop=interrupt)
+        if getattr(args, "band", False) and result.summary.get("per_token_ms_p50") is not None:
+            result.summary["band"] = band(spec, result.summary["per_token_ms_p50"])
         with output_set():  # every file of the run lands together, or none does
             _write(args, spec, result, trace_steps, html)
     if result.summary.get("partial"):
@@ -75,9 +78,17 @@ def _notes(s: dict) -> list[str]:
     streams that share a stage, MoE options given to a dense model, kernel costs derived rather
     than measured."""
     lines = [f"  note: {s[note]}" for note in ("software_note", "engine_note", "moe_note") if s.get(note)]
-    if s.get("kernel_costs", "").startswith("derived"):
+    if s.get("band"):
+        b = s["band"]
+        lines.append(f"  band p10-p90: {b['p10_ms']:.3f} - {b['p90_ms']:.3f} ms per token (sigma {b['sigma_ms']:.3f} ms); "
+                     "deciding: " + ", ".join(f"{g['group']} {g['variance_share']:.0%} ({g['why']})"
+                                              for g in b["groups"][:3] if g["variance_share"] >= 0.05))
+    origin = s.get("kernel_costs", "")
+    if origin.startswith("derived"):
         lines.append("  kernel costs: derived from the profile's own figures (no measured kernels: section; "
                      "`decodesim profiles --sources` states the rule)")
+    elif origin:
+        lines.append(f"  kernel costs: {origin}")
     return lines
 
 
