@@ -1,0 +1,83 @@
+"""FP4 formats (NVFP4, MXFP4) by hand, their reference quantizer, and datatypes per chip: a
+format the chip's matrix unit does not execute is converted at its cost, one it does runs
+natively (B200's FP4 rate, Groq's int8)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sim.formats import get_format
+from sim.formats.reference import fake_quant, round_minifloat
+
+E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+
+
+# -- FP4 bytes by hand ---------------------------------------------------------------------
+
+
+def test_nvfp4_is_4_5_bits_plus_one_fp32_per_tensor():
+    f = get_format("nvfp4")
+    rows, cols = 4096, 4096
+    codes = rows * cols * 4 // 8  # two E2M1 codes per byte
+    scales = rows * (cols // 16) * 1  # one E4M3 byte per 16 values
+    assert f.tensor_bytes("weight", rows, cols).values == codes
+    assert f.tensor_bytes("weight", rows, cols).metadata == scales
+    assert f.constant_bytes("weight", cols) == 4  # the FP32 per-tensor scale
+    assert f.weight_bytes(rows, cols) == codes + scales + 4 == 9_437_188
+    assert 8 * (codes + scales) / (rows * cols) == 4.5
+    # KV: per token, 16 channels per scale; the tensor scale is a per-layer constant
+    assert f.kv_footprint(100, 1024, 1024) == 2 * 100 * (1024 // 2 + 1024 // 16) == 115_200
+    assert f.layer_constant_bytes(1024, 1024) == 8
+
+
+def test_mxfp4_is_4_25_bits_with_no_per_tensor_scale():
+    f = get_format("mxfp4")
+    rows, cols = 2880, 2880  # a gpt-oss expert matrix: 90 blocks of 32 per row
+    assert f.weight_bytes(rows, cols) == rows * cols // 2 + rows * (cols // 32) == 4_406_400
+    assert 8 * f.weight_bytes(rows, cols) / (rows * cols) == 4.25
+    assert f.constant_bytes("weight", cols) == 0
+    assert f.effective_bits(4096, 1024, "k") == 4.25
+
+
+def test_fp4_dequant_work_by_hand():
+    """Per value: unpack (2) + convert (1) + scale (1); per group: NVFP4 multiplies its fp8
+    scale by the tensor scale (1), MXFP4 turns its exponent into a float (1)."""
+    nv, mx = get_format("nvfp4"), get_format("mxfp4")
+    assert nv.tensor_bytes("v", 10, 1024).dequant_ops == 10 * 1024 * 4 + 10 * 64 * 1
+    assert mx.tensor_bytes("v", 10, 1024).dequant_ops == 10 * 1024 * 4 + 10 * 32 * 1
+
+
+def test_fp4_formats_listed(cli):
+    code, out, _ = cli("formats")
+    assert code == 0
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.strip()}
+    assert rows["nvfp4"][1] == "4.500" and rows["mxfp4"][1] == "4.250"
+
+
+# -- the reference quantizer ---------------------------------------------------------------
+
+
+def test_e2m1_rounds_to_its_eight_magnitudes_ties_to_even():
+    x = np.array([0.25, 0.3, 0.75, 1.25, 2.5, 5.0, 5.1, 9.0, -0.3])
+    assert round_minifloat(x, "e2m1").tolist() == [0.0, 0.5, 1.0, 1.0, 2.0, 4.0, 6.0, 6.0, -0.5]
+
+
+def test_mxfp4_block_uses_a_power_of_two_scale_and_e2m1_levels():
+    x = np.linspace(-3.0, 3.0, 32)[None, :]  # absmax 3: scale 2^(floor(log2 3) - 2) = 0.5
+    xhat, _ = fake_quant(get_format("mxfp4").weight, x)
+    assert set(np.abs(xhat).ravel() / 0.5) <= set(E2M1)
+    assert np.abs(xhat - x).max() <= 0.5  # half the widest step (2 x 0.5)
+
+
+def test_nvfp4_block_scale_is_fp8_times_the_tensor_scale():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((8, 64))
+    q = get_format("nvfp4").weight
+    xhat, _ = fake_quant(q, x)
+    blocks, back = x.reshape(-1, 16), xhat.reshape(-1, 16)
+    for b, h in zip(blocks, back):  # the block's largest value lands near 6 x its scale
+        assert abs(np.abs(h).max() - np.abs(b).max()) <= 0.1 * np.abs(b).max()
+    err = np.sqrt(np.mean((xhat - x) ** 2) / np.mean(x ** 2))
+    mx_err = np.sqrt(np.mean((fake_quant(get_format("mxfp4").weight, x)[0] - x) ** 2) / np.mean(x ** 2))
+    assert 0.05 < err < mx_err < 0.2  # 4-bit: NVFP4's finer, exact-ish scales beat MXFP4's powers of two
