@@ -81,3 +81,71 @@ def test_nvfp4_block_scale_is_fp8_times_the_tensor_scale():
     err = np.sqrt(np.mean((xhat - x) ** 2) / np.mean(x ** 2))
     mx_err = np.sqrt(np.mean((fake_quant(get_format("mxfp4").weight, x)[0] - x) ** 2) / np.mean(x ** 2))
     assert 0.05 < err < mx_err < 0.2  # 4-bit: NVFP4's finer, exact-ish scales beat MXFP4's powers of two
+
+
+# -- datatypes per chip --------------------------------------------------------------------
+
+
+def _run(hardware, weights, **kw):
+    from sim.run import RunSpec, simulate
+
+    spec = dict(hardware=hardware, model="llama-3-8b", weights=weights, batch=1, context=1024, steps=1,
+                engine="analytic")
+    return simulate(RunSpec(**{**spec, **kw})).summary
+
+
+def _weights(hardware, weights):
+    """The weight format as the chip runs it (sim.setup resolves it against the compute unit's dtypes)."""
+    from sim.run import RunSpec
+    from sim.setup import resolve
+
+    return resolve(RunSpec(hardware=hardware, model="llama-3-8b", weights=weights, steps=1)).weights
+
+
+def test_b200_runs_nvfp4_on_its_fp4_matrix_rate():
+    """At a compute-bound shape (batch 1024, short context) the matmuls of NVFP4 weights take a
+    quarter of their bf16 time: 9000 vs 2250 dense TFLOP/s (b200.yaml's fp4 and bf16 rates)."""
+    from sim.setup import load_profile
+
+    compute = load_profile("b200").compute
+    assert compute.matrix_rate("nvfp4") == compute.matrix_rate("fp4") == 4 * compute.matrix_rate("bf16")
+    bf16 = _run("b200", "bf16", batch=1024, context=128)
+    nv = _run("b200", "nvfp4", batch=1024, context=128)
+    assert bf16["breakdown_ms"]["compute"] > 2.0  # compute-bound enough to see the rate
+    assert nv["breakdown_ms"]["compute"] == pytest.approx(bf16["breakdown_ms"]["compute"] / 4, rel=0.02)
+    assert nv["breakdown_ms"].get("dequant", 0.0) == 0.0 and "datatype_note" not in nv
+    # Hopper has no FP4 matrix unit: the same weights are converted to bf16 and say so
+    h200 = _run("h200-sxm", "nvfp4", batch=1024, context=128)
+    assert h200["breakdown_ms"]["dequant"] > 0 and "no nvfp4" in h200["datatype_note"]
+
+
+@pytest.mark.parametrize("hardware", ["groq-lpu-576", "cerebras-wse3", "sambanova-sn40l"])
+def test_fp8_on_a_chip_without_an_fp8_matrix_unit_pays_conversion(hardware):
+    from sim.setup import load_profile
+
+    assert "fp8" not in load_profile(hardware).compute.matrix_flops_per_cycle
+    fp8 = _run(hardware, "fp8")
+    assert fp8["breakdown_ms"].get("dequant", 0.0) > 0
+    assert "has no fp8" in fp8["datatype_note"]
+    assert _weights(hardware, "fp8").weight_read(4096, 4096).dequant_ops == 4096 * 4096 * 2  # convert + scale
+    assert _weights(hardware, "bf16").weight_read(4096, 4096).dequant_ops == 0
+
+
+def test_groq_int8_runs_natively_and_h200_weight_only_int8_dequantizes():
+    groq = _run("groq-lpu-576", "int8", model="llama-3-70b")
+    assert groq["breakdown_ms"].get("dequant", 0.0) == 0.0
+    assert "as stored" in groq["datatype_note"]
+    assert groq["per_token_ms_p50"] == pytest.approx(
+        _run("groq-lpu-576", "int8-w8a8", model="llama-3-70b")["per_token_ms_p50"], rel=1e-6)
+    assert _weights("groq-lpu-576", "int8").weight_read(4096, 4096).dequant_ops == 0
+    h200 = _run("h200-sxm", "int8")  # a GPU stack's weight-only int8 kernel dequantizes to bf16
+    assert "datatype_note" not in h200
+    assert _weights("h200-sxm", "int8").weight_read(4096, 4096).dequant_ops == 4096 * 4096 * 2
+    assert _weights("h200-sxm", "fp8").weight_read(4096, 4096).dequant_ops == 0  # H200's fp8 tensor cores
+
+
+def test_datatype_note_is_printed(cli):
+    code, out, _ = cli("run", "--hardware", "cerebras-wse3", "--model", "llama-3-8b", "--weights", "fp8",
+                       "--steps", "1", "--engine", "analytic")
+    assert code == 0
+    assert "note: cerebras-wse3's matrix unit has no fp8: fp8 weights are converted to bf16" in out

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -184,6 +184,7 @@ class Format:
     file: str = "<inline>"
     patched: dict = field(default_factory=dict)  # tensor -> keys its patch set (for error paths)
     spec: FormatSpec | None = None
+    conversion: str = ""  # set by on_chip: how a chip without this matrix dtype runs the weights
     _kv_memo: dict = field(default_factory=dict, repr=False, compare=False)  # kv_read results (derived data)
     _bytes_memo: dict = field(default_factory=dict, repr=False, compare=False)  # tensor_bytes results (derived data)
     _constants_memo: dict = field(default_factory=dict, repr=False, compare=False)  # constant_bytes (derived data)
@@ -342,6 +343,15 @@ class Format:
         when every matrix unit needs them dequantized (int4, codebooks, asymmetric, grouped int8)."""
         return code_dtype(self.weight)
 
+    def on_chip(self, native: frozenset, chip: str, native_codes: bool = False) -> "Format":
+        """These weights as a chip whose matrix unit executes the dtypes ``native`` runs them
+        (see ``matrix_plan``): the same format when it runs as written, else a copy whose
+        ``matmul_dtype`` is the dtype the chip multiplies in and whose ``conversion`` says why."""
+        dtype, note = matrix_plan(self, native, chip, native_codes)
+        if dtype == self.matmul_dtype and not note:
+            return self
+        return replace(self, matmul_dtype=dtype, conversion=note, _kv_memo={}, _bytes_memo={}, _constants_memo={})
+
     def kv_footprint(self, tokens: int, k_width: int, v_width: int) -> int:
         return self.k_bytes(tokens, k_width) + self.v_bytes(tokens, v_width)
 
@@ -385,6 +395,41 @@ class Format:
             else:
                 bits += n * (o.value_bits + 2 * o.index_bits)
         return math.ceil(bits / 8)
+
+
+WIDE_FLOATS = ("bf16", "fp16", "fp32")  # what a chip converts narrow weights to, in order of preference
+FP4_ANY = "fp4"  # a chip listing fp4 executes E2M1 with either block scale (nvfp4 and mxfp4)
+
+
+def executes(native: frozenset, dtype: str) -> bool:
+    """Whether a matrix unit listing ``native`` executes ``dtype`` (``fp4`` covers both FP4 block scales)."""
+    return dtype in native or (dtype in BLOCK_SCALED.values() and FP4_ANY in native)
+
+
+def matrix_plan(fmt: Format, native: frozenset, chip: str, native_codes: bool = False) -> tuple[str, str]:
+    """(the dtype the matrix unit multiplies in, a note when that is not what the format asks).
+
+    * 16-bit weights, and codes the chip executes in the dtype the format asks (fp8 on an fp8
+      unit, NVFP4 on an FP4 unit), run as written;
+    * ``native_codes`` (a compiler that quantizes activations at their producer): weights whose
+      codes the matrix unit executes run in that dtype, not dequantized (int8 on Groq's MXM);
+    * a format that asks for a dtype the chip executes dequantizes to it on the vector units
+      (weight-only int8 or int4 to bf16: the format's own recipe, no note);
+    * a format that asks for a dtype the chip does not execute (fp8 on a chip without an fp8
+      matrix unit, FP4 on Hopper) is converted on the vector units, at its dequantization cost,
+      to the chip's widest float type and multiplied at that type's rate."""
+    want, code = fmt.matmul_dtype, fmt.code_dtype
+    if fmt.native_matmul and (fmt.weight.bits == 16 or executes(native, want)):
+        return want, ""
+    if native_codes and code is not None and executes(native, code):
+        return code, (f"{fmt.name} weights run on {chip}'s {code} matrix unit as stored "
+                      f"(activations quantized to {code}), not dequantized")
+    if executes(native, want):
+        return want, ""
+    wide = next((d for d in WIDE_FLOATS if d in native), want)
+    return wide, (f"{chip}'s matrix unit has no {want}: {fmt.name} weights are converted to {wide} on the "
+                  f"vector units ({ops_per_value(fmt.weight)} ops per weight, plus per-group scale work) "
+                  f"and multiplied at the {wide} rate")
 
 
 def check_widths(kv: Format, weights: Format, k_width: int, v_width: int, weight_cols: tuple[int, ...]) -> None:

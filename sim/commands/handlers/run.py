@@ -56,7 +56,7 @@ def _notes(s: dict) -> list[str]:
     """The summary's notes: a stack that is not the machine's own, an analytic engine over
     streams that share a stage, MoE options given to a dense model, kernel costs derived rather
     than measured."""
-    lines = [f"  note: {s[note]}" for note in ("software_note", "engine_note", "moe_note") if s.get(note)]
+    lines = [f"  note: {s[note]}" for note in ("software_note", "engine_note", "moe_note", "datatype_note") if s.get(note)]
     if s.get("kernel_costs", "").startswith("derived"):
         lines.append("  kernel costs: derived from the profile's own figures (no measured kernels: section; "
                      "`decodesim profiles --sources` states the rule)")
