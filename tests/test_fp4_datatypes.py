@@ -149,3 +149,12 @@ def test_datatype_note_is_printed(cli):
                        "--steps", "1", "--engine", "analytic")
     assert code == 0
     assert "note: cerebras-wse3's matrix unit has no fp8: fp8 weights are converted to bf16" in out
+
+
+def test_gpt_oss_120b_in_mxfp4_on_b200():
+    """116.8B parameters at 4.25 bits = 62.05 GB; every other layer attends to 128 tokens only."""
+    s = _run("b200", "mxfp4", model="gpt-oss-120b", context=8192)
+    assert s["capacity"]["weights_bytes"] == pytest.approx(116.8e9 * 4.25 / 8, rel=0.005)
+    per_layer_token = 2 * 8 * 64 * 2  # K and V, 8 KV heads x 64, fp16
+    assert s["kv_bytes_per_token"] == pytest.approx(18 * (8192 + 128) * per_layer_token, rel=1e-3)
+    assert "datatype_note" not in s  # B200's FP4 tensor cores take MXFP4
