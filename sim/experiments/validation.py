@@ -213,7 +213,7 @@ ANCHORS: tuple[Anchor, ...] = (
         run=dict(hardware="a100-sxm-80g", model="llama-2-7b", weights="bf16", kv="bf16", batch=1, context=256),
         mapping="1 GPU; torch.compile + CUDA graph (fused, graph mode); context 256 (short prompt + 200 new tokens)",
         caveat="the published GPU was power-limited to 330 W (authors: ~1700 GB/s empirical ceiling); "
-               "the profile's stream efficiency comes from an A100-40GB memcopy (87%, hardware_facts.md N15)",
+               "the profile's stream efficiency comes from an A100-40GB memcopy (87%, sources.md N15)",
         probes=(("HBM stream efficiency at the authors' 1700 GB/s ceiling (0.85)", {},
                  (("hardware.hbm.stream_efficiency", 0.85),)),)),
     Anchor(

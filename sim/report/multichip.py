@@ -47,20 +47,20 @@ SYSTEMS = (
            "8x NVIDIA H200 SXM (HGX), NVLink4 450 GB/s/dir per GPU through NVSwitch; per GPU 141 GB HBM3e at 4.8 TB/s",
            8, "HGX H200 8-GPU board (MLPerf v4.1 system H200-SXM-141GBx8, N11)", False,
            "# 8x NVIDIA H200 SXM on one HGX board, all-to-all over NVLink4 through 4 NVSwitch3 chips\n"
-           "# (hardware_facts.md 1, N11/N13). Per-chip figures are h200-sxm.yaml's, copied by\n"
+           "# (sources.md 1, N11/N13). Per-chip figures are h200-sxm.yaml's, copied by\n"
            "# `python -m sim.report.multichip` (re-run it when h200-sxm.yaml changes); the system block\n"
            "# adds the chips. Tensor parallelism over the 8 GPUs: weights split, two all-reduces per\n"
            "# layer over \"link\".\n"),
     System("groq-lpu-576", "groq-lpu", "576 Groq LPUs (72 GroqNodes of 8), C2C links; per chip 230 MB SRAM at 80 TB/s",
            576, "576 chips for Llama-2-70B (anchors.md C1, S: HN comment citing Groq)", True,
            "# A Groq LPU system of 576 chips, as reported for Llama-2-70B at 300 t/s/u (anchors.md C1:\n"
-           "# \"576 chips (reported)\", S): 8 chips per 4U GroqNode (hardware_facts.md 5, Q2), 72 nodes.\n"
+           "# \"576 chips (reported)\", S): 8 chips per 4U GroqNode (sources.md 5, Q2), 72 nodes.\n"
            "# Per-chip figures are groq-lpu.yaml's, copied by `python -m sim.report.multichip`.\n"
            "# Default mapping: tensor parallel over the 8 chips of a node, a pipeline over the 72 nodes;\n"
            "# stages hold half-layer units balanced by bytes (system.partition: balanced). Inside a node the\n"
            "# 8 cards are fully connected; nodes are joined in a Dragonfly over 4 global ports per card.\n",
            scaleout=("  scaleout:\n"
-                     '    chips_per_group: {value: 8, source: "8 GroqCards per GroqNode, fully connected by 7 cable pairs each (HC34 notes; hardware_facts.md 5, Q2)"}\n'
+                     '    chips_per_group: {value: 8, source: "8 GroqCards per GroqNode, fully connected by 7 cable pairs each (HC34 notes; sources.md 5, Q2)"}\n'
                      '    bandwidth_GBps: {value: 56, source: "4 global (inter-node) ports per card (HC34 notes, Dragonfly) x ~14 GB/s per C2C link per direction (Linley Newsletter 2020-11-10: 4 lanes x 28 Gb/s cabled)", estimate: true}\n'
                      '    latency_ns: {value: 1000, source: "one C2C hop, as inside the node; the ISCA 22 paper bounds the whole Dragonfly at < 3 us end to end", estimate: true}\n'
                      '    per_message_overhead_ns: {value: 0, source: "statically scheduled transfers (Q3)", estimate: true}\n')),
@@ -115,16 +115,16 @@ def render(system: System, base_text: str | None = None) -> str:
     return system.header + body
 
 
-H100_HBM = {  # the H100 SXM5's own memory system (hardware_facts.md 1, N3/N9/N5; anchors.md D3)
-    "stacks": {"value": 5, "source": "5 of 6 HBM3 stacks active, 10 x 512-bit MCs of 12 (hardware_facts.md 1, N3/N9)"},
+H100_HBM = {  # the H100 SXM5's own memory system (sources.md 1, N3/N9/N5; anchors.md D3)
+    "stacks": {"value": 5, "source": "5 of 6 HBM3 stacks active, 10 x 512-bit MCs of 12 (sources.md 1, N3/N9)"},
     "channel_bandwidth_GBps": {"value": 20.94, "estimate": True,
                                "source": "3350 GB/s (H100 SXM datasheet, N3/N5) / 160 pseudo-channels"},
-    "capacity_GB": {"value": 80, "source": "H100 SXM5 80 GB HBM3 (hardware_facts.md 1, N3/N9)"},
+    "capacity_GB": {"value": 80, "source": "H100 SXM5 80 GB HBM3 (sources.md 1, N3/N9)"},
     "stream_efficiency": {"value": 0.914, "estimate": True,
                           "source": "FlashMLA 3000 of 3350 GB/s on H800, the H100 SXM memory system (anchors.md D3) "
                                     "= 0.8955, / (1 - refresh 0.02)"},
 }
-H100_L2 = {"capacity_MB": {"value": 50, "source": "H100 L2 50 MB (hardware_facts.md 1, N9)"}}
+H100_L2 = {"capacity_MB": {"value": 50, "source": "H100 L2 50 MB (sources.md 1, N9)"}}
 
 
 def render_h100() -> str:
