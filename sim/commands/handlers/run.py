@@ -6,6 +6,7 @@ from __future__ import annotations
 from sim.commands.common import emit_json, fmt_bytes, to_json, write_atomic, write_frame
 from sim.energy import render_lines
 from sim.errors import COMMAND_LINE, ConfigError
+from sim.experiments.estimates import deciding_estimates, render_line
 from sim.explore.compute import run_view
 from sim.options.spec import spec_from_args
 from sim.report.timeline import trace_of
@@ -35,6 +36,13 @@ def handle(args) -> int:
     keep = args.out is not None or args.trace_out is not None
     html = getattr(args, "html", None)
     result = simulate(spec, keep_ops=keep or html is not None, keep_log=keep)
+    summary = result.summary
+    wanted = getattr(args, "estimates", None)
+    if wanted is not None and wanted < 1:
+        raise ConfigError(COMMAND_LINE, "--estimates", "expected a whole number >= 1 of estimates to name", wanted)
+    if wanted is not None and result.steps:
+        deciding = deciding_estimates(spec, wanted)
+        summary = {**summary, "deciding_estimates": deciding["rows"], "estimates_tried": deciding["tried"]}
     if args.out is not None and result.steps:
         steps, ops, log = result.tables()
         write_frame(steps, args.out / "steps")
@@ -46,9 +54,9 @@ def handle(args) -> int:
     if html is not None:
         write_atomic(html, run_view(spec, result))
     if args.json:
-        emit_json("run", result.summary)
+        emit_json("run", summary)
     else:
-        print(render(result.summary))
+        print(render(summary))
     return 0
 
 
@@ -105,6 +113,8 @@ def render(s: dict) -> str:
         lines.append(f"  SRAM hit rate: {100 * e['sram_hit_rate']:.1f}% of expert weight reads")
     if s.get("energy"):
         lines.extend(render_lines(s["energy"]))
+    if "deciding_estimates" in s:
+        lines.append(render_line({"rows": s["deciding_estimates"], "tried": s["estimates_tried"]}))
     lines.append(f"  bound: {s['bound']}")
     word = "MEETS" if s["meets_target"] else "MISSES"
     lines.append(f"  verdict: {word} the {s['target_ms']:g} ms target (p99 {s['per_token_ms_p99']:.3f} ms, "
