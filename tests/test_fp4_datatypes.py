@@ -158,3 +158,13 @@ def test_gpt_oss_120b_in_mxfp4_on_b200():
     per_layer_token = 2 * 8 * 64 * 2  # K and V, 8 KV heads x 64, fp16
     assert s["kv_bytes_per_token"] == pytest.approx(18 * (8192 + 128) * per_layer_token, rel=1e-3)
     assert "datatype_note" not in s  # B200's FP4 tensor cores take MXFP4
+
+
+def test_gb200_nvl72_runs_fp4_at_10_pflops_per_gpu():
+    from sim.setup import load_profile
+
+    gb, b = load_profile("gb200-nvl72"), load_profile("b200")
+    assert gb.chips == 72 and gb.compute.matrix_peak_TFLOPs("nvfp4") == pytest.approx(10000, rel=0.002)
+    assert gb.compute.matrix_peak_TFLOPs("bf16") == pytest.approx(2500, rel=0.002)
+    assert b.compute.matrix_peak_TFLOPs("nvfp4") == pytest.approx(9000, rel=0.01)  # HGX B200 at 1000 W
+    assert gb.energy.power_limit_W.value == 1200 and gb.store.capacity_GB.value == 186

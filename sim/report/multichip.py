@@ -5,6 +5,9 @@ the same GH100 die, clocks, SMs, host stack and per-kernel overheads (measured o
 calibration/), with the H100's own memory system (5 HBM3 stacks at 3.35 TB/s, 80 GB, 50 MB
 L2 from the datasheet and the H800 FlashMLA stream efficiency).
 
+``gb200-nvl72`` is 72 ``b200`` dies at the GB200's 1200 W rates and 186 GB per GPU, in one
+NVLink domain.
+
 ``h200-sxm-x8`` is eight ``h200-sxm`` GPUs on one HGX board (NVLink4 through NVSwitch);
 ``groq-lpu-576`` is 576 ``groq-lpu`` chips (72 GroqNodes of 8). Each is the base file's text
 with its name, description and ``system.chips`` replaced and a header in front; the links
@@ -141,6 +144,51 @@ def render_h100() -> str:
     return header + yaml.safe_dump(raw, sort_keys=False, default_flow_style=None, width=200)
 
 
+GB200_TDP_W = 1200  # GB200 (NVL72), per GPU (sources.md 1, N4)
+GB200_TFLOPS = {"bf16": 2500, "fp16": 2500, "fp8": 5000, "int8": 5000, "fp4": 10000}  # dense, N4 (int8 as fp8)
+H200_STATIC, H200_IDLE = 0.195, 0.18  # the H200's measured static/TDP and idle/TDP (calibration/energy/)
+
+
+def render_gb200_nvl72() -> str:
+    """gb200-nvl72: 72 b200 dies as the GB200 NVL72 rack runs them (1200 W each, GB200 clocks,
+    186 GB of HBM3e per GPU), in one NVLink domain; the energy figures follow the same
+    TDP rule as b200's (calibration/energy/SOURCES.md)."""
+    raw = yaml.safe_load((hardware_dir() / "b200.yaml").read_text())
+    raw["name"] = "gb200-nvl72"
+    raw["description"] = ("NVIDIA GB200 NVL72: 72 Blackwell GPUs (1200 W each) in one NVLink5 domain; per GPU "
+                          "186 GB HBM3e at 8 TB/s, 2.5 / 5 / 10 dense PFLOP/s bf16 / fp8 / fp4")
+    hbm = raw["memory"][0]
+    hbm["capacity_GB"] = {"value": 186, "source": "13.4 TB of HBM3e per NVL72 rack / 72 GPUs (NVIDIA's GB200 NVL72 "
+                          "figures as quoted by N18)", "estimate": True}
+    hbm["channel_bandwidth_GBps"]["source"] = "taken as the B200's: " + hbm["channel_bandwidth_GBps"]["source"]
+    clock = GB200_TFLOPS["bf16"] * 1e3 / (raw["compute"]["tiles"]["value"] * 8192)
+    raw["compute"]["clock_GHz"] = {"value": round(clock, 3), "source": "~2.06 GHz implied: GB200 2500 TFLOP/s dense "
+                                   "bf16 (sources.md 1, N4: GB200 at 1200 W) / (148 SM x 8192 FLOP/clk); fp8 5000 and "
+                                   "fp4 10000 TFLOP/s give the same clock", "estimate": True}
+    raw["system"]["chips"] = {"value": 72, "source": "72 Blackwell GPUs and 36 Grace CPUs in one NVLink domain of "
+                              "130 TB/s (= 72 x 1.8 TB/s bidir, N4) (N18)"}
+    energy = raw["energy"]
+    tdp = f"GB200 TDP {GB200_TDP_W} W (sources.md 1, N4)"
+    static = round(H200_STATIC * GB200_TDP_W, 1)
+    for dtype, entry in energy["matrix_pJ_per_flop"].items():
+        peak = GB200_TFLOPS[dtype]
+        entry.update(value=round((GB200_TDP_W - static) / peak, 4 if dtype == "fp4" else 3),
+                     source=f"(TDP - static_W) / dense {dtype} peak: {GB200_TDP_W} W ({tdp}) less {static} W over "
+                            f"{peak} TFLOP/s (N4); the H200's measured bf16 figure is 1.6x this rule's")
+    energy["static_W"] = {"value": static, "source": f"19.5% of {GB200_TDP_W} W ({tdp}): the H200's measured "
+                          "static/TDP ratio (136.7 of 700 W, calibration/energy/)", "estimate": True}
+    energy["idle_W"] = {"value": round(H200_IDLE * GB200_TDP_W, 1), "source": f"18% of {GB200_TDP_W} W: the H200's "
+                        "measured idle/TDP ratio (125.7 of 700 W, calibration/energy/)", "estimate": True}
+    energy["power_limit_W"] = {"value": GB200_TDP_W, "source": tdp}
+    header = ("# NVIDIA GB200 NVL72, generated from b200.yaml by `python -m sim.report.multichip` (do not edit by\n"
+              "# hand): the same Blackwell die (148 SMs, L2, host and per-kernel figures), at the GB200's 1200 W\n"
+              "# rates (2.5 / 5 / 10 dense PFLOP/s bf16 / fp8 / fp4, N4) and 186 GB of HBM3e per GPU, 72 GPUs in\n"
+              "# one NVLink5 domain (NVLink Switch trays: every GPU reaches every other at 900 GB/s per\n"
+              "# direction). Not modelled: the Grace host's NVLink-C2C link (the PCIe figure is kept) and the\n"
+              "# HBM bandwidth, taken as the B200's 8 TB/s. Sources: docs/sources.md.\n")
+    return header + yaml.safe_dump(raw, sort_keys=False, default_flow_style=None, width=200)
+
+
 def _write(path: Path, text: str) -> None:
     validate(HardwareProfile, yaml.safe_load(text), path)
     write_atomic(path, text)
@@ -154,6 +202,9 @@ def write_all(folder: Path | None = None) -> list[Path]:
     h100 = folder / "h100-sxm.yaml"
     _write(h100, render_h100())
     out.append(h100)
+    gb200 = folder / "gb200-nvl72.yaml"
+    _write(gb200, render_gb200_nvl72())
+    out.append(gb200)
     for system in SYSTEMS:
         path = folder / f"{system.name}.yaml"
         _write(path, render(system))
