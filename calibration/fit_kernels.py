@@ -49,7 +49,7 @@ HOST_OPS = HERE / "data/h200/host_ops/host_ops.csv"
 OUT = HERE / "kernel_fit.json"
 PROFILE = ROOT / "hardware_profiles/h200-sxm.yaml"
 STACKS = ROOT / "workloads/software"
-PEAK_BF16_TFLOPS = 989.4  # NVIDIA H200 datasheet, dense bf16 (hardware_facts.md N10)
+PEAK_BF16_TFLOPS = 989.4  # NVIDIA H200 datasheet, dense bf16 (sources.md N10)
 
 # kernel classes: which single-kernel microbenchmarks measure each (kernels.csv impl names; the
 # elementwise section of kernels.csv, and the castred section of the issue-21 run)

@@ -615,7 +615,7 @@ def _identity(setup: RunSetup, cap: dict) -> dict:
         "tp": setup.tp, "pp": setup.pp, "chips": setup.hardware.chips, "software": spec.software if "software" in spec.model_fields_set else setup.software,
         "target_ms": spec.target_ms, "capacity": cap, "kernel_costs": kernel_costs_origin(setup.hardware),
         "placement": {what: dict(_dumped(setup.hardware.place(what))) for what in ("weights", "experts", "kv")},
-        **_software_note(setup), **_moe_note(setup), **_deployment(setup),
+        **_software_note(setup), **_moe_note(setup), **_deployment(setup), **_datatype_note(setup),
     }
 
 
@@ -625,6 +625,13 @@ def _deployment(setup: RunSetup) -> dict:
     if setup.attention_dp == 1:
         return {}
     return {"attention_dp": setup.attention_dp, "deployment_batch": max(setup.deployment_batches)}
+
+
+def _datatype_note(setup: RunSetup) -> dict:
+    """A note when the chip runs the weight format otherwise than as written: converted to a
+    wider type its matrix unit executes, or run as stored where a compiler quantizes activations."""
+    note = setup.weights.conversion
+    return {"datatype_note": note} if note else {}
 
 
 @lru_cache(maxsize=64)

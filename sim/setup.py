@@ -260,6 +260,8 @@ def _resolve_machine(spec: RunSpec, hw_version: tuple[str, int], model_version: 
             raise ConfigError(hw_path, "software", f"the stack this machine runs: {err.expected}",
                               hardware.software) from None
     weights, kv = _format("weights", spec.weights), _format("kv", spec.kv)
+    weights = weights.on_chip(frozenset(hardware.compute.matrix_flops_per_cycle), hardware.name,
+                              stack.native_weight_codes)
     tp, pp = parallelism(spec, hardware, model, hw_path)
     # the fullest chip's heads (tp need not divide them on a spatial machine); KV heads replicate when tp > kv_heads
     heads, kv_heads = max(1, math.ceil(model.heads / tp)), max(1, math.ceil(model.kv_heads / tp))

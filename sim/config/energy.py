@@ -74,7 +74,10 @@ class Energy(Strict):
 
     def matrix_pJ(self, dtype: str) -> float:
         """pJ per matrix FLOP of ``dtype``; a dtype not listed takes the widest listed one."""
-        return by_dtype(self.matrix_pJ_per_flop, dtype)
+        table = self.matrix_pJ_per_flop
+        if dtype in ("nvfp4", "mxfp4") and dtype not in table and "fp4" in table:
+            dtype = "fp4"  # an FP4 block format runs on the fp4 matrix unit
+        return by_dtype(table, dtype)
 
     def tier_pJ(self, name: str, kind: str) -> float | None:
         """pJ per bit at a memory level: by its name, else by its kind; None if neither is listed."""

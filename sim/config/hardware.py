@@ -237,8 +237,12 @@ class Compute(Strict):
         return self.tiles.value * self.matrix_rate(dtype) * self.clock_GHz.value / GFLOP_PER_TFLOP
 
     def matrix_rate(self, dtype: str) -> float:
-        """FLOPs per cycle per tile for ``dtype``; falls back to the widest listed type."""
-        return by_dtype(self.matrix_flops_per_cycle, dtype)
+        """FLOPs per cycle per tile for ``dtype``; falls back to the widest listed type (an FP4
+        block format to ``fp4`` where the chip lists that)."""
+        table = self.matrix_flops_per_cycle
+        if dtype in FP4_BLOCK and dtype not in table and "fp4" in table:
+            dtype = "fp4"
+        return by_dtype(table, dtype)
 
     def vector_rate(self, dtype: str = "fp32") -> float:
         table = self.vector_flops_per_cycle
@@ -247,7 +251,11 @@ class Compute(Strict):
         return min(q.value for q in table.values())
 
 
-DTYPES = {"fp32", "tf32", "bf16", "fp16", "fp8", "int8", "int4", "fp4"}
+# the matrix unit's datatypes: each one listed is executed natively at its rate; a weight format
+# whose dtype is not listed is converted on the vector units (sim.formats.base.matrix_plan).
+# nvfp4 / mxfp4: E2M1 with E4M3 scales per 16 / E8M0 scales per 32; fp4 covers both.
+DTYPES = {"fp32", "tf32", "bf16", "fp16", "fp8", "int8", "int4", "fp4", "nvfp4", "mxfp4"}
+FP4_BLOCK = ("nvfp4", "mxfp4")
 
 
 class NoC(Strict):

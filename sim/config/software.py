@@ -265,6 +265,9 @@ class SoftwareStack(Strict):
     # the quantization recipe's ignore list: matmuls whose weights stay bf16 under a quantized
     # weight format (FP8, GPTQ and AWQ checkpoints keep lm_head in 16 bits by default)
     unquantized: tuple[Literal["lm_head", "router", "qkv", "o_proj", "gate_up", "down", "shared_expert"], ...] = ()
+    # a compiler that quantizes activations at their producer runs weights whose stored codes the
+    # chip's matrix unit executes (int8, fp8, fp4) in that dtype instead of dequantizing them
+    native_weight_codes: bool = False
 
     @field_validator("dispatch_ns")
     @classmethod

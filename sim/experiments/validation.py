@@ -213,7 +213,7 @@ ANCHORS: tuple[Anchor, ...] = (
         run=dict(hardware="a100-sxm-80g", model="llama-2-7b", weights="bf16", kv="bf16", batch=1, context=256),
         mapping="1 GPU; torch.compile + CUDA graph (fused, graph mode); context 256 (short prompt + 200 new tokens)",
         caveat="the published GPU was power-limited to 330 W (authors: ~1700 GB/s empirical ceiling); "
-               "the profile's stream efficiency comes from an A100-40GB memcopy (87%, hardware_facts.md N15)",
+               "the profile's stream efficiency comes from an A100-40GB memcopy (87%, sources.md N15)",
         probes=(("HBM stream efficiency at the authors' 1700 GB/s ceiling (0.85)", {},
                  (("hardware.hbm.stream_efficiency", 0.85),)),)),
     Anchor(
@@ -253,11 +253,11 @@ ANCHORS: tuple[Anchor, ...] = (
         system="Groq LPU system, 576 chips, Llama-2-70B, 4K context",
         published="300 t/s/u", published_ms=1000 / 300,
         source="anchors.md C1 (S: TechPowerUp Feb 2024; 576 chips S: HN comment citing Groq)",
-        run=dict(hardware="groq-lpu-576", model="llama-2-70b", weights="fp8", kv="fp16", batch=1, context=2048,
+        run=dict(hardware="groq-lpu-576", model="llama-2-70b", weights="int8", kv="fp16", batch=1, context=2048,
                  tp=64, pp=9),
-        mapping="groq-lpu-576: tensor parallel 64 x pipeline 9 (9 layers per stage); 8-bit weights fed to the "
-                "matrix unit without dequantization (the repo's fp8 format stands in for Groq's int8 path: same "
-                "bytes); context 2048 (mid-way through a 4K window)",
+        mapping="groq-lpu-576: tensor parallel 64 x pipeline 9 (9 layers per stage); int8 weights on the int8 "
+                "matrix unit as stored, without dequantization (the static-schedule stack runs weights in a dtype "
+                "the MXM executes); context 2048 (mid-way through a 4K window)",
         caveat="Groq's mapping of the model onto 576 chips is not published; tp 8 x pp 72 (8 chips per node) "
                "does not fit, because the lowering gives each of 72 stages ceil(80/72) = 2 layers (247 MB per "
                "chip of 230 MB); the C2C hop latency (1 us) is borrowed from TPU ICI (G4)",

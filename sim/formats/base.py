@@ -19,7 +19,8 @@ Byte accounting (all exact integers; bits are packed, each component rounded up 
   (COO: + row index); CSR adds one row pointer per token. Outlier channels: ``n`` dense
   columns per token in ``value_dtype``;
 * per-layer constants (a per-tensor scale, calibrated per-channel scales, a fitted codebook,
-  the list of outlier channels, the fp32 second-level scale of int8 scales) are shared by all
+  the list of outlier channels, the fp32 second-level scale of int8 scales or of NVFP4's fp8
+  group scales) are shared by all
   sequences of a layer; ``layer_constant_bytes`` reports them and they are not in the
   per-sequence footprint (they are at most a few KiB per layer).
 
@@ -27,8 +28,10 @@ Access pattern: codes, metadata, the window, outlier channels and CSR row pointe
 streams; the sparse outlier slots of one token are one gather of ``granule`` bytes.
 
 Dequantization work, in vector operations per value (an estimate of the instruction mix,
-``DEQUANT_OPS``): unpack sub-byte codes (shift and mask; 3 when codes straddle bytes),
+``DEQUANT_OPS``): unpack sub-byte codes (shift and mask, e2m1 included; 3 when codes straddle bytes),
 convert or look up the level, scale (multiply; asymmetric adds the zero point: an FMA, 2 ops);
+per group, decoding a scale (int8 against its fp32 scale: 2; e8m0 exponent to float: 1) and
+applying a per-tensor second-level scale (1);
 plus ``MERGE_OPS`` per outlier slot (index decode and scatter-add) and, for K kept before
 RoPE, ``ROPE_OPS`` per cached K value (the rotation applied at read time; the full-precision
 window is stored after RoPE).
@@ -43,7 +46,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -63,6 +66,8 @@ DEQUANT_OPS = {
 }
 MERGE_OPS = 4  # per sparse outlier slot: load index, address, load value, add
 META_DECODE_OPS = 2  # per group when scales are int8 (second-level dequantization)
+SCALE_DECODE_OPS = {"int8": META_DECODE_OPS, "e8m0": 1}  # per group: int8 against its fp32 scale; e8m0: exponent to float
+TENSOR_SCALE_OPS = 1  # per group: the group scale times the per-tensor scale (NVFP4's two levels)
 ROPE_OPS = 6  # per K value kept before RoPE (same estimate as the lowering's rope kernel)
 WINDOW_BITS = {"fp16": 16, "bf16": 16}
 KMEANS_TABLE_BITS = 16  # a fitted codebook is stored as fp16 entries
@@ -119,7 +124,8 @@ def ops_per_value(q: Quant) -> int:
     if q.encoding == "float":
         if q.bits >= 16:
             return 0
-        return DEQUANT_OPS["convert"] + (DEQUANT_OPS["scale"] if q.scaled else 0)
+        unpack = DEQUANT_OPS["unpack_aligned_subbyte"] if q.bits < 8 else 0  # e2m1: two codes per byte
+        return unpack + DEQUANT_OPS["convert"] + (DEQUANT_OPS["scale"] if q.scaled else 0)
     if q.bits in (8, 16):
         unpack = 0
     elif q.bits in (1, 2, 4):
@@ -136,6 +142,25 @@ def outlier_slots(q: Quant, width: int) -> int:
     if o is None or o.fraction <= 0:
         return 0
     return math.ceil(o.fraction * width)
+
+
+BLOCK_SCALED = {("fp8", 16): "nvfp4", ("e8m0", 32): "mxfp4"}  # e2m1 block scales -> the matrix dtype
+
+
+def code_dtype(q: Quant) -> str | None:
+    """The matrix-unit dtype that takes ``q``'s stored codes as they are (see Format.code_dtype)."""
+    if q.encoding == "float":
+        if q.bits == 16:
+            return q.float_format
+        if q.float_format == "e4m3":
+            return "fp8"
+        if q.float_format == "e2m1" and q.per == "row":
+            return BLOCK_SCALED.get((q.scale_dtype, q.group_size))
+        return None
+    whole_rows = q.per == "tensor" or (q.per == "row" and q.group_size is None)
+    if q.encoding == "int" and q.bits == 8 and q.symmetric and whole_rows and q.outliers is None:
+        return "int8"
+    return None
 
 
 _TENSORS = {"k": "k", "v": "v", "weight": "weight"}  # a tensor's name -> the Format field of its Quant
@@ -159,6 +184,7 @@ class Format:
     file: str = "<inline>"
     patched: dict = field(default_factory=dict)  # tensor -> keys its patch set (for error paths)
     spec: FormatSpec | None = None
+    conversion: str = ""  # set by on_chip: how a chip without this matrix dtype runs the weights
     _kv_memo: dict = field(default_factory=dict, repr=False, compare=False)  # kv_read results (derived data)
     _bytes_memo: dict = field(default_factory=dict, repr=False, compare=False)  # tensor_bytes results (derived data)
     _constants_memo: dict = field(default_factory=dict, repr=False, compare=False)  # constant_bytes (derived data)
@@ -233,8 +259,8 @@ class Format:
         ops = rows * width * ops_per_value(q)
         if n and q.outliers.placement == "sparse":
             ops += rows * n * MERGE_OPS
-        if q.scale_dtype == "int8":
-            ops += groups * META_DECODE_OPS
+        ops += groups * (SCALE_DECODE_OPS.get(q.scale_dtype, 0)
+                         + (TENSOR_SCALE_OPS if q.tensor_scale_dtype != "none" else 0))
         if tensor == "k" and self.k_rope == "pre":
             ops += rows * width * ROPE_OPS
         return TensorBytes(values, metadata, window, stream, gather, granule, ops)
@@ -264,6 +290,8 @@ class Format:
             bits += (1 if q.per == "tensor" else width) * q.meta_bits_per_group
         if q.scale_dtype == "int8":
             bits += META_BITS["fp32"]  # the second-level scale of the int8 scales
+        if q.tensor_scale_dtype != "none":
+            bits += META_BITS[q.tensor_scale_dtype]  # NVFP4's per-tensor scale above the fp8 group scales
         if q.encoding == "codebook" and q.levels == "kmeans":
             bits += 2 ** q.bits * KMEANS_TABLE_BITS
         if q.outliers is not None and q.outliers.placement == "channels":
@@ -301,10 +329,28 @@ class Format:
 
     @property
     def native_matmul(self) -> bool:
-        q = self.weight
-        if q.encoding == "float":
-            return q.bits == 16 or (q.float_format == "e4m3" and self.matmul_dtype == "fp8")
-        return q.encoding == "int" and q.bits == 8 and q.symmetric and self.matmul_dtype == "int8"
+        """The matrix unit takes the stored weight codes as they are: 16-bit weights, or codes
+        whose ``code_dtype`` is the format's ``matmul_dtype``."""
+        return self.weight.bits == 16 and self.weight.encoding == "float" or (
+            self.code_dtype is not None and self.code_dtype == self.matmul_dtype)
+
+    @property
+    def code_dtype(self) -> str | None:
+        """The matrix-unit dtype that consumes the stored weight codes without per-value
+        dequantization (the scales applied to the output, or by a block-scaled unit itself):
+        ``fp8`` (e4m3), ``int8`` (symmetric, one scale per row or tensor), ``nvfp4`` (e2m1 with
+        fp8 scales per 16), ``mxfp4`` (e2m1 with e8m0 scales per 32), ``fp16``/``bf16``; None
+        when every matrix unit needs them dequantized (int4, codebooks, asymmetric, grouped int8)."""
+        return code_dtype(self.weight)
+
+    def on_chip(self, native: frozenset, chip: str, native_codes: bool = False) -> "Format":
+        """These weights as a chip whose matrix unit executes the dtypes ``native`` runs them
+        (see ``matrix_plan``): the same format when it runs as written, else a copy whose
+        ``matmul_dtype`` is the dtype the chip multiplies in and whose ``conversion`` says why."""
+        dtype, note = matrix_plan(self, native, chip, native_codes)
+        if dtype == self.matmul_dtype and not note:
+            return self
+        return replace(self, matmul_dtype=dtype, conversion=note, _kv_memo={}, _bytes_memo={}, _constants_memo={})
 
     def kv_footprint(self, tokens: int, k_width: int, v_width: int) -> int:
         return self.k_bytes(tokens, k_width) + self.v_bytes(tokens, v_width)
@@ -349,6 +395,41 @@ class Format:
             else:
                 bits += n * (o.value_bits + 2 * o.index_bits)
         return math.ceil(bits / 8)
+
+
+WIDE_FLOATS = ("bf16", "fp16", "fp32")  # what a chip converts narrow weights to, in order of preference
+FP4_ANY = "fp4"  # a chip listing fp4 executes E2M1 with either block scale (nvfp4 and mxfp4)
+
+
+def executes(native: frozenset, dtype: str) -> bool:
+    """Whether a matrix unit listing ``native`` executes ``dtype`` (``fp4`` covers both FP4 block scales)."""
+    return dtype in native or (dtype in BLOCK_SCALED.values() and FP4_ANY in native)
+
+
+def matrix_plan(fmt: Format, native: frozenset, chip: str, native_codes: bool = False) -> tuple[str, str]:
+    """(the dtype the matrix unit multiplies in, a note when that is not what the format asks).
+
+    * 16-bit weights, and codes the chip executes in the dtype the format asks (fp8 on an fp8
+      unit, NVFP4 on an FP4 unit), run as written;
+    * ``native_codes`` (a compiler that quantizes activations at their producer): weights whose
+      codes the matrix unit executes run in that dtype, not dequantized (int8 on Groq's MXM);
+    * a format that asks for a dtype the chip executes dequantizes to it on the vector units
+      (weight-only int8 or int4 to bf16: the format's own recipe, no note);
+    * a format that asks for a dtype the chip does not execute (fp8 on a chip without an fp8
+      matrix unit, FP4 on Hopper) is converted on the vector units, at its dequantization cost,
+      to the chip's widest float type and multiplied at that type's rate."""
+    want, code = fmt.matmul_dtype, fmt.code_dtype
+    if fmt.native_matmul and (fmt.weight.bits == 16 or executes(native, want)):
+        return want, ""
+    if native_codes and code is not None and executes(native, code):
+        return code, (f"{fmt.name} weights run on {chip}'s {code} matrix unit as stored "
+                      f"(activations quantized to {code}), not dequantized")
+    if executes(native, want):
+        return want, ""
+    wide = next((d for d in WIDE_FLOATS if d in native), want)
+    return wide, (f"{chip}'s matrix unit has no {want}: {fmt.name} weights are converted to {wide} on the "
+                  f"vector units ({ops_per_value(fmt.weight)} ops per weight, plus per-group scale work) "
+                  f"and multiplied at the {wide} rate")
 
 
 def check_widths(kv: Format, weights: Format, k_width: int, v_width: int, weight_cols: tuple[int, ...]) -> None:

@@ -15,6 +15,10 @@ Choices the byte accounting does not fix, made here and documented:
 * codebook: symmetric maps [-absmax, absmax] onto the table, asymmetric maps [min, max];
   ``kmeans`` fits the table to the tensor (unweighted Lloyd iterations from the NF table);
 * int8 scales are quantized linearly against one fp32 second-level scale (double quant);
+* NVFP4: the fp32 tensor scale is (largest group scale) / 448, so the fp8 group scales use
+  E4M3's whole range (NVIDIA's two-level recipe); group scale = group absmax / 6;
+* MXFP4: the E8M0 scale is 2^(floor(log2 absmax) - 2) (2 = E2M1's largest exponent), values
+  above 6 after scaling saturate (OCP MX v1.0, section 6.3);
 * outliers are chosen by their distance from the centre of their quantization group in
   units of its spread (median and standard deviation along the group's axis), so for a
   per-channel K they are the values that stretch a channel's range; at most
@@ -35,7 +39,8 @@ from sim.formats.spec import Quant
 # -- minifloats ------------------------------------------------------------------------------
 
 # (mantissa bits, minimum normal exponent, largest finite value)
-MINIFLOATS = {"e4m3": (3, -6, 448.0), "e5m2": (2, -14, 57344.0), "fp16": (10, -14, 65504.0)}
+MINIFLOATS = {"e4m3": (3, -6, 448.0), "e5m2": (2, -14, 57344.0), "fp16": (10, -14, 65504.0),
+              "e2m1": (1, 0, 6.0)}  # e2m1: 0, 0.5, 1, 1.5, 2, 3, 4, 6 (OCP MX v1.0, section 5.3.3)
 
 
 def round_minifloat(x: np.ndarray, fmt: str) -> np.ndarray:
@@ -61,7 +66,12 @@ def round_bf16(x: np.ndarray) -> np.ndarray:
 
 
 def round_dtype(x: np.ndarray, dtype: str) -> np.ndarray:
-    """Round metadata or outlier values to a stored dtype (fp8 means e4m3)."""
+    """Round metadata or outlier values to a stored dtype (fp8 means e4m3; e8m0 is a power of
+    two, rounded down as the MX scale rule does)."""
+    if dtype == "e8m0":
+        x = np.asarray(x, dtype=np.float64)
+        with np.errstate(divide="ignore"):
+            return np.exp2(np.clip(np.floor(np.log2(np.where(x > 0, x, 1.0))), -127, 127))
     return round_minifloat(x, {"fp8": "e4m3"}.get(dtype, dtype))
 
 
@@ -129,6 +139,11 @@ def _scale(q: Quant, s: np.ndarray) -> np.ndarray:
         top = float(np.nanmax(s)) if np.isfinite(s).any() else 1.0
         step = top / 255 if top > 0 else 1.0
         s = np.maximum(np.ceil(s / step - 1e-9), 1) * step
+    elif q.tensor_scale_dtype != "none":  # NVFP4: fp8 group scales relative to one fp32 tensor scale
+        top = float(np.nanmax(s)) if np.isfinite(s).any() else 1.0
+        meta_top = MINIFLOATS["e4m3"][2] if q.scale_dtype == "fp8" else 65504.0
+        tensor = top / meta_top if top > 0 else 1.0
+        s = np.maximum(round_dtype(s / tensor, q.scale_dtype), 2.0 ** -9) * tensor
     elif q.scale_dtype != "none":
         tiny = {"fp16": 2.0 ** -24, "bf16": 2.0 ** -133, "fp8": 2.0 ** -9, "fp32": 1e-38}[q.scale_dtype]
         s = np.maximum(round_dtype(s, q.scale_dtype), tiny)
@@ -143,7 +158,10 @@ def _quantize_groups(q: Quant, g: np.ndarray, table: np.ndarray | None) -> np.nd
                 return round_minifloat(g, q.float_format)
             top = MINIFLOATS.get(q.float_format, (0, 0, 3.0e38))[2]
             amax = np.nanmax(np.abs(g), axis=1, keepdims=True)
-            s = _scale(q, np.where(amax > 0, amax / top, 1.0))
+            if q.scale_dtype == "e8m0":  # MX: 2^(floor(log2 amax) - emax of the element type), values saturate
+                s = np.exp2(np.floor(np.log2(np.where(amax > 0, amax, 1.0))) - np.floor(np.log2(top)))
+            else:
+                s = _scale(q, np.where(amax > 0, amax / top, 1.0))
             return round_minifloat(g / s, q.float_format) * s
         if q.symmetric:
             amax = np.nanmax(np.abs(g), axis=1, keepdims=True)

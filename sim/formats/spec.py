@@ -20,7 +20,15 @@ Levels. ``encoding: int`` is uniform levels (``symmetric``: -(2^(b-1)-1)..2^(b-1
 scale; asymmetric: 0..2^b-1 times a scale plus a zero point); ``encoding: codebook`` maps
 b-bit codes to a table in [-1, 1] (``levels: nf`` normal-float quantiles as in QLoRA's NF4,
 ``levels: kmeans`` a per-layer table fitted to the data as in KVQuant's nuq, or an explicit
-list); ``encoding: float`` is a minifloat (fp16, bf16, e4m3, e5m2), optionally scaled.
+list); ``encoding: float`` is a minifloat (fp16, bf16, e4m3, e5m2, e2m1), optionally scaled.
+
+Block-scaled FP4 (``float_format: e2m1``: values 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives).
+NVFP4 is E2M1 with an FP8 E4M3 scale per 16 values (``scale_dtype: fp8``, ``group_size: 16``)
+and one FP32 scale per tensor above them (``tensor_scale_dtype: fp32``; NVIDIA, "Introducing
+NVFP4 for Efficient and Accurate Low-Precision Inference", 2025); MXFP4 is E2M1 with a power-of-two
+E8M0 scale per 32 values (``scale_dtype: e8m0``, ``group_size: 32``; OCP Microscaling Formats (MX)
+Specification v1.0, 2023). Exact bits per value, the per-tensor scale left aside (it is a
+per-layer constant): NVFP4 4 + 8/16 = 4.5, MXFP4 4 + 8/32 = 4.25.
 
 Outliers (dense-and-sparse). ``outliers.placement: sparse`` keeps, per row, the
 ``ceil(fraction x columns)`` values farthest from their group's centre in ``value_dtype``
@@ -40,11 +48,11 @@ from pydantic import Field, model_validator
 from sim.config.quantity import Strict
 from sim.kernel_classes import KVQuant  # re-exported: kv_quant() returns it
 
-META_BITS = {"fp32": 32, "fp16": 16, "bf16": 16, "fp8": 8, "int8": 8, "none": 0}
-FLOAT_BITS = {"fp16": 16, "bf16": 16, "e4m3": 8, "e5m2": 8}
+META_BITS = {"fp32": 32, "fp16": 16, "bf16": 16, "fp8": 8, "int8": 8, "e8m0": 8, "none": 0}
+FLOAT_BITS = {"fp16": 16, "bf16": 16, "e4m3": 8, "e5m2": 8, "e2m1": 4}
 VALUE_BITS = {"fp16": 16, "bf16": 16, "fp32": 32}
 
-MetaDtype = Literal["fp32", "fp16", "bf16", "fp8", "int8", "none"]
+MetaDtype = Literal["fp32", "fp16", "bf16", "fp8", "int8", "e8m0", "none"]  # e8m0: a power of two (MX scales)
 
 
 class Outliers(Strict):
@@ -79,13 +87,14 @@ class Quant(Strict):
 
     bits: int = Field(ge=1, le=16)
     encoding: Literal["int", "codebook", "float"] = "int"
-    float_format: Literal["fp16", "bf16", "e4m3", "e5m2"] | None = None
+    float_format: Literal["fp16", "bf16", "e4m3", "e5m2", "e2m1"] | None = None
     levels: Literal["nf", "kmeans"] | list[float] | None = None
     symmetric: bool = True
     per: Literal["row", "column", "tensor"] = "row"
     group_size: int | None = Field(default=None, gt=0)
     scale_dtype: MetaDtype = "none"
     zero_dtype: MetaDtype = "none"
+    tensor_scale_dtype: Literal["fp32", "none"] = "none"  # a second-level scale per tensor above the group scales
     outliers: Outliers | None = None
 
     @model_validator(mode="after")
@@ -102,7 +111,7 @@ class Quant(Strict):
                 raise ValueError("float_format is only used with encoding: float")
             return
         if self.float_format is None:
-            raise ValueError("encoding: float needs a float_format (fp16, bf16, e4m3, e5m2)")
+            raise ValueError("encoding: float needs a float_format (fp16, bf16, e4m3, e5m2, e2m1)")
         if FLOAT_BITS[self.float_format] != self.bits:
             raise ValueError(f"float_format {self.float_format} has {FLOAT_BITS[self.float_format]} bits, "
                              f"not bits: {self.bits}")
@@ -138,6 +147,11 @@ class Quant(Strict):
             raise ValueError("per: tensor has one scale per tensor; group_size must be null")
         if self.scale_dtype == "none" and self.per != "tensor" and self.group_size is not None:
             raise ValueError("group_size needs a scale_dtype")
+        if self.zero_dtype == "e8m0":
+            raise ValueError("e8m0 (a power of two) is a scale dtype; a zero point cannot be e8m0")
+        if self.tensor_scale_dtype != "none" and (self.scale_dtype == "none" or self.per == "tensor"):
+            raise ValueError("tensor_scale_dtype is a second level above group scales: it needs a scale_dtype "
+                             "and per: row or column")
 
     @property
     def meta_bits_per_group(self) -> int:
@@ -154,7 +168,7 @@ class FormatSpec(Quant):
     name: str
     description: str
     role: Literal["kv", "weights", "both"] = "both"
-    matmul_dtype: Literal["bf16", "fp16", "fp8", "int8"] = "bf16"
+    matmul_dtype: Literal["bf16", "fp16", "fp8", "int8", "nvfp4", "mxfp4"] = "bf16"
     k: dict | None = None
     v: dict | None = None
     window_tokens: int = Field(default=0, ge=0)

@@ -71,7 +71,7 @@ DISPATCHES = DISPATCH_PATHS  # declared once in sim.config.defaults
 
 # Host work to read back the routing and bucket tokens by expert (sort, bincount, index
 # lists) before launching the experts. estimate: a few microseconds of framework code on
-# the host (the same order as one eager launch, hardware_facts.md 8), not measured here.
+# the host (the same order as one eager launch, sources.md 8), not measured here.
 HOST_DISPATCH_NS = 3000.0
 ROUTING_BYTES_PER_PAIR = 8  # an int32 expert id and an fp32 gate per (token, expert)
 ROUTER_VEC_OPS = 5 + 3  # per (token, expert) score: softmax or sigmoid (5) + top-k compare/select (3)

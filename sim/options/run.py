@@ -105,3 +105,7 @@ def add_run_command_options(p: argparse.ArgumentParser) -> None:
                         "as one self-contained HTML file that opens offline")
     p.add_argument("--trace-steps", default=None, metavar="A:B",
                    help="steps the trace keeps, A <= step < B (either end may be left out; default all)")
+    p.add_argument("--estimates", type=int, nargs="?", const=3, default=None, metavar="N",
+                   help="also name the N (default 3) estimated profile figures that decide the answer: each "
+                        "estimate set to -50%% and +50%%, the analytic step rerun, ranked by the ms it moves "
+                        "(two analytic runs per estimate)")

@@ -122,8 +122,8 @@ def render(results: list[dict], policy_rows: list[dict], command: str, scale: di
               "absorbed 576/512 (FLOPs under-counted; bytes, which bound decode here, are right). The MLA latent "
               "is replicated on every tensor-parallel chip, which is what makes DeepSeek-V3 not fit on groq-lpu "
               "at batch 64 (data-parallel attention would shard it by sequence).",
-              "- gpt-oss-120b's alternating 128-token sliding window is not applied by the dense lowering (its KV "
-              "is over-counted); it is not in this report.",
+              "- gpt-oss-120b (alternating 128-token sliding window, MXFP4 experts: `--weights mxfp4`) is not in "
+              "this report.",
               "- Under expert parallelism the dense lowering's all-reduce after the FFN is kept (an all-gather "
               "would do); the all-to-all uses the profile's link latency and per-message overhead "
               "(no DeepEP-style low-latency kernels); hot experts are not replicated.",

@@ -100,9 +100,11 @@ def render(res: SpatialResults) -> str:
         "these profiles has measured kernels, so kernel costs follow the derived rule it prints.", "",
         "## Published deployment sizes at batch 1, with the current profiles", "",
         "Each machine runs its own stack (workloads/software/static-schedule.yaml: one program launch, one "
-        "scheduled unit per op). The Groq rows in int8 read its numerics as TruePoint describes them ('store "
-        "weights and activations at lower precision while performing all matrix operations at full precision', "
-        "Groq blog 2025-08-01: weights dequantized on the vector units); int8-w8a8 runs the int8 matrix unit. "
+        "scheduled unit per op). The Groq rows in int8 run the int8 matrix unit as stored (the stack's "
+        "native_weight_codes: the compiler quantizes activations where they are made), as int8-w8a8 does; "
+        "TruePoint ('store weights and activations at lower precision while performing all matrix operations at "
+        "full precision', Groq blog 2025-08-01) could instead mean dequantizing on the vector units, which would "
+        "add that work to these rows. "
         "The blind predictions, frozen before any published rate was read, are quoted in the validation "
         "section; the current profiles and stacks differ from theirs as that section says.", "",
         *predictions(res.predictions), "",

@@ -10,6 +10,7 @@ from sim.commands.common import Interrupt, emit_json, fmt_bytes, to_json, write_
 from sim.energy import render_lines
 from sim.errors import COMMAND_LINE, ConfigError
 from sim.experiments.band import band
+from sim.experiments.estimates import deciding_estimates, render_line
 from sim.explore.compute import run_view
 from sim.io import output_set, writer_lock
 from sim.options.spec import spec_from_args
@@ -43,6 +44,7 @@ def handle(args) -> int:
     # one writer per --out folder; Ctrl-C stops after the step under way and keeps the steps done
     with writer_lock(args.out) if args.out is not None else nullcontext(), Interrupt() as interrupt:
         result = simulate(spec, keep_ops=keep or html is not None, keep_log=keep, stop=interrupt)
+        _estimates(args, spec, result)
         if getattr(args, "band", False) and result.summary.get("per_token_ms_p50") is not None:
             result.summary["band"] = band(spec, result.summary["per_token_ms_p50"])
         with output_set():  # every file of the run lands together, or none does
@@ -57,6 +59,16 @@ def handle(args) -> int:
     else:
         print(render(result.summary))
     return interrupt.exit_code
+
+
+def _estimates(args, spec, result) -> None:
+    """With ``--estimates N``: the N estimated profile figures that move the answer most, in the summary."""
+    wanted = getattr(args, "estimates", None)
+    if wanted is not None and wanted < 1:
+        raise ConfigError(COMMAND_LINE, "--estimates", "expected a whole number >= 1 of estimates to name", wanted)
+    if wanted is not None and result.steps:
+        deciding = deciding_estimates(spec, wanted)
+        result.summary.update(deciding_estimates=deciding["rows"], estimates_tried=deciding["tried"])
 
 
 def _write(args, spec, result, trace_steps, html) -> None:
@@ -77,7 +89,7 @@ def _notes(s: dict) -> list[str]:
     """The summary's notes: a stack that is not the machine's own, an analytic engine over
     streams that share a stage, MoE options given to a dense model, kernel costs derived rather
     than measured."""
-    lines = [f"  note: {s[note]}" for note in ("software_note", "engine_note", "moe_note") if s.get(note)]
+    lines = [f"  note: {s[note]}" for note in ("software_note", "engine_note", "moe_note", "datatype_note") if s.get(note)]
     if s.get("band"):
         b = s["band"]
         lines.append(f"  band p10-p90: {b['p10_ms']:.3f} - {b['p90_ms']:.3f} ms per token (sigma {b['sigma_ms']:.3f} ms); "
@@ -189,6 +201,8 @@ def render(s: dict) -> str:
             lines.extend(_ep_lines(e))
     if s.get("energy"):
         lines.extend(render_lines(s["energy"]))
+    if "deciding_estimates" in s:
+        lines.append(render_line({"rows": s["deciding_estimates"], "tried": s["estimates_tried"]}))
     lines.append(f"  bound: {s['bound']}")
     word = "MEETS" if s["meets_target"] else "MISSES"
     lines.append(f"  verdict: {word} the {s['target_ms']:g} ms target (p99 {s['per_token_ms_p99']:.3f} ms, "
