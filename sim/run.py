@@ -239,10 +239,7 @@ def simulate(spec: RunSpec | dict | None = None, *, keep_ops: bool = False, keep
             op_rows.extend(ledger.op_table(graph, state.costs, outcome))
         if keep_log:
             log.extend(outcome.log)
-    if check_floors(setup, step_rows, clamp=not stepper.des):
-        base["engine_note"] = (base.get("engine_note", "") + "; " if base.get("engine_note") else "") + (
-            "a step below its byte or compute floor (streams that overlap on one link, each timed alone) is raised "
-            "to the floor; the excess shows as contention")
+    _floor_note(base, setup, step_rows, stepper.des)
     base.update(_summary(setup, step_rows, events, time.perf_counter() - wall))
     if setup.moe is not None and setup.moe.ep > 1:  # expert load per EP rank and the straggler
         base["moe"].update(ep_load(setup, costs, [r["time_ns"] for r in step_rows]))
@@ -536,6 +533,15 @@ def _count(keys: dict, key: tuple, ops, delta: int, idx: int | None = None) -> N
 
 
 FLOOR_SLACK = 2.0 ** -20  # relative (~1 ppm): rounding to the clock and float sums, never a physical margin
+
+
+def _floor_note(base: dict, setup: RunSetup, rows: list[dict], des: bool) -> None:
+    """Check the steps against their byte and compute floors (``check_floors``) and say so in the
+    engine note when an analytic step was raised to its floor."""
+    if check_floors(setup, rows, clamp=not des):
+        base["engine_note"] = (base.get("engine_note", "") + "; " if base.get("engine_note") else "") + (
+            "a step below its byte or compute floor (streams that overlap on one link, each timed alone) is raised "
+            "to the floor; the excess shows as contention")
 
 
 def check_floors(setup: RunSetup, rows: list[dict], clamp: bool = False) -> bool:

@@ -105,19 +105,24 @@ def moe_weight_bytes_per_chip(setup: RunSetup) -> int:
     return total
 
 
+def rank_counts(setup: RunSetup, counts) -> tuple[int, int, int, int, int]:
+    """(active, resident, fetched, pairs, resident_pairs) of the EP rank a step is timed on: the
+    DES times the hottest rank (the step waits for it), the analytic model the balanced rank (even
+    load: the contention-free bound, so that the difference is the straggler). A live routing's
+    counts (sim.moe.live) give the five of one rank alone."""
+    if not isinstance(counts, MoECounts):
+        return counts
+    balanced = setup.moe.ep > 1 and setup.spec.engine == "analytic"
+    return counts.balanced() if balanced else counts.hottest()
+
+
 def lower_moe(setup: RunSetup, b: Builder, layer: int, batch: int, position: int, counts: tuple | None = None) -> None:
     """The MoE FFN of ``layer`` at step ``position``: shared expert, router, dispatch,
     experts, combine (and the all-to-alls under expert parallelism). ``counts``: the layer's
     expert loads as ``plan.counts`` gives them, when the caller has them from elsewhere (a
     serving replay's live routing); by default the plan's at ``position``."""
     plan = setup.moe
-    counts = plan.counts(position, layer) if counts is None else counts
-    if isinstance(counts, MoECounts):
-        # the DES times the hottest EP rank (the step waits for it); the analytic model the balanced
-        # rank (even load: the contention-free bound, so that the difference is the straggler)
-        balanced = plan.ep > 1 and setup.spec.engine == "analytic"
-        counts = counts.balanced() if balanced else counts.hottest()
-    active, resident, fetched, pairs, rpairs = counts  # a live routing's rank gives the five alone
+    active, resident, fetched, pairs, rpairs = rank_counts(setup, plan.counts(position, layer) if counts is None else counts)
     received = pairs  # the token rows this rank's experts get (routed pairs, whatever the execution)
     if setup.stack.moe == "dense_all":  # every expert runs densely; routing only weights the outputs
         active, resident, fetched = setup.model.moe.experts, 0, 0

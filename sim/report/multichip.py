@@ -34,6 +34,7 @@ from sim.config.hardware import HardwareProfile, borrow
 from sim.config.loader import validate
 from sim.io import write_atomic
 from sim.paths import hardware_dir
+from sim.units import GFLOP_PER_TFLOP
 
 
 @dataclass(frozen=True)
@@ -196,7 +197,7 @@ def render_gb200_nvl72() -> str:
     hbm["capacity_GB"] = {"value": 186, "source": "13.4 TB of HBM3e per NVL72 rack / 72 GPUs (NVIDIA's GB200 NVL72 "
                           "figures as quoted by N18)", "estimate": True}
     hbm["channel_bandwidth_GBps"]["source"] = "taken as the B200's: " + hbm["channel_bandwidth_GBps"]["source"]
-    clock = GB200_TFLOPS["bf16"] * 1e3 / (raw["compute"]["tiles"]["value"] * 8192)
+    clock = GB200_TFLOPS["bf16"] * GFLOP_PER_TFLOP / (raw["compute"]["tiles"]["value"] * 8192)
     raw["compute"]["clock_GHz"] = {"value": round(clock, 3), "source": "~2.06 GHz implied: GB200 2500 TFLOP/s dense "
                                    "bf16 (sources.md 1, N4: GB200 at 1200 W) / (148 SM x 8192 FLOP/clk); fp8 5000 and "
                                    "fp4 10000 TFLOP/s give the same clock", "estimate": True}
