@@ -62,6 +62,11 @@ class ReworkedOps(LazyOps):
     def __len__(self) -> int:
         return len(self._base)
 
+    def parts(self) -> tuple[tuple[Op, ...], dict[int, tuple[Work, tuple]]]:
+        """(the lowered ops, op index -> the (work, tags) it asks instead): to read the ops'
+        works without building the changed ones."""
+        return self._base, self._changed
+
     def _op(self, i: int) -> Op:
         op = self._base[i]
         new = self._changed.get(op.idx)
