@@ -106,7 +106,7 @@ def attention_kinds(graph: OpGraph, window) -> tuple[_Kind, ...]:
     found: dict[tuple, list] = {}  # kind -> [its first layer, its indices]
 
     def note(op: Op, places) -> None:
-        entry = found.get(key := (op.name, window(op.layer), op.row, op.compute_row))
+        entry = found.get(key := (op.name == "attention_prefill", window(op.layer), op.row, op.compute_row))
         if entry is None:
             found[key] = [op.layer, list(places)]
         else:
@@ -125,8 +125,8 @@ def attention_kinds(graph: OpGraph, window) -> tuple[_Kind, ...]:
                 note(op, range(op.idx + repeat.length, repeat.end, repeat.length))
         at = repeat.end
     # indices are noted in program order but for a span with two ops of one kind (each's copies in turn)
-    return tuple(_Kind(layer, (row, compute_row), tuple(sorted(places)), name == "attention_prefill")
-                 for (name, _window, row, compute_row), (layer, places) in found.items())
+    return tuple(_Kind(layer, (row, compute_row), tuple(sorted(places)), prefill)
+                 for (prefill, _window, row, compute_row), (layer, places) in found.items())
 
 
 class MoEBlock(NamedTuple):
