@@ -34,7 +34,7 @@ from sim.energy import EnergyModel, summarize
 from sim.engine.records import LOG_COLUMNS, Span
 from sim.engine.simulation import Simulation
 from sim.errors import SimulationError
-from sim.lowering.cache import GraphCache, attention_kinds
+from sim.lowering.cache import GraphCache, ReworkedOps, attention_kinds
 from sim.lowering.graph import OpGraph
 from sim.lowering.decode import StageWeights, largest_staged_reads, lower_step, stage_weight_bytes
 from sim.lowering.placement import plan_of, staging_limit
@@ -487,6 +487,8 @@ def _afresh(graph, costs: CostModel) -> _Step:
     """The op costs and distinct-op counts of ``graph`` from its ops (a run of copies,
     ``graph.repeats``, taken from the span it copies: its ops ask that span's works)."""
     ops = graph.ops
+    if isinstance(ops, ReworkedOps):
+        return _afresh_reworked(graph, costs)
     keys: dict[tuple, list] = {}  # in first-use order, each with its last op
     op_costs: list[OpCost] = []
     cost_of: dict[int, OpCost] = {}  # id of a Work -> its cost (the ops of a layer share their works)
@@ -502,6 +504,49 @@ def _afresh(graph, costs: CostModel) -> _Step:
         at = repeat.end
     _tally(keys, op_costs, cost_of, costs, ops, at, len(ops))
     return _Step(graph, op_costs, list(map(_TOTAL_NS, op_costs)), keys)
+
+
+def _afresh_reworked(graph, costs: CostModel) -> _Step:
+    """``_afresh`` of a re-lowered graph: the same costs and counts, in the same order, from its
+    lowered ops and the works some ask instead (``ReworkedOps.parts``), building only the op
+    each distinct key keeps."""
+    ops = graph.ops
+    base, changed = ops.parts()
+    keys: dict[tuple, list] = {}  # in first-use order, each with its last op's index
+    op_costs: list[OpCost] = []
+    cost_of: dict[int, OpCost] = {}
+
+    def key_of(i: int) -> tuple:
+        op, new = base[i], changed.get(i)
+        return (op.work if new is None else new[0], op.row, op.compute_row)
+
+    def tally(lo: int, hi: int) -> None:
+        for i in range(lo, hi):
+            key = key_of(i)
+            entry = keys.get(key)
+            if entry is None:
+                keys[key] = [1, i]
+            else:
+                entry[0] += 1
+                entry[1] = i
+            work = key[0]
+            cost = cost_of.get(id(work))
+            if cost is None:
+                cost = cost_of[id(work)] = costs.cost(work)
+            op_costs.append(cost)
+
+    at = 0
+    for repeat in graph.repeats:
+        tally(at, repeat.start)
+        moved = repeat.count * repeat.length
+        for i in range(repeat.start - repeat.length, repeat.start):
+            entry = keys[key_of(i)]
+            entry[0] += repeat.count
+            entry[1] = i + moved
+        op_costs.extend(op_costs[repeat.start - repeat.length:repeat.start] * repeat.count)
+        at = repeat.end
+    tally(at, len(ops))
+    return _Step(graph, op_costs, list(map(_TOTAL_NS, op_costs)), {key: [n, ops[i]] for key, (n, i) in keys.items()})
 
 
 def _tally(keys: dict, op_costs: list, cost_of: dict, costs: CostModel, ops, lo: int, hi: int) -> None:

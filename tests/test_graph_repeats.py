@@ -84,7 +84,8 @@ def test_attention_kinds_counted_from_a_run_are_those_of_every_op(case):
             walked.setdefault((window(op.layer), op.row, op.compute_row), []).append(op)
     expected = [(ops[0].layer, (row, compute_row), tuple(op.idx for op in ops))
                 for (_window, row, compute_row), ops in walked.items()]
-    assert [tuple(kind) for kind in attention_kinds(graph, window)] == expected
+    assert [(kind.layer, kind.rows, kind.places) for kind in attention_kinds(graph, window)] == expected
+    assert not any(kind.prefill for kind in attention_kinds(graph, window))  # decode attention only
     assert sum(len(kind.places) for kind in attention_kinds(graph, window)) >= setup.model.layers // setup.pp
 
 

@@ -62,6 +62,11 @@ class ReworkedOps(LazyOps):
     def __len__(self) -> int:
         return len(self._base)
 
+    def parts(self) -> tuple[tuple[Op, ...], dict[int, tuple[Work, tuple]]]:
+        """(the lowered ops, op index -> the (work, tags) it asks instead): to read the ops'
+        works without building the changed ones."""
+        return self._base, self._changed
+
     def _op(self, i: int) -> Op:
         op = self._base[i]
         new = self._changed.get(op.idx)
@@ -101,7 +106,7 @@ def attention_kinds(graph: OpGraph, window) -> tuple[_Kind, ...]:
     found: dict[tuple, list] = {}  # kind -> [its first layer, its indices]
 
     def note(op: Op, places) -> None:
-        entry = found.get(key := (op.name, window(op.layer), op.row, op.compute_row))
+        entry = found.get(key := (op.name == "attention_prefill", window(op.layer), op.row, op.compute_row))
         if entry is None:
             found[key] = [op.layer, list(places)]
         else:
@@ -120,8 +125,8 @@ def attention_kinds(graph: OpGraph, window) -> tuple[_Kind, ...]:
                 note(op, range(op.idx + repeat.length, repeat.end, repeat.length))
         at = repeat.end
     # indices are noted in program order but for a span with two ops of one kind (each's copies in turn)
-    return tuple(_Kind(layer, (row, compute_row), tuple(sorted(places)), name == "attention_prefill")
-                 for (name, _window, row, compute_row), (layer, places) in found.items())
+    return tuple(_Kind(layer, (row, compute_row), tuple(sorted(places)), prefill)
+                 for (prefill, _window, row, compute_row), (layer, places) in found.items())
 
 
 class MoEBlock(NamedTuple):
