@@ -103,6 +103,7 @@ def verify_task(task: dict, cache: SetupCache | None = None) -> dict:
 AGREEMENT = 0.10  # screen and replay agree on both axes of the front within this fraction
 BACK_OFF = (0.85, 0.7, 0.5, 0.35, 0.25, 0.15)  # rates tried below the screen's, as fractions of it
 ROUNDS = 6  # replays spent on one finalist
+BISECTIONS = 2  # of them, at most this many between the rates that met and missed
 SCREEN_KEYS = ("rate_per_s", "capacity_rate_per_s", "est_batch", "est_tpot_ms", "est_tpot_pct_ms", "est_ttft_ms",
                "est_requests", "tokens_per_s_per_chip", "tokens_per_s_per_user", "screen_ok",
                "screen_correction_tpot", "screen_goodput_rate_per_s")
@@ -119,7 +120,7 @@ def screen_gap(row: dict, check: dict) -> float:
 def confirm_goodput(setup, d: Deployment, task: dict, work: Workload) -> dict:
     """Confirm a finalist's goodput by replay. The screen's highest rate is replayed; while the
     replay misses the SLOs, lower rates are replayed (``BACK_OFF`` x the screen's, then one
-    bisection step), at most ``ROUNDS`` replays; the highest rate that met them is the
+    bisection steps, ``BISECTIONS``), at most ``ROUNDS`` replays; the highest rate that met them is the
     point. There the screen is evaluated again (at that rate) and held against the replay
     on both axes of the front; if they differ by more than ``AGREEMENT`` the screen's step
     times are corrected by the ratio of mean TPOTs the first replay measured (at another
@@ -145,12 +146,16 @@ def confirm_goodput(setup, d: Deployment, task: dict, work: Workload) -> dict:
         missed = checks[-1]
         if len(checks) >= ROUNDS:
             break
-    if met is not None and missed is not None and len(checks) < ROUNDS:
+    for _ in range(BISECTIONS):  # between the highest rate that met and the lowest that missed
+        if met is None or missed is None or len(checks) >= ROUNDS:
+            break
         rate = math.sqrt(met[0] * missed[0])
         check = replay_at(rate)
         checks.append((rate, check))
         if check["verdict"] == "meets-slo":
             met = (rate, check)
+        elif check["verdict"] != "error":
+            missed = (rate, check)
     if met is None:
         last = checks[-1][1]
         return {**last, "screen_rounds": len(checks), "verdict": "misses-slo",

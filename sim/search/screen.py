@@ -24,7 +24,9 @@ on) and all its ``(max_batch, max_tokens_per_step)`` pairs:
    KV pool holds at the mean context. No root: the deployment cannot carry ``R``
    (``saturated``). With a ``load`` and no rate the deployment runs at ``load x`` its
    capacity ``R_max = b_limit / (O T(b_limit))``. With neither (the goodput search) it runs
-   at the highest rate whose estimates (step 4) meet the SLOs: a geometric bisection between
+   at the highest rate whose estimates (step 4, with the TPOT tail widened by the runs of
+   chunk-carrying steps a long prompt makes, ``chunk_clustering``) meet the SLOs: a geometric
+   bisection between
    ``GOODPUT_FLOOR x R_max`` and ``R_max`` (the estimates grow with the rate); its
    throughput per chip is then its goodput, from the mean output of the requests the replay
    at that rate sees. sim.search.runner confirms it by replay and holds screen and replay to
@@ -210,11 +212,14 @@ def steady_batch(T, rate: float, output_mean: float, limit: float, iterations: i
 Z = {50: 0.0, 90: 1.2816, 99: 2.3263}  # standard normal quantiles
 
 
-def tpot_percentile_ns(steady: SteadyStep, b: float, budget: int, limit: int, work: Workload, percentile: int) -> float:
+def tpot_percentile_ns(steady: SteadyStep, b: float, budget: int, limit: int, work: Workload, percentile: int,
+                       clustering: float = 1.0) -> float:
     """The SLO percentile of per-request TPOT, estimated from two sources of spread: the
     batch (Poisson-like: ``b + z sqrt(b)``, at most the batch limit) and, for a short request
     (the 10th percentile output), how many of its steps carry a prompt chunk (binomial over
-    its steps: a share ``f`` of steps take ``step(b, chunk)`` instead of ``step(b)``)."""
+    its steps: a share ``f`` of steps take ``step(b, chunk)`` instead of ``step(b)``).
+    ``clustering`` scales that variance: a long prompt's chunks come in consecutive steps, so
+    chunk-carrying steps arrive in runs (``chunk_clustering``)."""
     z = Z[percentile]
     busy = min(float(limit), b + z * math.sqrt(b))
     tokens = busy * steady.ratio
@@ -222,9 +227,20 @@ def tpot_percentile_ns(steady: SteadyStep, b: float, budget: int, limit: int, wo
     spread = 0.0
     if chunk >= 1:
         share = min(1.0, tokens / chunk)
-        spread = z * math.sqrt(share * (1 - share) / work.output_low) * (steady.step_ns(busy, chunk) -
-                                                                          steady.step_ns(busy))
+        spread = z * math.sqrt(share * (1 - share) * clustering / work.output_low) * (
+            steady.step_ns(busy, chunk) - steady.step_ns(busy))
     return steady.mean_ns(busy, budget) + spread
+
+
+def chunk_clustering(prompts, chunk: int, steps: float) -> float:
+    """How much runs of chunk-carrying steps widen the binomial spread over ``steps`` steps:
+    a prompt of ``p`` tokens fills ``L = ceil(p / chunk)`` consecutive steps, and a sum of runs
+    has ``E[L^2] / E[L]`` times the variance of independent steps (a renewal count), at most
+    ``steps`` (a run longer than the request's life adds no more)."""
+    if not len(prompts):
+        return 1.0
+    runs = np.ceil(np.asarray(prompts, dtype=np.float64) / max(1, chunk))
+    return float(min(max(1.0, (runs ** 2).mean() / runs.mean()), max(1.0, steps)))
 
 
 def queue_ttft_ns(arrivals_s, prompts, outputs, slots: int, prefill_ns, tpot_ns: float, percentile: float) -> float:
@@ -339,7 +355,8 @@ def screen(setup: SetupScreen, d: Deployment, *, rate: float | None, load: float
         row.update(status="saturated", reason=f"the {bound} limit leaves no room for one decoding sequence "
                    "with its share of prompt tokens")
         return row
-    point = _Point(setup, d, b_limit, slo, traffic, correction or Correction())
+    point = _Point(setup, d, b_limit, slo, traffic, correction or Correction(),
+                   goodput=window_output or (rate is None and load is None))
     row.update(capacity_rate_per_s=point.capacity_rate)
     if rate is None and load is None:
         operating, est = point.highest()
@@ -363,8 +380,10 @@ def screen(setup: SetupScreen, d: Deployment, *, rate: float | None, load: float
 class _Point:
     """The estimates of one deployment at any rate (module docstring, steps 3 and 4)."""
 
-    def __init__(self, setup: SetupScreen, d: Deployment, b_limit: int, slo: dict, traffic: dict, k: Correction):
+    def __init__(self, setup: SetupScreen, d: Deployment, b_limit: int, slo: dict, traffic: dict, k: Correction,
+                 goodput: bool = False):
         self.setup, self.d, self.b_limit, self.slo, self.traffic, self.k = setup, d, b_limit, slo, traffic, k
+        self.goodput = goodput  # the goodput search's screen: chunk runs widen the TPOT tail
         self.steady = setup.steady
         self.capacity_rate = b_limit * NS_PER_S / (setup.work.output_mean * self.T(b_limit))
 
@@ -378,11 +397,12 @@ class _Point:
         if b is None:
             return None
         tpot_ns = self.T(b)
-        tpot_pct_ns = self.k.tpot * tpot_percentile_ns(steady, b, budget, self.b_limit, work,
-                                                                     slo["percentile"])
         chunk = max(1, int(budget - b))
         window = replay_window(self.traffic, operating, work, ns_to_ms(tpot_ns))
         arrivals, prompts, outputs = window_requests(self.traffic, window)
+        clustering = chunk_clustering(prompts, chunk, work.output_low) if self.goodput else 1.0
+        tpot_pct_ns = self.k.tpot * tpot_percentile_ns(steady, b, budget, self.b_limit, work, slo["percentile"],
+                                                       clustering)
         # a prompt takes ceil(prompt / chunk) steps, each carrying a chunk of up to `chunk` tokens
         # (timed at the chunk size rounded up to CHUNK_GRAIN tokens: a few hundred distinct steps at most)
         sizes = np.minimum(-(-np.minimum(prompts, chunk) // CHUNK_GRAIN) * CHUNK_GRAIN, chunk).astype(np.int64)

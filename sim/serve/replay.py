@@ -44,6 +44,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from sim.energy import MeteredStepModel
+from sim.errors import COMMAND_LINE, ConfigError
 from sim.io import AtomicFile
 from sim.serve.clients import Client
 from sim.serve.disagg import serve_disagg
@@ -51,7 +52,7 @@ from sim.serve.metrics import Metrics
 from sim.serve.requests import Request
 from sim.serve.scheduler import Scheduler, Sequence
 from sim.serve.spec import ServeSetup, ServeSpec, build
-from sim.serve.speculative import SpeculativeStepModel
+from sim.serve.speculative import HEAD_DRAFTERS, SpeculativeStepModel
 from sim.serve.stepmodel import SimulatorStepModel, StepModel, serve_resolved
 from sim.units import ns_to_ms, ns_to_s, s_to_ns
 
@@ -240,8 +241,8 @@ def serve(spec: ServeSpec | ServeSetup, out_dir: str | Path | None = None, *, st
     model = step_model or SimulatorStepModel(setup.resolved)
     metered = None
     if setup.spec.speculate_k:  # energy is not metered under speculation (two step models)
-        model = SpeculativeStepModel(model, SimulatorStepModel(serve_resolved(setup.spec.draft_spec())),
-                                     setup.spec.speculate_k, setup.spec.acceptance)
+        model = SpeculativeStepModel(model, SimulatorStepModel(_drafter(setup.spec)), setup.spec.speculate_k,
+                                     setup.spec.acceptance)
     elif setup.resolved.hardware.energy is not None and step_model is None:
         metered = MeteredStepModel(model, setup.resolved)
     spec = setup.spec
@@ -263,6 +264,16 @@ def serve(spec: ServeSpec | ServeSetup, out_dir: str | Path | None = None, *, st
         if moe is not None:
             summary["moe"] = moe
     return summary
+
+
+def _drafter(spec: ServeSpec):
+    """The drafter's resolved setup; a drafter that cannot be resolved is said against --drafter."""
+    try:
+        return serve_resolved(spec.draft_spec())
+    except ConfigError as err:
+        if spec.drafter in HEAD_DRAFTERS or err.file not in (None, COMMAND_LINE):
+            raise
+        raise ConfigError(COMMAND_LINE, "--drafter", err.expected, spec.drafter) from None
 
 
 __all__ = ["replay", "serve", "TableWriter", "STEP_SCHEMA", "REQUEST_SCHEMA", "PROGRESS_EVERY"]
