@@ -31,9 +31,7 @@ from contextlib import redirect_stderr, redirect_stdout
 import pandas as pd
 
 from sim.cli import build_parser, handler
-from sim.config.spec import RunSpec
 from sim.errors import COMMAND_LINE, ConfigError
-from sim.options.spec import spec_from_args
 from sim.run import RunResult
 from sim.run import simulate as _simulate
 
@@ -112,22 +110,19 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def simulate(spec=None, *, set=(), keep_ops: bool = False, keep_log: bool = False, check_capacity: bool = True,
              **options) -> RunResult:
-    """``decodesim run`` with the CLI's options as keywords (or a RunSpec / dict ``spec``);
-    ``set=["PATH=VALUE", ...]`` is ``--set``. Returns the RunResult (``.summary`` is the
-    ``run --json`` object without ``schema_version`` and ``kind``; ``.tables()``)."""
+    """``decodesim run`` from Python: the run options as keywords (RunSpec's fields, which the
+    CLI's options set), ``set=["PATH=VALUE", ...]`` as ``--set``, or a RunSpec / dict ``spec``.
+    Returns the RunResult (``.summary`` is the ``run --json`` object without ``schema_version``
+    and ``kind``; ``.tables()``). Bad input raises ConfigError ("simulate(): batch: ...")."""
     kwargs = {"keep_ops": keep_ops, "keep_log": keep_log, "check_capacity": check_capacity}
+    items = [set] if isinstance(set, str) else list(set)
     if spec is not None:
-        if set or options:
+        if items or options:
             raise TypeError("simulate(): give a spec or keyword options, not both")
         return _simulate(spec, **kwargs)
-    cli = {a.dest for a in _subparser("run")._actions}
-    items = [*([set] if isinstance(set, str) else set), *_as_list(options.pop("overrides", None))]
-    for key in [k for k in options if k not in cli and k in RunSpec.model_fields]:  # a run field with no option
-        value = options.pop(key)
-        items.append(f"{key}={value if isinstance(value, str) else json.dumps(value)}")
-    with _LOCK:
-        args = parse(argv_of("run", {**options, "set": items or None}))
-    return _simulate(spec_from_args(args), **kwargs)
+    if items:
+        options["overrides"] = [*_as_list(options.get("overrides")), *items]
+    return _simulate(None, **kwargs, **options)
 
 
 def _as_list(value) -> list:

@@ -366,7 +366,7 @@ def test_a_search_from_the_page_is_the_cli_search():
     from sim import api
     from sim.explore.server import Explorer
 
-    form = {"model": "llama-3-8b", "hardware": "h200-sxm", "rate": "4", "duration_s": "10", "max_replays": "2",
+    form = {"model": "llama-3-8b", "hardware": "h200-sxm", "rate": "4", "duration_s": "5", "max_replays": "1",
             "requests": "synthetic"}
     e = Explorer()
     job = e.searches.start({"search": form})

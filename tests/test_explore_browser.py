@@ -4,7 +4,8 @@ GPU, a wafer with its own stack, a MoE model), each the CLI's figure; a bad valu
 error line; the summary as CSV; the view's link reopened in a second browser; a short serving
 replay of every setup; the export reopened with the network off and the server stopped;
 and every request the pages made (Chrome's performance log) went to 127.0.0.1 only.
-Screenshots of the page land in docs/ (explore.png, explore-serving.png).
+Screenshots of the page (docs/explore.png, explore-serving.png, explore-search.png) are
+refreshed with DECODESIM_SCREENSHOTS=1.
 
 Skips, saying why, only where no browser can be had (.ci/run installs the Debian packages).
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import shutil
 import threading
 from pathlib import Path
@@ -40,6 +42,7 @@ from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
 
 WAIT_S = 60
 DOCS = Path(__file__).resolve().parent.parent / "docs"
+SHOTS = Path(os.environ.get("TMPDIR", "/tmp"))
 
 
 def cli_ms(*argv: str) -> float:
@@ -140,9 +143,12 @@ SETUPS = [  # a GPU, a wafer (its own stack: static-schedule), a MoE model on th
 
 
 def screenshot(driver, name: str) -> None:
-    """The page from its top (docs/NAME), as a new user first sees it."""
+    """The page from its top, as a new user first sees it: into docs/NAME when
+    DECODESIM_SCREENSHOTS=1 (``DECODESIM_SCREENSHOTS=1 python -m pytest tests/test_explore_browser.py``
+    refreshes the committed ones), else beside the downloads (a test run leaves docs/ alone)."""
     driver.execute_script("window.scrollTo(0, 0); document.querySelector('aside').scrollTop = 0;")
-    driver.save_screenshot(str(DOCS / name))
+    folder = DOCS if os.environ.get("DECODESIM_SCREENSHOTS") == "1" else SHOTS
+    assert driver.save_screenshot(str(folder / name))
 
 
 def test_the_page_in_a_browser(browser, server, downloads):
