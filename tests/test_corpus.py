@@ -204,7 +204,8 @@ def _search_cases():
     for label, bad in (("zero", 0), ("over-1", 1.5), ("neg", -0.5), ("text", "high")):
         yield variant(f"traffic-load-{label}", lambda d, bad=bad: d["traffic"].update(load=bad), "load")
     yield variant("traffic-unknown-key", lambda d: d["traffic"].update(burst=2), "burst")
-    yield variant("traffic-requests-missing", lambda d: d["traffic"].update(requests="{dir}/none.jsonl"), "none.jsonl")
+    yield variant("traffic-requests-missing", lambda d: d["traffic"].update(requests="{dir}/none.jsonl"),
+                  "traffic.requests: request source not found")
     for axis, bad in (("hardware", ["nochip"]), ("weights", ["fp5"]), ("kv", ["int3-nope"]), ("max_batch", [0]),
                       ("max_batch", [-4]), ("max_batch", ["big"]), ("max_tokens_per_step", [0]), ("hardware", []),
                       ("weights", []), ("kv", "fp16")):
