@@ -70,7 +70,7 @@ SYSTEMS = (
            "# the other node over the scale-out links and the rest over NVLink.\n",
            scaleout=("  scaleout:\n"
                      '    chips_per_group: {value: 8, source: "8 GPUs per HGX H200 node (MLPerf v4.1 system H200-SXM-141GBx8: accelerators_per_node 8, N11)"}\n'
-                     '    bandwidth_GBps: {value: 50, source: "one 400 Gb/s InfiniBand NDR ConnectX-7 per GPU = 50 GB/s per direction (NVIDIA HGX AI Factory reference architecture, 2-8-9-400: 400 Gb/s per GPU; DeepEP measures 43-58 GB/s RDMA per H800 over the same CX7 400 Gb/s, anchors.md)"}\n'
+                     '    bandwidth_GBps: {value: 50, source: "one 400 Gb/s InfiniBand NDR ConnectX-7 per GPU = 50 GB/s per direction (NVIDIA DGX H200 datasheet: 8 x single-port ConnectX-7 VPI at up to 400 Gb/s; HGX AI Factory reference architecture 2-8-9-400: 400 Gb/s per GPU; DeepEP measures 43-58 GB/s RDMA per H800 over the same CX7 400 Gb/s, anchors.md)"}\n'
                      '    latency_ns: {value: 3000, source: "GPU-initiated RDMA write through the NIC and one leaf switch and back, a few us (DeepEP low-latency kernels: 77 us for 128 tokens at EP8 rising to 118 us at EP16, anchors.md, bound the per-hop cost from above)", estimate: true}\n'
                      '    per_message_overhead_ns: {value: 5000, source: "NCCL/DeepEP kernel launch and synchronisation per collective, as for NVLink in h200-sxm-x8", estimate: true}\n')),
     System("groq-lpu-576", "groq-lpu", "576 Groq LPUs (72 GroqNodes of 8), C2C links; per chip 230 MB SRAM at 80 TB/s",
