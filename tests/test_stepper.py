@@ -96,3 +96,18 @@ def test_serving_steps_with_live_expert_loads_equal_full_lowering(case):
         assert list(state.costs) == list(ref_state.costs) and outcome.time_ns == ref_outcome.time_ns
     assert stepper.graphs.reused >= 2  # shapes seen before re-lowered only what changed (but where a staging
     # copy of experts appears or vanishes with the loads: such a step is lowered afresh)
+
+
+def test_a_step_with_a_side_stream_makes_the_serving_model_exact_before_the_screen_reads_it():
+    """deepseek-v3's shared expert runs on a side stream, so its step is not one chain of ops: the
+    serving step model finds that when it is built (not on the screen's first parts_ns, which
+    raised and failed every deployment of a deepseek-v3 search) and times whole steps, which
+    equal the stepper's."""
+    from sim.serve.stepmodel import SimulatorStepModel
+
+    setup = resolve(RunSpec(model="deepseek-v3", hardware="h200-sxm-x8", weights="fp8", engine="analytic",
+                            placement="spread", batch=8, context=512, steps=1))
+    model = SimulatorStepModel(setup)
+    assert model.exact and "not one chain of ops" in model.fallback_reason
+    contexts = (512,) * 8
+    assert model.step_ns(contexts) == model.exact_ns(contexts, (), model._last_counts)

@@ -81,6 +81,8 @@ class SimulatorStepModel:
         self._moe_ns = [0.0, 0.0]  # the MoE blocks' time summed over the steps: (the critical rank's, a mean rank's)
         if self.chain.chain:
             self._fall_back(self.chain.chain)
+        elif not exact:
+            self._probe()
 
     # -- the protocol -------------------------------------------------------------------------
     def step_ns(self, decode_contexts: tuple[int, ...], prefill: tuple[tuple[int, int], ...] = ()) -> float:
@@ -160,6 +162,15 @@ class SimulatorStepModel:
     def attention_ns(self, decode_contexts, prefill=()) -> float:
         """All attention ops of a step (every layer), without the step's other ops."""
         return self.chain.attention_ns(tuple(decode_contexts), tuple(prefill))
+
+    def _probe(self) -> None:
+        """Learn a one-row step's parts now, so that a step found not to be one chain of ops (a
+        shared expert on a side stream, deepseek-v3's) makes the model exact before anyone (the
+        search's screen) reads the decomposition."""
+        try:
+            self.chain.parts_ns(1)
+        except SimulationError as err:
+            self._fall_back(str(err))
 
     def _fall_back(self, reason: str) -> None:
         if not self.exact:
