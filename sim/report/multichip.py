@@ -182,6 +182,7 @@ def render_h100() -> str:
 
 GB200_TDP_W = 1200  # GB200 (NVL72), per GPU (sources.md 1, N4)
 GB200_TFLOPS = {"bf16": 2500, "fp16": 2500, "fp8": 5000, "int8": 5000, "fp4": 10000}  # dense, N4 (int8 as fp8)
+BLACKWELL_BF16_PER_CLOCK = 8192  # dense bf16 FLOP per clock per SM (b200.yaml)
 H200_STATIC, H200_IDLE = 0.195, 0.18  # the H200's measured static/TDP and idle/TDP (calibration/energy/)
 
 
@@ -197,7 +198,7 @@ def render_gb200_nvl72() -> str:
     hbm["capacity_GB"] = {"value": 186, "source": "13.4 TB of HBM3e per NVL72 rack / 72 GPUs (NVIDIA's GB200 NVL72 "
                           "figures as quoted by N18)", "estimate": True}
     hbm["channel_bandwidth_GBps"]["source"] = "taken as the B200's: " + hbm["channel_bandwidth_GBps"]["source"]
-    clock = GB200_TFLOPS["bf16"] * GFLOP_PER_TFLOP / (raw["compute"]["tiles"]["value"] * 8192)
+    clock = GB200_TFLOPS["bf16"] * GFLOP_PER_TFLOP / (raw["compute"]["tiles"]["value"] * BLACKWELL_BF16_PER_CLOCK)
     raw["compute"]["clock_GHz"] = {"value": round(clock, 3), "source": "~2.06 GHz implied: GB200 2500 TFLOP/s dense "
                                    "bf16 (sources.md 1, N4: GB200 at 1200 W) / (148 SM x 8192 FLOP/clk); fp8 5000 and "
                                    "fp4 10000 TFLOP/s give the same clock", "estimate": True}
