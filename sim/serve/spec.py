@@ -212,6 +212,10 @@ def build(spec: ServeSpec) -> ServeSetup:
                          duration_s=spec.duration_s, seed=spec.seed, prompt_median=spec.prompt_median,
                          output_median=spec.output_median)
     res = serve_resolved(spec.run_spec())
+    if res.attention_dp > 1:  # the step model times one attention group holding every sequence (issue 40)
+        raise ConfigError(None, "attention_dp", "serve does not model attention data-parallel groups yet: its step "
+                          "model would time the whole live batch in one group and meter one group's chips; "
+                          "expected attention_dp 1 (use `run --attention-dp` for a fixed batch)", res.attention_dp)
     cap = capacity(dataclasses.replace(res, steps=traces.fixed(spec.activation_rows, 1, 1)))
     pool_bytes = kv_pool_bytes(res, cap)
     if pool_bytes <= 0:  # a verdict about this machine, not bad input: a sweep's row says does-not-fit
