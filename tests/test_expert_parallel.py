@@ -166,17 +166,26 @@ def _space(model: str, grid: dict, moe: bool):
 
 
 def test_search_space_spans_expert_parallel_layouts_of_moe_models():
-    space = _space("deepseek-v3", {"chips": [8], "attention_dp": [1, 2, 8]}, moe=True)
+    space = _space("deepseek-v3", {"chips": [8]}, moe=True)
     layouts = {(d.tp, d.pp, d.attention_dp, d.ep) for d in space.deployments}
-    # ep is 1 or tp x attention_dp; tp x pp x attention_dp = 8
-    assert (8, 1, 1, 8) in layouts and (1, 1, 8, 8) in layouts and (4, 1, 2, 8) in layouts
-    assert all(ep in (1, tp * dp) and tp * pp * dp == 8 for tp, pp, dp, ep in layouts)
-    d = next(d for d in space.deployments if (d.tp, d.attention_dp, d.ep) == (4, 2, 8))
-    assert d.run_fields() == {"placement": "spread", "attention_dp": 2} and "dp2 ep8" in d.label
+    # ep is 1 or tp x attention_dp; tp x pp x attention_dp = 8; attention_dp stays 1 (below)
+    assert (8, 1, 1, 8) in layouts and (8, 1, 1, 1) in layouts and (4, 2, 1, 4) in layouts
+    assert all(ep in (1, tp * dp) and tp * pp * dp == 8 and dp == 1 for tp, pp, dp, ep in layouts)
+    d = next(d for d in space.deployments if (d.tp, d.pp, d.ep) == (8, 1, 8))
+    assert d.run_fields() == {"placement": "spread"} and "ep8" in d.label
     from sim.search.screen import run_spec
 
     res = resolve(run_spec(d, "mixtral-8x7b", (), batch=8, context=64, weights="bf16"))
-    assert (res.tp, res.attention_dp, res.moe.ep) == (4, 2, 8)
+    assert (res.tp, res.attention_dp, res.moe.ep) == (8, 1, 8)
+
+
+def test_search_space_refuses_attention_data_parallel_groups_the_replay_cannot_time():
+    """The serving replay that confirms a front times the whole live batch as one group
+    (sim.serve.spec refuses attention_dp > 1), so the search does not offer such layouts."""
+    from sim.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="space.grid.attention_dp"):
+        _space("deepseek-v3", {"chips": [8], "attention_dp": [1, 2, 8]}, moe=True)
 
 
 def test_search_space_keeps_dense_models_without_expert_parallelism():

@@ -273,6 +273,11 @@ def _check_moe_axes(axes: dict, file: str, moe: bool) -> None:
             what = "expert parallelism" if axis == "ep" else "attention data-parallel groups"
             raise ConfigError(file, f"space.grid.{axis}", f"only [1]: {what} needs a Mixture-of-Experts model",
                               axes[axis])
+    if axes["attention_dp"] not in (None, [1]):  # the replays that confirm a front cannot time them yet
+        raise ConfigError(file, "space.grid.attention_dp", "only [1]: the serving replay that confirms a deployment "
+                          "does not model attention data-parallel groups yet (decodesim run --attention-dp times "
+                          "a fixed batch)", axes["attention_dp"])
+    axes["attention_dp"] = [1]
 
 
 def _check_values(axis: str, values: list, file: str, where: str, known_names) -> list:
