@@ -38,6 +38,7 @@ from sim.lowering.cache import GraphCache, ReworkedOps, attention_kinds
 from sim.lowering.graph import OpGraph
 from sim.lowering.decode import StageWeights, largest_staged_reads, lower_step, stage_weight_bytes
 from sim.lowering.placement import plan_of, staging_limit
+from sim.lowering.ops import kv_traffic
 from sim.results import Ledger, bound_of, op_key, percentile
 from sim.setup import RunSetup, resolve
 from sim.units import GB, MB, MS_PER_S, ns_to_ms
@@ -298,6 +299,9 @@ ATTENTION_OPS = frozenset({"attention", "attention_prefill"})
 CHAIN_TOLERANCE = 1e-9  # relative: a chain's parts (or the fast path) against its analysed time
 
 
+_ATTENTION_MEMO = 1 << 16  # decode-attention times ChainSteps keeps before it starts afresh
+
+
 class ChainSteps:
     """Step times without a step's graph, for a configuration whose step is one chain of ops
     (a captured graph, one stream per stage, nothing staged on a second stream; a serving
@@ -331,6 +335,7 @@ class ChainSteps:
         # MoE layers in program order: (layer, stage)
         self._moe = tuple(sorted(self.graphs.moe_stages.items(), key=lambda item: (item[1], item[0])))
         self._blocks: dict[tuple, float] = {}  # (stage, rows, counts) -> the block's time
+        self._attention: dict[tuple, float] = {}  # (layer, batch, kv_traffic) -> a decode-attention op's time
         self.learned = 0
 
     def time_ns(self, decode_contexts: tuple[int, ...], prefill: tuple[tuple[int, int], ...] = (),
@@ -357,9 +362,23 @@ class ChainSteps:
         prefill_ns = cost(graphs.prefill_attention(prefill).work).total_ns if prefill else 0.0
         for layer, n in self._kinds:
             if decode_contexts:
-                total += n * cost(graphs.attention(decode_contexts, layer).work).total_ns
+                total += n * self._decode_attention_ns(decode_contexts, layer)
             total += n * prefill_ns
         return total
+
+    def _decode_attention_ns(self, contexts: tuple[int, ...], layer: int) -> float:
+        """One decode-attention op's time over ``contexts``. Its ask (``attention_ask``) reads
+        the contexts only through the batch and ``kv_traffic`` of the (window-clamped)
+        contexts, so steps that agree on those share the time exactly (memoized, bounded)."""
+        window = self.setup.model.window(layer)
+        clamped = contexts if window is None else tuple(min(ctx, window) for ctx in contexts)
+        key = (layer, len(contexts), kv_traffic(self.setup, clamped))
+        ns = self._attention.get(key)
+        if ns is None:
+            if len(self._attention) >= _ATTENTION_MEMO:
+                self._attention.clear()
+            ns = self._attention[key] = self.costs.cost_once(self.graphs.attention(contexts, layer).work).total_ns
+        return ns
 
     def moe_ns(self, rows: int, counts: tuple[tuple, ...] | None = None) -> float:
         """The MoE blocks of a step of ``rows`` token rows, each layer at its ``counts``."""

@@ -273,7 +273,7 @@ def test_progress_bar_draws_on_a_real_terminal(tmp_path):
     bar appears after its 2 s delay (--no-progress: the in-process test above)."""
     import pty
 
-    argv = [sys.executable, "-m", "sim", "serve", *SMALL, "--rate", "40", "--duration-s", "90"]  # ~3-4 s of wall
+    argv = [sys.executable, "-m", "sim", "serve", *SMALL, "--rate", "40", "--duration-s", "240"]  # ~5 s of wall (90 s replayed in under the bar's 2 s delay once attention times were memoized)
     for extra, shown in (([], True),):
         master, slave = pty.openpty()
         proc = subprocess.Popen(argv + extra, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)},
