@@ -61,7 +61,7 @@ class Interrupt:
     (``interrupt()`` answers True; the command then writes what finished, marked partial); a
     second raises KeyboardInterrupt at once. A signal the parent process ignores (a shell's
     background job) stays ignored; off the main thread (the explorer) nothing is installed.
-    (The same contract as ``decodesim serve``'s replay interrupt.)"""
+    ``run``, ``search`` and ``serve`` stop their work through it."""
 
     SIGNALS = ("SIGINT", "SIGTERM")
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from sim.commands.common import MAX_LIST, comma_list, emit_json, to_json, write_atomic
+from sim.commands.common import MAX_LIST, Interrupt, comma_list, emit_json, to_json, write_atomic
 from sim.commands.serve import register
 from sim.config.loader import parse_number, validate
 from sim.errors import COMMAND_LINE, ConfigError
@@ -187,50 +187,6 @@ def _numbers(text: str | None, flag: str) -> list[float] | None:
     return values
 
 
-class _Interrupt:
-    """SIGINT / SIGTERM during a replay: the first asks the replay to stop where it is (it
-    then writes what finished, marked partial); a second raises KeyboardInterrupt at once.
-    A signal the parent process ignores (a shell's background job) stays ignored."""
-
-    SIGNALS = ("SIGINT", "SIGTERM")
-
-    def __init__(self):
-        self.signal: int | None = None
-        self._previous: dict = {}
-
-    def __enter__(self):
-        import signal
-        import threading
-
-        if threading.current_thread() is not threading.main_thread():
-            return self
-        for name in self.SIGNALS:
-            number = getattr(signal, name)
-            if signal.getsignal(number) is signal.SIG_IGN:
-                continue
-            self._previous[number] = signal.signal(number, self._handle)
-        return self
-
-    def _handle(self, number, frame):
-        if self.signal is not None:
-            raise KeyboardInterrupt
-        self.signal = number
-
-    def __call__(self) -> bool:
-        return self.signal is not None
-
-    def __exit__(self, *exc):
-        import signal
-
-        for number, previous in self._previous.items():
-            signal.signal(number, previous)
-        return False
-
-    @property
-    def exit_code(self) -> int:
-        return 128 + self.signal if self.signal is not None else 0
-
-
 class _Progress:
     """A tqdm bar on stderr over the simulated arrival window (shown after 2 s of wall time;
     off with --no-progress or when stderr is not a terminal)."""
@@ -267,7 +223,7 @@ def _single(spec, args) -> int:
     except ConfigError as err:
         raise named_at(err, spec.requests, COMMAND_LINE, "--requests") from None
     progress = _Progress(setup.source.span_s, enabled=not args.no_progress)
-    with _Interrupt() as interrupt:
+    with Interrupt() as interrupt:
         try:
             summary = serve(setup, args.out, stop=interrupt, progress=progress)
         finally:
@@ -310,7 +266,7 @@ def _sweep(points, args, *, title: str, command: str, description: str = "", que
         sys.stderr.flush()
 
     out = out or args.out
-    with _Interrupt() as interrupt:
+    with Interrupt() as interrupt:
         if args.replot:
             table = _saved_table(out)
         else:
