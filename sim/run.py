@@ -495,63 +495,47 @@ def _afresh(graph, costs: CostModel) -> _Step:
     return _Step(graph, op_costs, list(map(_TOTAL_NS, op_costs)), keys)
 
 
-STATIC_KEYS_LIMIT = 4096  # distinct op keys a re-lowered graph's ``_Static`` numbers before it starts again
-
-
-class _Static:
-    """What costing a re-lowered graph afresh needs from its lowered ops, derived once per lowered
-    graph and cost model (kept in ``ReworkedOps.memo``): per op its key's number (``ids``), its
-    cost and its breakdown rows; the keys by number (``keys``, ``number``; new keys of the ops
-    that change are numbered as they come)."""
-
-    __slots__ = ("ids", "costs", "rows", "keys", "number")
-
-    def __init__(self, base, costs: CostModel):
-        self.keys: list[tuple] = []
-        self.number: dict[tuple, int] = {}
-        self.ids: list[int] = []
-        self.costs: list[OpCost] = []
-        self.rows: list[tuple[str, str]] = []
-        cost_of: dict[int, OpCost] = {}
-        for op in base:
-            self.ids.append(self.number_of((op.work, op.row, op.compute_row)))
-            cost = cost_of.get(id(op.work))
-            if cost is None:
-                cost = cost_of[id(op.work)] = costs.cost(op.work)
-            self.costs.append(cost)
-            self.rows.append((op.row, op.compute_row))
-
-    def number_of(self, key: tuple) -> int:
-        k = self.number.get(key)
-        if k is None:
-            k = self.number[key] = len(self.keys)
-            self.keys.append(key)
-        return k
-
-
 def _afresh_reworked(graph, costs: CostModel) -> _Step:
-    """``_afresh`` of a re-lowered graph: the same costs and counts, in the same order (keys in
-    first-use order, each with its last op), from what its lowered ops give once (``_Static``)
-    and the works the changed ops ask, building only the op each distinct key keeps."""
+    """``_afresh`` of a re-lowered graph: the same costs and counts, in the same order, from its
+    lowered ops and the works some ask instead (``ReworkedOps.parts``), building only the op
+    each distinct key keeps."""
     ops = graph.ops
-    _base, changed = ops.parts()
-    static = ops.memo.get(costs)
-    if static is None:
-        static = ops.memo[costs] = _Static(_base, costs)
-    ids, op_costs, rows = static.ids.copy(), static.costs.copy(), static.rows
+    base, changed = ops.parts()
+    keys: dict[tuple, list] = {}  # in first-use order, each with its last op's index
+    op_costs: list[OpCost] = []
     cost_of: dict[int, OpCost] = {}
-    for i, (work, _tags) in changed.items():
-        ids[i] = static.number_of((work, *rows[i]))
-        cost = cost_of.get(id(work))
-        if cost is None:
-            cost = cost_of[id(work)] = costs.cost(work)
-        op_costs[i] = cost
-    last = {k: i for i, k in enumerate(ids)}  # first-use order, each key's last op
-    keys_of = static.keys
-    keys = {keys_of[k]: [n, ops[last[k]]] for k, n in Counter(ids).items()}
-    if len(keys_of) > STATIC_KEYS_LIMIT:  # each step's attention is a new key: start again
-        del ops.memo[costs]
-    return _Step(graph, op_costs, list(map(_TOTAL_NS, op_costs)), keys)
+
+    def key_of(i: int) -> tuple:
+        op, new = base[i], changed.get(i)
+        return (op.work if new is None else new[0], op.row, op.compute_row)
+
+    def tally(lo: int, hi: int) -> None:
+        for i in range(lo, hi):
+            key = key_of(i)
+            entry = keys.get(key)
+            if entry is None:
+                keys[key] = [1, i]
+            else:
+                entry[0] += 1
+                entry[1] = i
+            work = key[0]
+            cost = cost_of.get(id(work))
+            if cost is None:
+                cost = cost_of[id(work)] = costs.cost(work)
+            op_costs.append(cost)
+
+    at = 0
+    for repeat in graph.repeats:
+        tally(at, repeat.start)
+        moved = repeat.count * repeat.length
+        for i in range(repeat.start - repeat.length, repeat.start):
+            entry = keys[key_of(i)]
+            entry[0] += repeat.count
+            entry[1] = i + moved
+        op_costs.extend(op_costs[repeat.start - repeat.length:repeat.start] * repeat.count)
+        at = repeat.end
+    tally(at, len(ops))
+    return _Step(graph, op_costs, list(map(_TOTAL_NS, op_costs)), {key: [n, ops[i]] for key, (n, i) in keys.items()})
 
 
 def _tally(keys: dict, op_costs: list, cost_of: dict, costs: CostModel, ops, lo: int, hi: int) -> None:

@@ -53,12 +53,11 @@ class ReworkedOps(LazyOps):
     """The ops of a lowered graph with some asking other work (``changed``: op index ->
     (work, tags)): a read-only sequence that builds a changed op the first time it is read."""
 
-    __slots__ = ("_base", "_changed", "_made", "memo")
+    __slots__ = ("_base", "_changed", "_made")
 
-    def __init__(self, base: tuple[Op, ...], changed: dict[int, tuple[Work, tuple]], memo: dict | None = None):
+    def __init__(self, base: tuple[Op, ...], changed: dict[int, tuple[Work, tuple]]):
         self._base, self._changed = base, changed
         self._made: dict[int, Op] = {}
-        self.memo = {} if memo is None else memo  # lives as long as the lowered ops: what readers derive from them
 
     def __len__(self) -> int:
         return len(self._base)
@@ -160,7 +159,6 @@ class _Base(NamedTuple):
     kinds: tuple[_Kind, ...]
     works: list[Work]
     moe: list  # [tuple of _Layer] once mapped, [] before
-    memo: dict  # what the runner derives from the lowered ops (ReworkedOps.memo)
 
 
 class GraphCache:
@@ -204,7 +202,7 @@ class GraphCache:
         else:  # lowered under a plan that holds the step's loads
             graph = lower_step(replace(self.setup, moe=fixed_plan(self.setup.moe, counts)), contexts, step, 0, prefill)
         kinds = attention_kinds(graph, self.setup.model.window)
-        base = _Base(graph, position, counts, kinds, [graph.ops[kind.places[0]].work for kind in kinds], [], {})
+        base = _Base(graph, position, counts, kinds, [graph.ops[kind.places[0]].work for kind in kinds], [])
         self.changed, self._current = None, base
         if self.incremental and (kinds or self._stage_of):
             if len(self._bases) >= BASES_LIMIT:
@@ -231,7 +229,7 @@ class GraphCache:
         # a model with MoE layers: every step costed afresh (its costs from the memo), so that its
         # sums add its distinct ops in program order, as a full lowering's do (bit-identical)
         self.changed = None if self._stage_of else tuple(changes)
-        return base.graph.with_ops(ReworkedOps(base.graph.ops, changed, base.memo), step=step, contexts=contexts)
+        return base.graph.with_ops(ReworkedOps(base.graph.ops, changed), step=step, contexts=contexts)
 
     # -- MoE blocks ------------------------------------------------------------------------------
     def _moe_blocks(self, base: _Base, position: int, batch: int,
